@@ -1,0 +1,1 @@
+//! The vault: `experts.smoe` and the files beside it (SPEC §1).
