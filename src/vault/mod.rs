@@ -1,1 +1,272 @@
-//! The vault: `experts.smoe` and the files beside it (SPEC §1).
+//! The vault (SPEC §1): a directory holding `experts.smoe` (the expert blobs
+//! and their table), optional `scout.*` files and the histogram.
+//!
+//! [`Vault::open`] validates every rule of SPEC §1.1 before it hands out a
+//! single entry; after that, [`Vault::entry`] maps (layer, expert) to its blob
+//! in O(1) through a dense index (`layer × n_experts + expert`), without
+//! hashing. [`VaultWriter`] writes vaults; [`synth`] makes synthetic ones.
+
+mod format;
+pub mod synth;
+mod writer;
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+pub use format::{
+    hex, Entry, Header, DEFAULT_ALIGNMENT, ENTRY_BYTES, FLAG_CHECKSUMS, HEADER_BYTES,
+    MAX_ALIGNMENT, MAX_EXPERT_IDS, MIN_ALIGNMENT, VERSION,
+};
+pub use writer::{VaultWriter, WriterOptions};
+
+use crate::error::{Error, Result};
+
+/// The file name of the blob container inside a vault directory.
+pub const EXPERTS_FILE: &str = "experts.smoe";
+/// The file name of the persisted claim histogram inside a vault directory.
+pub const FREQ_FILE: &str = "expert_freq.bin";
+
+/// Marks a dense id with no entry in [`Vault`]'s index.
+const NO_ENTRY: u32 = u32::MAX;
+
+/// A validated vault: its header, its entries and its metadata, in memory.
+/// Blob bytes stay on disk; the streamer reads them.
+#[derive(Debug, Clone)]
+pub struct Vault {
+    path: PathBuf,
+    dir: PathBuf,
+    header: Header,
+    entries: Vec<Entry>,
+    /// Dense id (`layer × n_experts + expert`) → index into `entries`, or
+    /// `NO_ENTRY`. Length `n_layers × n_experts`.
+    index: Vec<u32>,
+    meta: String,
+}
+
+/// Where the bytes of a vault come from: a file, or memory (for the fuzzer).
+trait Source {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+}
+
+impl Source for File {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        FileExt::read_exact_at(self, buf, offset)
+    }
+}
+
+impl Source for [u8] {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let start = usize::try_from(offset).map_err(|_| io::ErrorKind::UnexpectedEof)?;
+        let end = start
+            .checked_add(buf.len())
+            .filter(|&e| e <= self.len())
+            .ok_or(io::ErrorKind::UnexpectedEof)?;
+        buf.copy_from_slice(&self[start..end]);
+        Ok(())
+    }
+}
+
+impl Vault {
+    /// Opens and validates a vault. `path` is the vault directory or the path
+    /// of its `experts.smoe`.
+    ///
+    /// Errors name the file and, for a broken rule, the field and both values.
+    pub fn open(path: impl AsRef<Path>) -> Result<Vault> {
+        let (file_path, dir) = resolve(path.as_ref())?;
+        let file = File::open(&file_path).map_err(|e| Error::io("cannot open", &file_path, &e))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::io("cannot stat", &file_path, &e))?;
+        if meta.is_dir() {
+            return Err(Error::argument(format!(
+                "{} is a directory without {EXPERTS_FILE}",
+                file_path.display()
+            )));
+        }
+        let len = meta.len();
+        Self::parse(&file, len, &file_path)
+            .map(|(header, entries, index, meta)| Vault {
+                path: file_path.clone(),
+                dir,
+                header,
+                entries,
+                index,
+                meta,
+            })
+            .map_err(|e| e.context(file_path.display()))
+    }
+
+    /// Validates a whole vault held in memory (used by the fuzzer and tests).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Vault> {
+        let name = Path::new("<memory>");
+        let (header, entries, index, meta) = Self::parse(bytes, bytes.len() as u64, name)?;
+        Ok(Vault {
+            path: name.to_path_buf(),
+            dir: PathBuf::new(),
+            header,
+            entries,
+            index,
+            meta,
+        })
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn parse<S: Source + ?Sized>(
+        src: &S,
+        len: u64,
+        path: &Path,
+    ) -> Result<(Header, Vec<Entry>, Vec<u32>, String)> {
+        let read = |buf: &mut [u8], offset: u64, what: &str| {
+            src.read_exact_at(buf, offset).map_err(|e| {
+                Error::io(
+                    format_args!("cannot read {what} ({} bytes at offset {offset}) of", buf.len()),
+                    path,
+                    &e,
+                )
+            })
+        };
+        let mut head = [0u8; HEADER_BYTES];
+        let head_len = len.min(HEADER_BYTES as u64) as usize;
+        read(&mut head[..head_len], 0, "the header")?;
+        let header = Header::parse(&head[..head_len], len)?;
+
+        // The rest of page 0 must be zero. Read it in bounded pieces.
+        let mut page = vec![0u8; 4096];
+        let mut at = HEADER_BYTES as u64;
+        let page_end = u64::from(header.alignment);
+        while at < page_end {
+            let n = (page_end - at).min(page.len() as u64) as usize;
+            read(&mut page[..n], at, "page 0")?;
+            if let Some(i) = page[..n].iter().position(|&b| b != 0) {
+                return Err(Error::format(format!(
+                    "byte {} of page 0 is {:#04x}, expected 0 (page 0 holds only the 128-byte header)",
+                    at + i as u64,
+                    page[i]
+                )));
+            }
+            at += n as u64;
+        }
+
+        // table_bytes ≤ file_bytes == len was checked, so this allocation is
+        // bounded by the real file.
+        let mut table = vec![0u8; header.table_bytes as usize];
+        read(&mut table, header.table_offset, "the table")?;
+        let entries = format::parse_table(&header, &table)?;
+        drop(table);
+
+        let meta = if header.meta_bytes == 0 {
+            String::new()
+        } else {
+            let mut bytes = vec![0u8; header.meta_bytes as usize];
+            read(&mut bytes, header.meta_offset, "the metadata")?;
+            format::parse_meta(&header, &bytes)?
+        };
+
+        let mut index = vec![NO_ENTRY; header.expert_ids() as usize];
+        for (i, e) in entries.iter().enumerate() {
+            index[dense(&header, e.layer, e.expert)] = i as u32;
+        }
+        Ok((header, entries, index, meta))
+    }
+
+    /// The validated header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// Every entry, sorted by (layer, expert).
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// The path of `experts.smoe`.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The vault directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The metadata JSON, "" when the vault has none.
+    pub fn meta(&self) -> &str {
+        &self.meta
+    }
+
+    /// Number of layers.
+    pub fn n_layers(&self) -> u32 {
+        self.header.n_layers
+    }
+
+    /// Number of experts per layer.
+    pub fn n_experts(&self) -> u32 {
+        self.header.n_experts
+    }
+
+    /// The dense id of (layer, expert), `layer × n_experts + expert`, or None
+    /// when either is out of range.
+    pub fn dense_id(&self, layer: u32, expert: u32) -> Option<u32> {
+        (layer < self.header.n_layers && expert < self.header.n_experts)
+            .then(|| dense(&self.header, layer, expert) as u32)
+    }
+
+    /// The entry of a dense id, if the vault has that expert.
+    pub fn entry_by_id(&self, id: u32) -> Option<&Entry> {
+        match self.index.get(id as usize) {
+            Some(&i) if i != NO_ENTRY => self.entries.get(i as usize),
+            _ => None,
+        }
+    }
+
+    /// The entry of (layer, expert), in O(1).
+    pub fn entry(&self, layer: u32, expert: u32) -> Option<&Entry> {
+        self.dense_id(layer, expert)
+            .and_then(|id| self.entry_by_id(id))
+    }
+
+    /// The largest `padded_size` of any blob.
+    pub fn max_padded_size(&self) -> u64 {
+        self.entries.iter().map(|e| e.padded_size).max().unwrap_or(0)
+    }
+
+    /// The sum of every blob's payload bytes.
+    pub fn total_payload_bytes(&self) -> u64 {
+        self.entries.iter().map(|e| e.size).sum()
+    }
+
+    /// Total bytes of the vault directory's `scout.*` files (SPEC §1), 0 when
+    /// there are none or the directory cannot be listed.
+    pub fn scout_bytes(&self) -> u64 {
+        let Ok(dir) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        dir.filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with("scout."))
+            .filter_map(|e| e.metadata().ok())
+            .filter(|m| m.is_file())
+            .map(|m| m.len())
+            .sum()
+    }
+}
+
+fn dense(h: &Header, layer: u32, expert: u32) -> usize {
+    layer as usize * h.n_experts as usize + expert as usize
+}
+
+/// Splits a user path into (`experts.smoe` path, vault directory).
+fn resolve(path: &Path) -> Result<(PathBuf, PathBuf)> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io("cannot open vault", path, &e))?;
+    if meta.is_dir() {
+        let file = path.join(EXPERTS_FILE);
+        Ok((file, path.to_path_buf()))
+    } else {
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        Ok((path.to_path_buf(), dir))
+    }
+}
