@@ -18,10 +18,15 @@
 #![warn(missing_docs)]
 
 mod error;
+#[cfg(not(loom))]
 pub mod ffi;
 mod sync;
+pub mod streamer;
 pub mod sys;
 pub mod vault;
 
 pub use error::{Error, ErrorKind, Result};
+#[cfg(not(loom))]
+pub use streamer::{Claim, Config, Priority, SlotInfo, Stats, Streamer};
+pub use sys::DirectIo;
 pub(crate) mod queue;

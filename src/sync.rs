@@ -3,16 +3,19 @@
 //! unchanged.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::Arc;
 #[cfg(loom)]
 pub(crate) use loom::thread;
 #[cfg(loom)]
 pub(crate) use loom::hint::spin_loop;
+#[cfg(loom)]
+pub(crate) use loom::cell::UnsafeCell;
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+#[allow(unused_imports)]
+pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 #[cfg(not(loom))]
 #[allow(unused_imports)]
 pub(crate) use std::sync::Arc;
@@ -22,3 +25,35 @@ pub(crate) use std::thread;
 #[cfg(not(loom))]
 #[allow(unused_imports)]
 pub(crate) use std::hint::spin_loop;
+
+/// `std::cell::UnsafeCell` behind loom's closure API (`with` / `with_mut`), so
+/// code written against loom's cell compiles unchanged without `--cfg loom`,
+/// where loom checks every access for data races.
+#[cfg(not(loom))]
+#[allow(dead_code)]
+#[derive(Debug, Default)]
+#[repr(transparent)]
+pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+#[cfg(not(loom))]
+#[allow(dead_code)]
+impl<T> UnsafeCell<T> {
+    /// A cell holding `value`.
+    pub(crate) const fn new(value: T) -> Self {
+        UnsafeCell(std::cell::UnsafeCell::new(value))
+    }
+
+    /// Runs `f` with a shared pointer to the contents. The caller makes sure
+    /// no one writes the contents while `f` reads them.
+    #[inline]
+    pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+        f(self.0.get())
+    }
+
+    /// Runs `f` with a mutable pointer to the contents. The caller makes sure
+    /// no one else reads or writes the contents while `f` uses them.
+    #[inline]
+    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        f(self.0.get())
+    }
+}

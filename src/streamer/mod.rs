@@ -1,0 +1,660 @@
+//! The streamer (SPEC §2): a ring of aligned slots, the slot table that
+//! governs them, and the I/O workers that fill them from the vault.
+//!
+//! [`Streamer::prefetch`] and [`Streamer::claim`] run in the caller's thread
+//! and only touch atomics (see `slots`); reads happen on the worker threads.
+//! Nothing here knows about C: the `ffi` module wraps this API.
+
+mod ring;
+pub(crate) mod slots;
+#[cfg(not(loom))]
+mod worker;
+
+#[cfg(not(loom))]
+pub use imp::*;
+pub use ring::RING_ALIGN;
+
+#[cfg(not(loom))]
+mod imp {
+    use std::collections::HashMap;
+    use std::ops::{Deref, Range};
+    use std::path::{Path, PathBuf};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::thread::JoinHandle;
+    use std::time::{Duration, Instant};
+
+    use crossbeam_utils::CachePadded;
+
+    use super::ring::{Ring, RING_ALIGN};
+    use super::slots::{Claimed, Prefetched, SlotTable};
+    use super::worker;
+    use crate::error::{Error, ErrorKind, Result};
+    use crate::sys::DirectIo;
+    use crate::vault::{Entry, Vault};
+
+    /// Default number of I/O workers.
+    pub const DEFAULT_WORKERS: u32 = 16;
+    /// Most I/O workers a streamer runs.
+    pub const MAX_WORKERS: u32 = 64;
+    /// Ring size used when `ring_slots` is 0, until auto-sizing (SPEC §2.1)
+    /// lands: 1 GiB of slots, clamped to 64..=4096 and to the entry count.
+    pub const PROVISIONAL_RING_BYTES: u64 = 1 << 30;
+
+    /// How urgently an expert is wanted.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Priority {
+        /// The engine needs it for the layer it is on.
+        Demand,
+        /// A bet on a deeper gate rank or the next token.
+        Speculative,
+    }
+
+    /// Streamer settings (C `smoe_config`).
+    #[derive(Clone, Debug)]
+    pub struct Config {
+        /// Number of slots; 0 chooses a size (see [`PROVISIONAL_RING_BYTES`]).
+        pub ring_slots: u32,
+        /// Slot size in MiB; 0 = the largest padded blob.
+        pub slot_mb: u32,
+        /// I/O worker threads, 1..=64; 0 = 16.
+        pub workers: u32,
+        /// Direct I/O policy for the workers' descriptors.
+        pub direct_io: DirectIo,
+        /// Run the pre-warm thread (not implemented yet; accepted and ignored).
+        pub prewarm: bool,
+        /// Pre-warm budget in slots; 0 = default.
+        pub prewarm_slots: u32,
+        /// Check each blob's xxh3 after reading it.
+        pub verify: bool,
+        /// Bytes of dense weights the engine keeps resident; None = the size
+        /// of the vault's `scout.*` files.
+        pub scout_bytes: Option<u64>,
+        /// Memory the engine needs besides the ring and the scout; 0 = 2 GiB.
+        pub engine_overhead_bytes: u64,
+        /// Histogram file; None = `<vault>/expert_freq.bin`, empty = none.
+        pub freq_path: Option<PathBuf>,
+        /// Test hook: reads overlapping these file ranges fail with EIO, as
+        /// a bad region of a drive would.
+        #[doc(hidden)]
+        pub fail_reads: Vec<Range<u64>>,
+    }
+
+    impl Default for Config {
+        fn default() -> Self {
+            Config {
+                ring_slots: 0,
+                slot_mb: 0,
+                workers: 0,
+                direct_io: DirectIo::Auto,
+                prewarm: true,
+                prewarm_slots: 0,
+                verify: false,
+                scout_bytes: None,
+                engine_overhead_bytes: 0,
+                freq_path: None,
+                fail_reads: Vec::new(),
+            }
+        }
+    }
+
+    /// Counters and sizes (C `smoe_stats`).
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
+    pub struct Stats {
+        /// OK claims.
+        pub claims: u64,
+        /// OK claims that needed no demand read (`hit`).
+        pub hits: u64,
+        /// Claims answered pending.
+        pub pending: u64,
+        /// Bytes read from the vault.
+        pub bytes_read: u64,
+        /// Reads done for demand.
+        pub reads_demand: u64,
+        /// Reads done for speculation.
+        pub reads_speculative: u64,
+        /// Reads done for pre-warm.
+        pub reads_prewarm: u64,
+        /// Loads that replaced another expert.
+        pub evictions: u64,
+        /// Failed or short reads.
+        pub io_errors: u64,
+        /// Blobs that failed their checksum (verify on).
+        pub checksum_errors: u64,
+        /// Slots holding an expert's data.
+        pub resident: u64,
+        /// Slots in the ring.
+        pub ring_slots: u64,
+        /// Bytes per slot.
+        pub slot_bytes: u64,
+        /// I/O worker threads.
+        pub workers: u64,
+        /// 1 if every worker descriptor does direct I/O.
+        pub direct_io: u64,
+    }
+
+    /// Counters updated from many threads; each on its own cache line.
+    #[derive(Default)]
+    pub(crate) struct Counters {
+        pub(crate) claims: CachePadded<AtomicU64>,
+        pub(crate) hits: CachePadded<AtomicU64>,
+        pub(crate) pending: CachePadded<AtomicU64>,
+        pub(crate) bytes_read: CachePadded<AtomicU64>,
+        pub(crate) reads_demand: CachePadded<AtomicU64>,
+        pub(crate) reads_speculative: CachePadded<AtomicU64>,
+        pub(crate) reads_prewarm: CachePadded<AtomicU64>,
+        pub(crate) evictions: CachePadded<AtomicU64>,
+        pub(crate) io_errors: CachePadded<AtomicU64>,
+        pub(crate) checksum_errors: CachePadded<AtomicU64>,
+    }
+
+    /// What the streamer's threads share.
+    pub(crate) struct Shared {
+        pub(crate) vault: Vault,
+        pub(crate) table: SlotTable,
+        pub(crate) ring: Ring,
+        pub(crate) slot_bytes: u64,
+        pub(crate) verify: bool,
+        pub(crate) counters: Counters,
+        /// Errors of failed reads, by dense id, until a claim reports them.
+        /// Touched only when a read fails and when a claim finds its failure
+        /// flag set; never on the normal prefetch/claim/release path.
+        pub(crate) errors: Mutex<HashMap<u32, Error>>,
+        /// Set when a library thread panicked: every later call fails.
+        pub(crate) broken: AtomicBool,
+        pub(crate) shutdown: AtomicBool,
+        pub(crate) wake: worker::Wake,
+        pub(crate) fail_reads: Vec<Range<u64>>,
+    }
+
+    /// Streams expert blobs from a vault into a ring of slots. See the module
+    /// doc and SPEC §2.
+    pub struct Streamer {
+        shared: Arc<Shared>,
+        threads: Vec<JoinHandle<()>>,
+        workers: u32,
+        direct_all: bool,
+        warnings: Vec<String>,
+    }
+
+    /// One claim's view of a slot (also what the C API's `smoe_slot` holds).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct SlotInfo {
+        /// First byte of the payload (16 KB aligned).
+        pub data: *const u8,
+        /// Payload bytes.
+        pub size: u64,
+        /// Pass to [`Streamer::release_ticket`].
+        pub ticket: u64,
+        /// `data == ring base + slot_index × slot_bytes`.
+        pub slot_index: u32,
+        /// Layer id.
+        pub layer: u32,
+        /// Expert id.
+        pub expert: u32,
+        /// No demand read was needed (SPEC §3).
+        pub hit: bool,
+    }
+
+    /// A claimed expert: derefs to its payload bytes and releases on drop.
+    pub struct Claim<'s> {
+        streamer: &'s Streamer,
+        info: SlotInfo,
+    }
+
+    impl Claim<'_> {
+        /// The claim's slot, ticket and flags.
+        pub fn info(&self) -> SlotInfo {
+            self.info
+        }
+        /// Whether no demand read was needed.
+        pub fn hit(&self) -> bool {
+            self.info.hit
+        }
+        /// Keeps the claim past this guard; release it with
+        /// [`Streamer::release_ticket`].
+        pub fn into_ticket(self) -> SlotInfo {
+            let info = self.info;
+            std::mem::forget(self);
+            info
+        }
+    }
+
+    impl Deref for Claim<'_> {
+        type Target = [u8];
+        fn deref(&self) -> &[u8] {
+            // SAFETY: the claim holds a refcount on the slot, so the slot
+            // table never lets a worker rewrite these bytes until the claim
+            // is released; `size ≤ slot_bytes` was checked at open.
+            unsafe { std::slice::from_raw_parts(self.info.data, self.info.size as usize) }
+        }
+    }
+
+    impl Drop for Claim<'_> {
+        fn drop(&mut self) {
+            // A guard's ticket is always held, so this cannot be stale.
+            let _ = self.streamer.release_ticket(self.info.ticket);
+        }
+    }
+
+    impl std::fmt::Debug for Claim<'_> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Claim").field("info", &self.info).finish()
+        }
+    }
+
+    // SAFETY: `data` points into the streamer's ring, which outlives every
+    // claim; the pointer is only read through while the claim is held.
+    unsafe impl Send for SlotInfo {}
+    // SAFETY: as above.
+    unsafe impl Sync for SlotInfo {}
+
+    impl Streamer {
+        /// Opens the vault at `path` (directory or `experts.smoe`), allocates
+        /// the ring and starts the workers.
+        pub fn open(path: impl AsRef<Path>, config: Config) -> Result<Streamer> {
+            let vault = Vault::open(path)?;
+            Self::with_vault(vault, config)
+        }
+
+        /// Like [`Streamer::open`], for a vault already opened.
+        pub fn with_vault(vault: Vault, config: Config) -> Result<Streamer> {
+            let workers = match config.workers {
+                0 => DEFAULT_WORKERS,
+                n if n <= MAX_WORKERS => n,
+                n => {
+                    return Err(Error::argument(format!(
+                        "workers is {n}, expected 1..={MAX_WORKERS} (or 0 for {DEFAULT_WORKERS})"
+                    )))
+                }
+            };
+            let slot_bytes = slot_bytes(&vault, config.slot_mb)?;
+            let n_entries = vault.entries().len() as u32;
+            let slots = match config.ring_slots {
+                0 => ((PROVISIONAL_RING_BYTES / slot_bytes).clamp(64, 4096) as u32).min(n_entries),
+                n => n,
+            };
+            let ring = Ring::new(slots, slot_bytes)?;
+            let ids = vault.header().expert_ids() as u32;
+            let mut warnings = Vec::new();
+
+            let mut files = Vec::with_capacity(workers as usize);
+            for _ in 0..workers {
+                let opened = crate::sys::open_for_streaming(vault.path(), config.direct_io)
+                    .map_err(|e| {
+                        let kind = if e.kind() == std::io::ErrorKind::Unsupported {
+                            ErrorKind::Unsupported
+                        } else {
+                            ErrorKind::Io
+                        };
+                        let err = Error::io("cannot open for streaming", vault.path(), &e);
+                        Error::new(kind, err.message().to_owned())
+                    })?;
+                files.push(opened);
+            }
+            // Some filesystems accept O_DIRECT at open and refuse the reads.
+            if files.iter().any(|f| f.direct) {
+                let probe = crate::sys::probe_direct_read(&files[0].file, RING_ALIGN);
+                if let Err(e) = probe {
+                    if config.direct_io == DirectIo::Require {
+                        return Err(Error::new(
+                            ErrorKind::Unsupported,
+                            format!(
+                                "direct I/O required but {} refuses direct reads: {e}",
+                                vault.path().display()
+                            ),
+                        ));
+                    }
+                    files.clear();
+                    for _ in 0..workers {
+                        let f = crate::sys::open_for_streaming(vault.path(), DirectIo::Off)
+                            .map_err(|e| Error::io("cannot open", vault.path(), &e))?;
+                        files.push(f);
+                    }
+                }
+            }
+            let direct_all = files.iter().all(|f| f.direct);
+            if !direct_all && config.direct_io == DirectIo::Auto {
+                warnings.push(format!(
+                    "direct I/O is not available for {}: reading through the page cache",
+                    vault.path().display()
+                ));
+            }
+
+            let shared = Arc::new(Shared {
+                table: SlotTable::new(slots, ids),
+                ring,
+                slot_bytes,
+                verify: config.verify,
+                counters: Counters::default(),
+                errors: Mutex::new(HashMap::new()),
+                broken: AtomicBool::new(false),
+                shutdown: AtomicBool::new(false),
+                wake: worker::Wake::new(workers),
+                fail_reads: config.fail_reads.clone(),
+                vault,
+            });
+            let mut threads = Vec::with_capacity(workers as usize);
+            for (i, opened) in files.into_iter().enumerate() {
+                let shared2 = shared.clone();
+                let spawned = std::thread::Builder::new()
+                    .name(format!("smoe-io-{i}"))
+                    .spawn(move || worker::run(shared2, i as u32, opened.file));
+                match spawned {
+                    Ok(h) => threads.push(h),
+                    Err(e) => {
+                        stop(&shared, &mut threads);
+                        return Err(Error::new(
+                            ErrorKind::Internal,
+                            format!("could not start I/O worker {i}: {e}"),
+                        ));
+                    }
+                }
+            }
+            shared.wake.set_threads(threads.iter().map(|h| h.thread().clone()).collect());
+            Ok(Streamer {
+                shared,
+                threads,
+                workers,
+                direct_all,
+                warnings,
+            })
+        }
+
+        /// The vault being streamed.
+        pub fn vault(&self) -> &Vault {
+            &self.shared.vault
+        }
+
+        /// Warnings recorded at open (e.g. the fallback to buffered I/O).
+        pub fn warnings(&self) -> &[String] {
+            &self.warnings
+        }
+
+        fn check_alive(&self) -> Result<()> {
+            if self.shared.broken.load(Ordering::Acquire) {
+                return Err(Error::new(
+                    ErrorKind::Internal,
+                    "the streamer failed earlier (a library thread panicked); close it",
+                ));
+            }
+            Ok(())
+        }
+
+        fn id_of(&self, layer: u32, expert: u32) -> Result<(u32, &Entry)> {
+            let v = &self.shared.vault;
+            v.dense_id(layer, expert)
+                .and_then(|id| v.entry_by_id(id).map(|e| (id, e)))
+                .ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::NotFound,
+                        format!(
+                            "layer {layer} expert {expert} is not in the vault ({} layers × {} experts, {} entries)",
+                            v.n_layers(),
+                            v.n_experts(),
+                            v.entries().len()
+                        ),
+                    )
+                })
+        }
+
+        /// Makes sure (layer, expert) is resident or on its way; never waits
+        /// for I/O. Prefetching an expert that is resident or in flight reads
+        /// nothing.
+        pub fn prefetch(&self, layer: u32, expert: u32, priority: Priority) -> Result<()> {
+            self.check_alive()?;
+            let (id, _) = self.id_of(layer, expert)?;
+            match self.shared.table.prefetch(id, priority == Priority::Demand) {
+                Prefetched::Queued { evicted, .. } => {
+                    if evicted {
+                        self.shared.counters.evictions.fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.shared.wake.one();
+                    Ok(())
+                }
+                Prefetched::Present | Prefetched::ErrorPending => Ok(()),
+                Prefetched::RingFull => Err(ring_full(&self.shared, layer, expert)),
+            }
+        }
+
+        /// Claims (layer, expert) if its data is in the ring; `Ok(None)`
+        /// (pending) otherwise, after making sure a demand read is queued.
+        /// Never blocks. The claim releases when dropped.
+        pub fn claim(&self, layer: u32, expert: u32) -> Result<Option<Claim<'_>>> {
+            Ok(self.claim_ticket(layer, expert)?.map(|info| Claim {
+                streamer: self,
+                info,
+            }))
+        }
+
+        /// [`Streamer::claim`] for callers that keep the claim past a Rust
+        /// scope (the C API): release with [`Streamer::release_ticket`].
+        pub fn claim_ticket(&self, layer: u32, expert: u32) -> Result<Option<SlotInfo>> {
+            self.check_alive()?;
+            let (id, entry) = self.id_of(layer, expert)?;
+            let c = &self.shared.counters;
+            match self.shared.table.claim(id) {
+                Claimed::Ready { slot, ticket, hit } => {
+                    c.claims.fetch_add(1, Ordering::Relaxed);
+                    if hit {
+                        c.hits.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(Some(SlotInfo {
+                        data: self.shared.ring.slot_ptr(slot),
+                        size: entry.size,
+                        ticket,
+                        slot_index: slot,
+                        layer,
+                        expert,
+                        hit,
+                    }))
+                }
+                Claimed::Pending => {
+                    c.pending.fetch_add(1, Ordering::Relaxed);
+                    self.shared.wake.one();
+                    Ok(None)
+                }
+                Claimed::Failed => {
+                    let err = self
+                        .shared
+                        .errors
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&id);
+                    Err(err.unwrap_or_else(|| {
+                        Error::new(
+                            ErrorKind::Io,
+                            format!("layer {layer} expert {expert}: the last read failed"),
+                        )
+                    }))
+                }
+                Claimed::RingFull => Err(ring_full(&self.shared, layer, expert)),
+                Claimed::TooManyClaims => Err(Error::argument(format!(
+                    "layer {layer} expert {expert} already has {} unreleased claims",
+                    super::slots::MAX_REFS
+                ))),
+            }
+        }
+
+        /// Claims (layer, expert), waiting up to `timeout` for its read: it
+        /// spins briefly, then yields, then sleeps in short steps. `Ok(None)`
+        /// at the timeout.
+        pub fn claim_wait(
+            &self,
+            layer: u32,
+            expert: u32,
+            timeout: Duration,
+        ) -> Result<Option<Claim<'_>>> {
+            Ok(self
+                .claim_wait_ticket(layer, expert, timeout)?
+                .map(|info| Claim {
+                    streamer: self,
+                    info,
+                }))
+        }
+
+        /// [`Streamer::claim_wait`] returning a ticket.
+        pub fn claim_wait_ticket(
+            &self,
+            layer: u32,
+            expert: u32,
+            timeout: Duration,
+        ) -> Result<Option<SlotInfo>> {
+            let start = Instant::now();
+            let mut round = 0u32;
+            loop {
+                if let Some(info) = self.claim_ticket(layer, expert)? {
+                    return Ok(Some(info));
+                }
+                let elapsed = start.elapsed();
+                if elapsed >= timeout {
+                    return Ok(None);
+                }
+                round += 1;
+                if round <= 32 {
+                    for _ in 0..(1 << round.min(6)) {
+                        std::hint::spin_loop();
+                    }
+                } else if round <= 48 {
+                    std::thread::yield_now();
+                } else {
+                    // Short sleeps, growing to 500 µs, never past the deadline.
+                    let step = Duration::from_micros(20u64 << (round - 48).min(5));
+                    std::thread::sleep(step.min(timeout - elapsed));
+                }
+            }
+        }
+
+        /// Releases a claim by its ticket. Stale (and nothing changes) when
+        /// the ticket is not held: never claimed, already released, or its
+        /// slot was evicted and reloaded.
+        pub fn release_ticket(&self, ticket: u64) -> Result<()> {
+            self.shared.table.release(ticket).map(|_| ()).map_err(|_| {
+                Error::new(
+                    ErrorKind::Stale,
+                    format!(
+                        "ticket {ticket:#x} (slot {}, generation {}) is not held: never claimed, already released, or its slot was reloaded",
+                        ticket as u32,
+                        ticket >> 32
+                    ),
+                )
+            })
+        }
+
+        /// Counters and sizes.
+        pub fn stats(&self) -> Stats {
+            let c = &self.shared.counters;
+            let r = |a: &CachePadded<AtomicU64>| a.load(Ordering::Relaxed);
+            Stats {
+                claims: r(&c.claims),
+                hits: r(&c.hits),
+                pending: r(&c.pending),
+                bytes_read: r(&c.bytes_read),
+                reads_demand: r(&c.reads_demand),
+                reads_speculative: r(&c.reads_speculative),
+                reads_prewarm: r(&c.reads_prewarm),
+                evictions: r(&c.evictions),
+                io_errors: r(&c.io_errors),
+                checksum_errors: r(&c.checksum_errors),
+                resident: u64::from(self.shared.table.resident()),
+                ring_slots: u64::from(self.shared.table.slots()),
+                slot_bytes: self.shared.slot_bytes,
+                workers: u64::from(self.workers),
+                direct_io: u64::from(self.direct_all),
+            }
+        }
+
+        /// The ring: base pointer, total bytes, bytes per slot.
+        pub fn ring_region(&self) -> (*const u8, u64, u64) {
+            (
+                self.shared.ring.base(),
+                self.shared.ring.bytes() as u64,
+                self.shared.slot_bytes,
+            )
+        }
+
+        /// The vault entry of (layer, expert).
+        pub fn expert_info(&self, layer: u32, expert: u32) -> Result<Entry> {
+            self.id_of(layer, expert).map(|(_, e)| *e)
+        }
+
+        /// Whether (layer, expert) is loaded in the ring right now.
+        pub fn is_resident(&self, layer: u32, expert: u32) -> bool {
+            self.shared
+                .vault
+                .dense_id(layer, expert)
+                .is_some_and(|id| self.shared.table.resident_slot(id).is_some())
+        }
+
+        /// The slot index of each loaded expert, by LRU tick (oldest first):
+        /// for tests and diagnostics.
+        #[doc(hidden)]
+        pub fn lru_order(&self) -> Vec<(u32, u32)> {
+            let t = &self.shared.table;
+            let n = self.shared.vault.n_experts();
+            let mut v: Vec<(u64, u32)> = (0..t.slots())
+                .filter(|&s| {
+                    matches!(
+                        t.word(s).state(),
+                        super::slots::READY | super::slots::CONSUMED
+                    )
+                })
+                .map(|s| (t.tick(s), t.word(s).id()))
+                .collect();
+            v.sort_unstable();
+            v.into_iter().map(|(_, id)| (id / n, id % n)).collect()
+        }
+    }
+
+    fn ring_full(shared: &Shared, layer: u32, expert: u32) -> Error {
+        Error::new(
+            ErrorKind::RingFull,
+            format!(
+                "layer {layer} expert {expert}: every one of the {} slots is claimed or loading; release a claim and retry",
+                shared.table.slots()
+            ),
+        )
+    }
+
+    /// The slot size: the largest padded blob rounded up to 16384, or the
+    /// override, which every blob must fit.
+    fn slot_bytes(vault: &Vault, slot_mb: u32) -> Result<u64> {
+        let largest = vault.max_padded_size().next_multiple_of(RING_ALIGN as u64);
+        if slot_mb == 0 {
+            return Ok(largest);
+        }
+        let bytes = u64::from(slot_mb) << 20;
+        if let Some(e) = vault.entries().iter().find(|e| e.padded_size > bytes) {
+            return Err(Error::argument(format!(
+                "slot_mb {slot_mb} ({bytes} bytes) is smaller than the blob of layer {} expert {} ({} padded bytes)",
+                e.layer, e.expert, e.padded_size
+            )));
+        }
+        Ok(bytes)
+    }
+
+    fn stop(shared: &Shared, threads: &mut Vec<JoinHandle<()>>) {
+        shared.shutdown.store(true, Ordering::Release);
+        shared.wake.all();
+        for t in threads.drain(..) {
+            // A worker's panic was already caught inside it.
+            let _ = t.join();
+        }
+    }
+
+    impl Drop for Streamer {
+        fn drop(&mut self) {
+            stop(&self.shared, &mut self.threads);
+        }
+    }
+
+    impl std::fmt::Debug for Streamer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Streamer")
+                .field("vault", &self.shared.vault.path())
+                .field("slots", &self.shared.table.slots())
+                .field("slot_bytes", &self.shared.slot_bytes)
+                .finish()
+        }
+    }
+}

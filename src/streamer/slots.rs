@@ -1,0 +1,878 @@
+//! The slot table: every slot's state word, the identity map (dense expert id
+//! → slot), the LRU ticks and the two read queues. This is the lock-free heart
+//! of the streamer; it owns no memory and does no I/O, so loom can check it
+//! whole (see `loom_tests` below).
+//!
+//! It must never block, allocate or take a lock on the prefetch, claim and
+//! release paths, and never hand out a slot whose refcount it has not raised.
+//!
+//! # The state word
+//!
+//! Each slot has one `AtomicU64`; every transition is a compare-exchange of
+//! the whole word, so a reader sees state, identity, generation and refcount
+//! from the same instant:
+//!
+//! ```text
+//!  63        40 39        16 15      4  3   2  0
+//! +------------+------------+---------+---+-----+
+//! | expert id  | generation | refcount| D |state|
+//! +------------+------------+---------+---+-----+
+//! ```
+//!
+//! - `state` (3 bits): EMPTY, QUEUED, READING, READY, CONSUMED.
+//! - `D` (1 bit): a demand read was needed for this load (it was queued as
+//!   demand, promoted by a demand prefetch, or a claim waited for it). The
+//!   first claim of the load reads it to set `hit`, and clears it.
+//! - `refcount` (12 bits): claims not yet released. Only READY/CONSUMED
+//!   slots have a nonzero refcount.
+//! - `generation` (24 bits): bumped each time the slot is taken for a new
+//!   load; tickets carry it, so a ticket from an earlier load is stale. Never
+//!   0 for a loaded slot, so no ticket is 0.
+//! - `expert id` (24 bits): the dense id the slot holds or is loading.
+//!
+//! Legal transitions (anything else is a bug):
+//!
+//! ```text
+//! EMPTY/READY/CONSUMED (refcount 0) --take (prefetch)---------> QUEUED   gen+1, new id
+//! QUEUED   --promote (demand prefetch or waiting claim)-------> QUEUED   D set
+//! QUEUED   --begin (a worker popped it, gen matches)----------> READING
+//! READING  --claim finds it loading---------------------------> READING  D set
+//! READING  --finish ok (Release: publishes the slot's bytes)--> READY
+//! READING  --finish failed------------------------------------> EMPTY    id kept
+//! READY    --claim (refcount+1, D cleared)--------------------> CONSUMED
+//! CONSUMED --claim (refcount+1) / release (refcount−1)--------> CONSUMED
+//! ```
+//!
+//! A slot with refcount > 0 is never taken, so its bytes never change while a
+//! claim holds them. CONSUMED with refcount 0 means *retained*: its identity
+//! stays in the map and a later claim is a hit with no read.
+//!
+//! # The identity map
+//!
+//! `map[id]` is a hint: NONE, RESERVED (a thread is choosing a slot for `id`;
+//! everyone else treats `id` as in flight), or a slot index. The state word is
+//! the truth: a map entry pointing at a slot whose word holds another id (or
+//! EMPTY) is stale and is cleared by whoever sees it. Only the thread that
+//! moved the map entry from NONE to RESERVED may store a slot index into it, so
+//! an expert never has two slots and is never read twice at once.
+
+use crossbeam_utils::CachePadded;
+
+use crate::queue::Queue;
+use crate::sync::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+pub(crate) const EMPTY: u64 = 0;
+pub(crate) const QUEUED: u64 = 1;
+pub(crate) const READING: u64 = 2;
+pub(crate) const READY: u64 = 3;
+pub(crate) const CONSUMED: u64 = 4;
+
+const STATE_MASK: u64 = 0b111;
+const DEMAND: u64 = 1 << 3;
+const REF_SHIFT: u32 = 4;
+const REF_BITS: u32 = 12;
+const REF_ONE: u64 = 1 << REF_SHIFT;
+const REF_MASK: u64 = ((1 << REF_BITS) - 1) << REF_SHIFT;
+/// Most claims one slot can hold at once.
+pub(crate) const MAX_REFS: u64 = (1 << REF_BITS) - 1;
+const GEN_SHIFT: u32 = 16;
+const GEN_BITS: u32 = 24;
+const GEN_MASK: u64 = ((1 << GEN_BITS) - 1) << GEN_SHIFT;
+const ID_SHIFT: u32 = 40;
+/// Dense ids must be below this (the vault reader's `MAX_EXPERT_IDS`).
+pub(crate) const MAX_IDS: u64 = 1 << 24;
+
+/// `map` entry: no slot.
+const NONE: u32 = u32::MAX;
+/// `map` entry: a prefetch is choosing a slot for this id.
+const RESERVED: u32 = u32::MAX - 1;
+
+/// The fields of a state word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Word(pub(crate) u64);
+
+impl Word {
+    fn new(state: u64, id: u32, generation: u32, demand: bool) -> Word {
+        Word(
+            state
+                | if demand { DEMAND } else { 0 }
+                | (u64::from(generation) << GEN_SHIFT)
+                | (u64::from(id) << ID_SHIFT),
+        )
+    }
+    pub(crate) fn state(self) -> u64 {
+        self.0 & STATE_MASK
+    }
+    pub(crate) fn demand(self) -> bool {
+        self.0 & DEMAND != 0
+    }
+    pub(crate) fn refs(self) -> u64 {
+        (self.0 & REF_MASK) >> REF_SHIFT
+    }
+    pub(crate) fn generation(self) -> u32 {
+        ((self.0 & GEN_MASK) >> GEN_SHIFT) as u32
+    }
+    pub(crate) fn id(self) -> u32 {
+        (self.0 >> ID_SHIFT) as u32
+    }
+    fn with_state(self, state: u64) -> Word {
+        Word((self.0 & !STATE_MASK) | state)
+    }
+    /// Holds an expert's identity (loading or loaded).
+    fn holds(self, id: u32) -> bool {
+        self.state() != EMPTY && self.id() == id
+    }
+    /// May be taken for a new load.
+    fn idle(self) -> bool {
+        matches!(self.state(), EMPTY | READY | CONSUMED) && self.refs() == 0
+    }
+}
+
+fn next_generation(g: u32) -> u32 {
+    let n = (g + 1) & ((1 << GEN_BITS) - 1);
+    if n == 0 {
+        1
+    } else {
+        n
+    }
+}
+
+/// A ticket: (generation << 32) | slot. Identifies one claimable load.
+pub(crate) fn ticket(slot: u32, generation: u32) -> u64 {
+    (u64::from(generation) << 32) | u64::from(slot)
+}
+
+fn split_ticket(t: u64) -> (u32, u32) {
+    (t as u32, (t >> 32) as u32)
+}
+
+/// A read a worker must do: load `id` into `slot` for generation `generation`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ReadJob {
+    pub(crate) slot: u32,
+    pub(crate) generation: u32,
+    pub(crate) id: u32,
+    /// The read was needed by demand (counts in `reads_demand`).
+    pub(crate) demand: bool,
+}
+
+/// The answer to a prefetch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Prefetched {
+    /// A read was queued into `slot`; `evicted` says whether the slot held
+    /// another expert.
+    Queued { slot: u32, evicted: bool },
+    /// Already resident or in flight: nothing to do.
+    Present,
+    /// A read failed and its error waits for the next claim.
+    ErrorPending,
+    /// Every slot is claimed or loading.
+    RingFull,
+}
+
+/// The answer to a claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Claimed {
+    /// The slot is the caller's until it releases `ticket`.
+    Ready { slot: u32, ticket: u64, hit: bool },
+    /// Loading (or just queued by this claim).
+    Pending,
+    /// The last read of this expert failed; the error is now forgotten.
+    Failed,
+    /// Every slot is claimed or loading, so no read could be queued.
+    RingFull,
+    /// The slot already holds `MAX_REFS` claims.
+    TooManyClaims,
+}
+
+/// Why a release was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Stale;
+
+/// Work items in the queues: a ticket (slot + generation).
+type Item = u64;
+
+/// See the module doc.
+pub(crate) struct SlotTable {
+    /// One state word per slot; layout in the module doc.
+    words: Box<[CachePadded<AtomicU64>]>,
+    /// Per slot: the LRU tick of its last load or claim. Only a hint for
+    /// choosing a victim; correctness never depends on it.
+    ticks: Box<[AtomicU64]>,
+    /// Dense id → slot, RESERVED or NONE (a hint; see the module doc).
+    map: Box<[AtomicU32]>,
+    /// Per dense id: 1 when its last read failed and no claim has reported
+    /// it yet.
+    failed: Box<[AtomicU8]>,
+    /// The LRU clock.
+    clock: CachePadded<AtomicU64>,
+    /// Slots below this index have been handed out at least once; above it
+    /// are fresh EMPTY slots, taken without a scan.
+    fresh: CachePadded<AtomicU32>,
+    demand: Queue<Item>,
+    speculative: Queue<Item>,
+}
+
+impl SlotTable {
+    /// A table of `slots` EMPTY slots for `ids` dense expert ids.
+    pub(crate) fn new(slots: u32, ids: u32) -> SlotTable {
+        assert!(slots > 0 && u64::from(ids) <= MAX_IDS);
+        // Each (slot, generation) is pushed at most once per queue, and a
+        // slot's stale entries are skipped when popped; 4 × slots leaves room
+        // for stale entries of earlier generations.
+        let cap = (slots as usize * 4).next_power_of_two().max(64);
+        SlotTable {
+            words: (0..slots)
+                .map(|_| CachePadded::new(AtomicU64::new(EMPTY)))
+                .collect(),
+            ticks: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            map: (0..ids).map(|_| AtomicU32::new(NONE)).collect(),
+            failed: (0..ids).map(|_| AtomicU8::new(0)).collect(),
+            clock: CachePadded::new(AtomicU64::new(1)),
+            fresh: CachePadded::new(AtomicU32::new(0)),
+            demand: Queue::with_capacity(cap),
+            speculative: Queue::with_capacity(cap),
+        }
+    }
+
+    pub(crate) fn slots(&self) -> u32 {
+        self.words.len() as u32
+    }
+
+    /// The current state word of `slot` (for stats and tests).
+    pub(crate) fn word(&self, slot: u32) -> Word {
+        Word(self.words[slot as usize].load(Ordering::Acquire))
+    }
+
+    pub(crate) fn tick(&self, slot: u32) -> u64 {
+        self.ticks[slot as usize].load(Ordering::Relaxed)
+    }
+
+    fn next_tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Makes sure `id` is resident or in flight; queues a read if not.
+    /// Never waits.
+    pub(crate) fn prefetch(&self, id: u32, demand: bool) -> Prefetched {
+        let entry = &self.map[id as usize];
+        loop {
+            // Acquire: pairs with the Release store of a slot index below, so
+            // the slot's word already shows `id` when we read it.
+            let m = entry.load(Ordering::Acquire);
+            if m == RESERVED {
+                return Prefetched::Present;
+            }
+            if m != NONE {
+                if self.ensure_demand_if_queued(m, id, demand) {
+                    return Prefetched::Present;
+                }
+                // Stale hint: the slot was taken for another expert (or its
+                // read failed). Clear it; losing this race is harmless.
+                let _ = entry.compare_exchange(m, NONE, Ordering::AcqRel, Ordering::Relaxed);
+                continue;
+            }
+            if self.failed[id as usize].load(Ordering::Acquire) != 0 {
+                return Prefetched::ErrorPending;
+            }
+            // AcqRel: we become the only thread that may install a slot for
+            // `id` (others now see RESERVED and stand back).
+            if entry
+                .compare_exchange(NONE, RESERVED, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            let Some((slot, generation, evicted)) = self.take_slot(id, demand) else {
+                // Release: pairs with the Acquire load above.
+                entry.store(NONE, Ordering::Release);
+                return Prefetched::RingFull;
+            };
+            // Release: publishes the slot's new word (written by take_slot)
+            // to anyone who finds `slot` through the map.
+            entry.store(slot, Ordering::Release);
+            let item = ticket(slot, generation);
+            let queue = if demand {
+                &self.demand
+            } else {
+                &self.speculative
+            };
+            if queue.push(item).is_err() {
+                // Cannot happen while capacity ≥ 4 × slots holds the live
+                // and stale entries; undo rather than leave a slot stranded.
+                self.abandon(slot, generation, id);
+                return Prefetched::RingFull;
+            }
+            return Prefetched::Queued { slot, evicted };
+        }
+    }
+
+    /// True when `slot` holds `id` (loading or loaded). With `demand`, a read
+    /// still waiting in the speculative queue is promoted: marked demand and
+    /// pushed onto the demand queue, where a worker will find it first.
+    fn ensure_demand_if_queued(&self, slot: u32, id: u32, demand: bool) -> bool {
+        let cell = &self.words[slot as usize];
+        // Acquire: see the word's latest transition before deciding.
+        let mut w = Word(cell.load(Ordering::Acquire));
+        loop {
+            if !w.holds(id) {
+                return false;
+            }
+            if !demand || w.demand() || w.state() != QUEUED {
+                return true;
+            }
+            let promoted = Word(w.0 | DEMAND);
+            match cell.compare_exchange(w.0, promoted.0, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    // A full demand queue only delays the read: it is still
+                    // in the speculative queue.
+                    let _ = self.demand.push(ticket(slot, w.generation()));
+                    return true;
+                }
+                Err(now) => w = Word(now),
+            }
+        }
+    }
+
+    /// Undo a take whose queue push failed: the slot goes back to EMPTY.
+    fn abandon(&self, slot: u32, generation: u32, id: u32) {
+        let cell = &self.words[slot as usize];
+        let w = Word(cell.load(Ordering::Acquire));
+        if w.state() == QUEUED && w.generation() == generation {
+            // Release: the slot is free again.
+            let _ = cell.compare_exchange(
+                w.0,
+                w.with_state(EMPTY).0 & !DEMAND,
+                Ordering::Release,
+                Ordering::Relaxed,
+            );
+        }
+        let _ = self.map[id as usize].compare_exchange(
+            slot,
+            NONE,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Takes a slot for `id`: a fresh one if any is left, else the least
+    /// recently used idle one. Returns (slot, new generation, evicted).
+    fn take_slot(&self, id: u32, demand: bool) -> Option<(u32, u32, bool)> {
+        let n = self.slots();
+        if self.fresh.load(Ordering::Relaxed) < n {
+            let i = self.fresh.fetch_add(1, Ordering::Relaxed);
+            if i < n {
+                if let Some(t) = self.try_take(i, Word(EMPTY), id, demand) {
+                    return Some(t);
+                }
+            }
+        }
+        // Each failed compare-exchange means another thread changed a slot we
+        // chose; a fresh scan sees that. Give up after as many rounds as there
+        // are slots: the ring is busy beyond what a prefetch should wait for.
+        for _ in 0..n.max(8) {
+            let mut best: Option<(u32, Word, u64)> = None;
+            for i in 0..n {
+                let w = Word(self.words[i as usize].load(Ordering::Relaxed));
+                if !w.idle() {
+                    continue;
+                }
+                let t = if w.state() == EMPTY {
+                    0
+                } else {
+                    self.ticks[i as usize].load(Ordering::Relaxed)
+                };
+                if best.is_none_or(|(_, _, bt)| t < bt) {
+                    best = Some((i, w, t));
+                    if t == 0 {
+                        break;
+                    }
+                }
+            }
+            let (i, w, _) = best?;
+            if let Some(t) = self.try_take(i, w, id, demand) {
+                return Some(t);
+            }
+        }
+        None
+    }
+
+    /// Moves slot `i` from the idle word `seen` to QUEUED for `id`.
+    fn try_take(&self, i: u32, seen: Word, id: u32, demand: bool) -> Option<(u32, u32, bool)> {
+        let generation = next_generation(seen.generation());
+        let new = Word::new(QUEUED, id, generation, demand);
+        // AcqRel: Acquire orders the last claimant's reads of the slot (its
+        // Release in `release`) before the worker's writes; Release publishes
+        // the new identity to whoever reads the word next.
+        self.words[i as usize]
+            .compare_exchange(seen.0, new.0, Ordering::AcqRel, Ordering::Relaxed)
+            .ok()?;
+        self.ticks[i as usize].store(self.next_tick(), Ordering::Relaxed);
+        let evicted = seen.state() != EMPTY;
+        if evicted || seen.generation() != 0 {
+            // The old identity's map entry may still point here; clear it.
+            let _ = self.map[seen.id() as usize].compare_exchange(
+                i,
+                NONE,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+        }
+        Some((i, generation, evicted))
+    }
+
+    /// The next read for a worker, demand first. None when both queues are
+    /// empty. Entries made stale by a promotion or a newer generation are
+    /// skipped.
+    pub(crate) fn next_job(&self) -> Option<ReadJob> {
+        loop {
+            let item = self.demand.pop().or_else(|| self.speculative.pop())?;
+            let (slot, generation) = split_ticket(item);
+            let cell = &self.words[slot as usize];
+            // Acquire: the word written by the prefetch that queued the item.
+            let mut w = Word(cell.load(Ordering::Acquire));
+            loop {
+                if w.state() != QUEUED || w.generation() != generation {
+                    break; // stale: taken by another worker, or abandoned
+                }
+                // Acquire: the slot's previous readers are done (see try_take),
+                // so the worker may now overwrite its bytes.
+                match cell.compare_exchange(
+                    w.0,
+                    w.with_state(READING).0,
+                    Ordering::Acquire,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        return Some(ReadJob {
+                            slot,
+                            generation,
+                            id: w.id(),
+                            demand: w.demand(),
+                        })
+                    }
+                    Err(now) => w = Word(now),
+                }
+            }
+        }
+    }
+
+    /// Whether either queue holds an item (possibly a stale one).
+    pub(crate) fn has_work(&self) -> bool {
+        !self.demand.is_empty() || !self.speculative.is_empty()
+    }
+
+    /// Publishes a finished read: READY, with a fresh tick.
+    pub(crate) fn finish_ok(&self, job: ReadJob) {
+        self.ticks[job.slot as usize].store(self.next_tick(), Ordering::Relaxed);
+        let cell = &self.words[job.slot as usize];
+        let mut w = Word(cell.load(Ordering::Relaxed));
+        loop {
+            debug_assert!(w.state() == READING && w.generation() == job.generation);
+            // Release: publishes the bytes the worker wrote into the slot to
+            // every claim that Acquires this word.
+            match cell.compare_exchange(
+                w.0,
+                w.with_state(READY).0,
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(now) => w = Word(now), // a claim set D meanwhile
+            }
+        }
+    }
+
+    /// Records a failed read: the error waits for the next claim of the id,
+    /// and the slot goes back to EMPTY.
+    pub(crate) fn finish_failed(&self, job: ReadJob) {
+        // Release: the error (stored by the caller before this call) is
+        // visible to the claim that Acquires the flag.
+        self.failed[job.id as usize].store(1, Ordering::Release);
+        let cell = &self.words[job.slot as usize];
+        let mut w = Word(cell.load(Ordering::Relaxed));
+        loop {
+            let empty = Word(w.with_state(EMPTY).0 & !DEMAND);
+            // Release: the failed flag is set before the slot can be seen free.
+            match cell.compare_exchange(w.0, empty.0, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(now) => w = Word(now),
+            }
+        }
+        let _ = self.map[job.id as usize].compare_exchange(
+            job.slot,
+            NONE,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Claims `id` if its data is in the ring; otherwise makes sure a demand
+    /// read is queued and answers Pending. Never waits.
+    pub(crate) fn claim(&self, id: u32) -> Claimed {
+        let entry = &self.map[id as usize];
+        loop {
+            // Acquire: pairs with the Release store of the slot index.
+            let m = entry.load(Ordering::Acquire);
+            if m == RESERVED {
+                return Claimed::Pending;
+            }
+            if m == NONE {
+                // AcqRel: take the error (and see the message stored before
+                // the flag was set); forget it so a later prefetch retries.
+                if self.failed[id as usize].swap(0, Ordering::AcqRel) != 0 {
+                    return Claimed::Failed;
+                }
+                return match self.prefetch(id, true) {
+                    Prefetched::Queued { .. } | Prefetched::Present => Claimed::Pending,
+                    Prefetched::ErrorPending => continue,
+                    Prefetched::RingFull => Claimed::RingFull,
+                };
+            }
+            let cell = &self.words[m as usize];
+            // Acquire: if READY/CONSUMED, the slot's bytes are visible.
+            let mut w = Word(cell.load(Ordering::Acquire));
+            loop {
+                if !w.holds(id) {
+                    let _ = entry.compare_exchange(m, NONE, Ordering::AcqRel, Ordering::Relaxed);
+                    break; // re-read the map
+                }
+                match w.state() {
+                    QUEUED | READING => {
+                        if w.demand() {
+                            return Claimed::Pending;
+                        }
+                        // The caller is waiting: mark the read demand and, if
+                        // no worker has it yet, put it at the head of the line.
+                        let marked = Word(w.0 | DEMAND);
+                        match cell.compare_exchange(
+                            w.0,
+                            marked.0,
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                        ) {
+                            Ok(_) => {
+                                if w.state() == QUEUED {
+                                    let _ = self.demand.push(ticket(m, w.generation()));
+                                }
+                                return Claimed::Pending;
+                            }
+                            Err(now) => w = Word(now),
+                        }
+                    }
+                    READY | CONSUMED => {
+                        if w.refs() == MAX_REFS {
+                            return Claimed::TooManyClaims;
+                        }
+                        let claimed = Word((w.with_state(CONSUMED).0 + REF_ONE) & !DEMAND);
+                        // Acquire: the worker's Release of READY published the
+                        // bytes; Relaxed is not enough for the failure load
+                        // either, since we may retry with it.
+                        match cell.compare_exchange(
+                            w.0,
+                            claimed.0,
+                            Ordering::Acquire,
+                            Ordering::Acquire,
+                        ) {
+                            Ok(_) => {
+                                self.ticks[m as usize].store(self.next_tick(), Ordering::Relaxed);
+                                let hit = !(w.state() == READY && w.demand());
+                                return Claimed::Ready {
+                                    slot: m,
+                                    ticket: ticket(m, w.generation()),
+                                    hit,
+                                };
+                            }
+                            Err(now) => w = Word(now),
+                        }
+                    }
+                    _ => {
+                        let _ = entry.compare_exchange(m, NONE, Ordering::AcqRel, Ordering::Relaxed);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Releases one claim of `ticket`. Stale when the ticket's slot has since
+    /// been taken for another load, or holds no claim.
+    pub(crate) fn release(&self, t: u64) -> Result<u32, Stale> {
+        let (slot, generation) = split_ticket(t);
+        let cell = self.words.get(slot as usize).ok_or(Stale)?;
+        let mut w = Word(cell.load(Ordering::Relaxed));
+        loop {
+            if generation == 0
+                || w.generation() != generation
+                || w.state() != CONSUMED
+                || w.refs() == 0
+            {
+                return Err(Stale);
+            }
+            // Release: the claimant's reads of the slot happen before any
+            // later take of the slot (which Acquires this word).
+            match cell.compare_exchange(w.0, w.0 - REF_ONE, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => return Ok(slot),
+                Err(now) => w = Word(now),
+            }
+        }
+    }
+
+    /// Number of slots holding loaded data.
+    pub(crate) fn resident(&self) -> u32 {
+        (0..self.slots())
+            .filter(|&i| matches!(self.word(i).state(), READY | CONSUMED))
+            .count() as u32
+    }
+
+    /// The slot holding `id`'s data, if it is loaded (READY or CONSUMED).
+    pub(crate) fn resident_slot(&self, id: u32) -> Option<u32> {
+        let m = self.map[id as usize].load(Ordering::Acquire);
+        if m >= RESERVED {
+            return None;
+        }
+        let w = self.word(m);
+        (w.id() == id && matches!(w.state(), READY | CONSUMED)).then_some(m)
+    }
+
+    /// Whether `id` is loaded or being loaded.
+    #[cfg(test)]
+    pub(crate) fn present(&self, id: u32) -> bool {
+        let m = self.map[id as usize].load(Ordering::Acquire);
+        m == RESERVED || (m != NONE && self.word(m).holds(id))
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn load_all(t: &SlotTable) -> Vec<ReadJob> {
+        let mut jobs = Vec::new();
+        while let Some(j) = t.next_job() {
+            t.finish_ok(j);
+            jobs.push(j);
+        }
+        jobs
+    }
+
+    #[test]
+    fn word_fields_round_trip() {
+        let w = Word::new(READY, (1 << 24) - 1, (1 << 24) - 1, true);
+        assert_eq!(w.state(), READY);
+        assert_eq!(w.id(), (1 << 24) - 1);
+        assert_eq!(w.generation(), (1 << 24) - 1);
+        assert!(w.demand());
+        assert_eq!(w.refs(), 0);
+        assert_eq!(next_generation((1 << 24) - 1), 1);
+    }
+
+    #[test]
+    fn prefetch_then_claim_then_retain() {
+        let t = SlotTable::new(2, 10);
+        assert_eq!(t.claim(3), Claimed::Pending, "claim queues a demand read");
+        assert_eq!(t.prefetch(3, true), Prefetched::Present, "no second read");
+        let jobs = load_all(&t);
+        assert_eq!(jobs.len(), 1);
+        assert!(jobs[0].demand);
+        let Claimed::Ready { ticket, hit, slot } = t.claim(3) else {
+            panic!("not ready")
+        };
+        assert!(!hit, "a demand read was needed");
+        assert_eq!(t.release(ticket), Ok(slot));
+        assert_eq!(t.release(ticket), Err(Stale), "released twice");
+        let Claimed::Ready { hit, ticket, .. } = t.claim(3) else {
+            panic!("retained slot was lost")
+        };
+        assert!(hit, "retained data is a hit");
+        t.release(ticket).unwrap();
+        assert!(t.next_job().is_none(), "a re-claim reads nothing");
+    }
+
+    #[test]
+    fn speculative_load_is_a_hit_and_promotion_is_not() {
+        let t = SlotTable::new(4, 10);
+        t.prefetch(1, false);
+        t.prefetch(2, false);
+        // A claim of 2 while it waits in the speculative queue promotes it.
+        assert_eq!(t.claim(2), Claimed::Pending);
+        let first = t.next_job().unwrap();
+        assert_eq!(first.id, 2, "promoted read goes first");
+        t.finish_ok(first);
+        load_all(&t);
+        assert!(matches!(t.claim(1), Claimed::Ready { hit: true, .. }));
+        assert!(matches!(t.claim(2), Claimed::Ready { hit: false, .. }));
+    }
+
+    #[test]
+    fn lru_evicts_the_oldest_idle_slot() {
+        let t = SlotTable::new(3, 10);
+        for id in 0..3 {
+            t.prefetch(id, false);
+        }
+        load_all(&t);
+        // Claim 0 and 2 (refreshing them) and release; 1 is now the oldest.
+        for id in [0, 2] {
+            let Claimed::Ready { ticket, .. } = t.claim(id) else { panic!() };
+            t.release(ticket).unwrap();
+        }
+        assert!(matches!(t.prefetch(5, false), Prefetched::Queued { evicted: true, .. }));
+        assert!(!t.present(1), "least recently used was evicted");
+        assert!(t.present(0) && t.present(2) && t.present(5));
+    }
+
+    #[test]
+    fn ring_full_and_recovery() {
+        let t = SlotTable::new(2, 10);
+        t.prefetch(0, true);
+        t.prefetch(1, true);
+        load_all(&t);
+        let Claimed::Ready { ticket: t0, .. } = t.claim(0) else { panic!() };
+        let Claimed::Ready { ticket: _t1, .. } = t.claim(1) else { panic!() };
+        assert_eq!(t.prefetch(2, true), Prefetched::RingFull);
+        assert_eq!(t.claim(2), Claimed::RingFull);
+        assert!(!t.present(2), "a refused prefetch leaves no trace");
+        t.release(t0).unwrap();
+        assert!(matches!(t.prefetch(2, true), Prefetched::Queued { evicted: true, .. }));
+        assert_eq!(t.release(t0), Err(Stale), "slot was evicted and reloaded");
+    }
+
+    #[test]
+    fn failed_read_is_reported_once_then_retried() {
+        let t = SlotTable::new(2, 10);
+        t.prefetch(4, true);
+        let j = t.next_job().unwrap();
+        t.finish_failed(j);
+        assert_eq!(t.prefetch(4, true), Prefetched::ErrorPending);
+        assert_eq!(t.claim(4), Claimed::Failed);
+        assert_eq!(t.claim(4), Claimed::Pending, "error forgotten, read retried");
+        assert_eq!(load_all(&t).len(), 1);
+        assert!(matches!(t.claim(4), Claimed::Ready { .. }));
+    }
+
+    #[test]
+    fn stale_and_foreign_tickets() {
+        let t = SlotTable::new(2, 10);
+        assert_eq!(t.release(0), Err(Stale));
+        assert_eq!(t.release(ticket(1, 1)), Err(Stale), "never claimed");
+        assert_eq!(t.release(ticket(99, 1)), Err(Stale), "no such slot");
+        t.prefetch(0, true);
+        load_all(&t);
+        assert_eq!(t.release(ticket(0, 1)), Err(Stale), "loaded, not claimed");
+    }
+}
+
+#[cfg(loom)]
+mod loom_tests {
+    //! Two or three threads racing prefetch, claim, release, eviction and a
+    //! worker over a tiny table; loom explores every interleaving. Slot bytes
+    //! are modelled by a loom `UnsafeCell` per slot, so a worker writing a
+    //! slot while a claimant reads it is reported as a data race.
+    use super::*;
+    use crate::sync::{thread, Arc, UnsafeCell};
+
+    struct Model {
+        table: SlotTable,
+        data: Vec<UnsafeCell<u32>>,
+    }
+
+    impl Model {
+        fn new(slots: u32, ids: u32) -> Arc<Model> {
+            Arc::new(Model {
+                table: SlotTable::new(slots, ids),
+                data: (0..slots).map(|_| UnsafeCell::new(u32::MAX)).collect(),
+            })
+        }
+        /// One worker step: read the next job's "bytes" (its id) into the slot.
+        fn work(&self) -> bool {
+            match self.table.next_job() {
+                Some(j) => {
+                    // SAFETY: READING gives the worker the slot exclusively.
+                    self.data[j.slot as usize].with_mut(|p| unsafe { *p = j.id });
+                    self.table.finish_ok(j);
+                    true
+                }
+                None => false,
+            }
+        }
+        /// Claims `id` if ready, checks its bytes, releases it.
+        fn claim_check_release(&self, id: u32) -> bool {
+            if let Claimed::Ready { slot, ticket, .. } = self.table.claim(id) {
+                // SAFETY: a raised refcount keeps the slot from being rewritten.
+                let got = self.data[slot as usize].with(|p| unsafe { *p });
+                assert_eq!(got, id, "claim of {id} saw another expert's bytes");
+                self.table.release(ticket).unwrap();
+                true
+            } else {
+                false
+            }
+        }
+    }
+
+    #[test]
+    fn concurrent_prefetch_of_one_expert_reads_once() {
+        loom::model(|| {
+            let m = Model::new(2, 4);
+            let m2 = m.clone();
+            let h = thread::spawn(move || m2.table.prefetch(1, false));
+            let a = m.table.prefetch(1, true);
+            let b = h.join().unwrap();
+            let queued = [a, b]
+                .iter()
+                .filter(|p| matches!(p, Prefetched::Queued { .. }))
+                .count();
+            assert_eq!(queued, 1, "{a:?} {b:?}");
+            let mut reads = 0;
+            while m.work() {
+                reads += 1;
+            }
+            assert_eq!(reads, 1);
+        });
+    }
+
+    #[test]
+    fn claim_races_worker_and_eviction() {
+        loom::model(|| {
+            // One slot, two experts: loading 1 must evict 0, and only when
+            // no claim holds 0.
+            let m = Model::new(1, 2);
+            m.table.prefetch(0, true);
+            assert!(m.work());
+            let m2 = m.clone();
+            let claimer = thread::spawn(move || {
+                m2.claim_check_release(0);
+            });
+            let m3 = m.clone();
+            let worker = thread::spawn(move || {
+                m3.work();
+            });
+            let _ = m.table.prefetch(1, true);
+            claimer.join().unwrap();
+            worker.join().unwrap();
+            while m.work() {}
+            // Whatever interleaving happened, each resident id is right.
+            for id in 0..2 {
+                m.claim_check_release(id);
+            }
+        });
+    }
+
+    #[test]
+    fn release_races_claim_of_the_same_slot() {
+        loom::model(|| {
+            let m = Model::new(1, 2);
+            m.table.prefetch(0, true);
+            assert!(m.work());
+            let Claimed::Ready { ticket, .. } = m.table.claim(0) else {
+                panic!()
+            };
+            let m2 = m.clone();
+            let h = thread::spawn(move || m2.claim_check_release(0));
+            m.table.release(ticket).unwrap();
+            let _ = m.table.prefetch(1, false);
+            let _ = h.join().unwrap();
+            while m.work() {}
+            assert_eq!(m.table.release(ticket), Err(Stale));
+        });
+    }
+}

@@ -1,0 +1,176 @@
+//! The I/O workers: each owns one descriptor of the vault, takes read jobs
+//! from the slot table (demand before speculation), reads a blob's padded
+//! bytes straight into its slot and publishes it READY.
+//!
+//! Idle workers park (a futex underneath) and are unparked by whoever queues
+//! a read; they never spin when there is nothing to read. A panic inside a
+//! worker is caught, marks the streamer broken, and ends only that thread.
+
+use std::fs::File;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::Thread;
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::slots::ReadJob;
+use super::Shared;
+use crate::error::{Error, ErrorKind};
+
+/// Which workers are parked, and how to wake them.
+pub(crate) struct Wake {
+    /// Bit `i` set: worker `i` is parked or about to park.
+    sleeping: AtomicU64,
+    threads: OnceLock<Vec<Thread>>,
+}
+
+impl Wake {
+    pub(crate) fn new(workers: u32) -> Wake {
+        debug_assert!(workers <= 64);
+        Wake {
+            sleeping: AtomicU64::new(0),
+            threads: OnceLock::new(),
+        }
+    }
+
+    pub(crate) fn set_threads(&self, threads: Vec<Thread>) {
+        let _ = self.threads.set(threads);
+    }
+
+    /// Wakes one parked worker, if any. Called after queueing a read.
+    pub(crate) fn one(&self) {
+        // SeqCst fence: orders the queue push before the load of `sleeping`,
+        // pairing with the fence in `park`, so either this thread sees the
+        // worker's bit or the worker sees the pushed item (no lost wake-up).
+        fence(Ordering::SeqCst);
+        let mut mask = self.sleeping.load(Ordering::Relaxed);
+        while mask != 0 {
+            let i = mask.trailing_zeros();
+            let bit = 1u64 << i;
+            // AcqRel: exactly one waker clears a given bit and unparks it.
+            let before = self.sleeping.fetch_and(!bit, Ordering::AcqRel);
+            if before & bit != 0 {
+                if let Some(t) = self.threads.get().and_then(|t| t.get(i as usize)) {
+                    t.unpark();
+                }
+                return;
+            }
+            mask = before & !bit;
+        }
+    }
+
+    /// Wakes every worker (shutdown).
+    pub(crate) fn all(&self) {
+        self.sleeping.store(0, Ordering::Release);
+        if let Some(threads) = self.threads.get() {
+            for t in threads {
+                t.unpark();
+            }
+        }
+    }
+
+    /// Parks worker `me` unless `has_work` says there is something to do.
+    fn park(&self, me: u32, has_work: impl Fn() -> bool) {
+        let bit = 1u64 << me;
+        self.sleeping.fetch_or(bit, Ordering::Relaxed);
+        // SeqCst fence: the bit is visible before we look at the queues
+        // (pairs with the fence in `one`).
+        fence(Ordering::SeqCst);
+        if !has_work() {
+            std::thread::park();
+        }
+        self.sleeping.fetch_and(!bit, Ordering::Relaxed);
+    }
+}
+
+/// A worker's life: take jobs until shutdown. Catches panics.
+pub(crate) fn run(shared: Arc<Shared>, me: u32, file: File) {
+    let result = catch_unwind(AssertUnwindSafe(|| work(&shared, me, &file)));
+    if result.is_err() {
+        // Release: later API calls that Acquire `broken` fail cleanly.
+        shared.broken.store(true, Ordering::Release);
+    }
+}
+
+fn work(shared: &Shared, me: u32, file: &File) {
+    loop {
+        if shared.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        match shared.table.next_job() {
+            Some(job) => read_job(shared, file, job),
+            None => shared.wake.park(me, || {
+                shared.table.has_work() || shared.shutdown.load(Ordering::Acquire)
+            }),
+        }
+    }
+}
+
+fn read_job(shared: &Shared, file: &File, job: ReadJob) {
+    let entry = *shared
+        .vault
+        .entry_by_id(job.id)
+        .expect("the slot table only queues ids the vault has");
+    let len = entry.padded_size as usize;
+    // SAFETY: the job puts the slot in READING, which gives this worker the
+    // slot's bytes exclusively until `finish_*`; `padded_size ≤ slot_bytes`
+    // was checked when the streamer chose the slot size.
+    let buf = unsafe { std::slice::from_raw_parts_mut(shared.ring.slot_ptr(job.slot), len) };
+    let c = &shared.counters;
+    let path = shared.vault.path();
+    let at = format!("layer {} expert {}", entry.layer, entry.expert);
+
+    let injected = shared
+        .fail_reads
+        .iter()
+        .any(|r| r.start < entry.offset + entry.padded_size && entry.offset < r.end);
+    let read = if injected {
+        Err(format!(
+            "read 0 of {len} bytes at offset {} in {}: {} (injected fault)",
+            entry.offset,
+            path.display(),
+            std::io::Error::from_raw_os_error(libc::EIO)
+        ))
+    } else {
+        crate::sys::read_at_exact(file, buf, entry.offset).map_err(|e| e.message(path))
+    };
+    if let Err(message) = read {
+        c.io_errors.fetch_add(1, Ordering::Relaxed);
+        fail(shared, job, Error::new(ErrorKind::Io, format!("{at}: {message}")));
+        return;
+    }
+    c.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
+    if job.demand {
+        c.reads_demand.fetch_add(1, Ordering::Relaxed);
+    } else {
+        c.reads_speculative.fetch_add(1, Ordering::Relaxed);
+    }
+    if shared.verify && shared.vault.header().has_checksums() {
+        let sum = xxh3_64(&buf[..entry.size as usize]);
+        if sum != entry.xxh3 {
+            c.checksum_errors.fetch_add(1, Ordering::Relaxed);
+            fail(
+                shared,
+                job,
+                Error::format(format!(
+                    "{at}: blob at offset {} in {} hashes to {sum:016x}, expected xxh3 {:016x}",
+                    entry.offset,
+                    path.display(),
+                    entry.xxh3
+                )),
+            );
+            return;
+        }
+    }
+    shared.table.finish_ok(job);
+}
+
+fn fail(shared: &Shared, job: ReadJob, err: Error) {
+    shared
+        .errors
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(job.id, err);
+    shared.table.finish_failed(job);
+}
