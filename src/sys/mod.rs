@@ -1,1 +1,514 @@
-//! (being written)
+//! Every platform call the library makes: opening a file for direct I/O,
+//! positional reads, dropping a file's cached pages, and the memory probe the
+//! ring's auto-sizing starts from (SPEC §2 Workers, §2.1).
+//!
+//! This module owns the types the rest of the crate sees ([`DirectIo`],
+//! [`OpenedFile`], [`ReadError`], [`MemorySnapshot`]) and the few lines that
+//! are the same on every POSIX system (the `pread` retry loop, the direct-I/O
+//! fallback rule); `linux.rs` and `apple.rs` each hold the raw calls for one
+//! platform behind the same private names, so everything above `sys` compiles
+//! unchanged on both.
+//!
+//! It must never hold policy: it does not size the ring, decide whether a
+//! buffered fallback deserves a warning, or retry a failed read later. It
+//! reports what the OS said, with the errno intact, and the caller decides.
+//!
+//! Errors: where the caller passed the path (open, read), an `io::Error` is
+//! returned unchanged so its errno survives; the caller adds the path with
+//! `Error::io`, as the rest of the crate does. Where `sys` chose the path
+//! itself (`/proc/meminfo`, cgroup files), the message names it.
+
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+
+#[cfg(target_vendor = "apple")]
+mod apple;
+#[cfg(target_vendor = "apple")]
+use apple as imp;
+
+#[cfg(target_os = "linux")]
+mod linux;
+#[cfg(target_os = "linux")]
+use linux as imp;
+#[cfg(target_os = "linux")]
+pub use linux::memory_snapshot_from;
+
+#[cfg(not(any(target_os = "linux", target_vendor = "apple")))]
+compile_error!("smoe supports Linux and Apple platforms only");
+
+/// How to open the vault for the I/O workers (C `smoe_config.direct_io`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum DirectIo {
+    /// Ask for direct I/O; if the filesystem refuses it, open buffered.
+    #[default]
+    Auto,
+    /// Ask for direct I/O; if the filesystem refuses it, fail with
+    /// [`io::ErrorKind::Unsupported`].
+    Require,
+    /// Open buffered, through the page cache.
+    Off,
+}
+
+/// A file opened by [`open_for_streaming`].
+#[derive(Debug)]
+pub struct OpenedFile {
+    /// The open, read-only, close-on-exec file.
+    pub file: File,
+    /// True if reads bypass the page cache (`O_DIRECT` on Linux,
+    /// `F_NOCACHE` on Apple). On Linux a `true` here can still meet a
+    /// filesystem that rejects the reads themselves: see [`probe_direct_read`].
+    pub direct: bool,
+}
+
+/// Opens `path` read-only for the I/O workers.
+///
+/// Linux: `open(O_RDONLY | O_CLOEXEC | O_DIRECT)`; a filesystem without
+/// direct I/O refuses with `EINVAL` (procfs, tmpfs before Linux 6.6, some
+/// FUSE and network filesystems).
+/// Apple: `open(O_RDONLY | O_CLOEXEC)` then `fcntl(F_NOCACHE, 1)`; refusal is
+/// the `fcntl` failing.
+///
+/// On refusal, [`DirectIo::Auto`] opens the file again buffered and returns
+/// `direct: false`; [`DirectIo::Require`] returns an error of kind
+/// [`io::ErrorKind::Unsupported`] naming the call and the errno. Any other
+/// failure (no such file, permission) is returned unchanged, errno intact.
+pub fn open_for_streaming(path: &Path, mode: DirectIo) -> io::Result<OpenedFile> {
+    if mode == DirectIo::Off {
+        return open_buffered(path);
+    }
+    match imp::open_direct(path) {
+        Ok(file) => Ok(OpenedFile { file, direct: true }),
+        Err(DirectOpenError::Other(err)) => Err(err),
+        Err(DirectOpenError::Refused(err)) => match mode {
+            DirectIo::Require => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "the filesystem refused direct I/O ({}): {err}",
+                    imp::DIRECT_IO_CALL
+                ),
+            )),
+            DirectIo::Auto | DirectIo::Off => open_buffered(path),
+        },
+    }
+}
+
+fn open_buffered(path: &Path) -> io::Result<OpenedFile> {
+    // std opens with O_RDONLY | O_CLOEXEC on both platforms.
+    let file = File::open(path)?;
+    Ok(OpenedFile {
+        file,
+        direct: false,
+    })
+}
+
+/// Why a direct-I/O open failed, as the platform file classifies it.
+pub(crate) enum DirectOpenError {
+    /// The filesystem does not do direct I/O; a buffered open may work.
+    Refused(io::Error),
+    /// The open itself failed (no such file, permission, ...).
+    Other(io::Error),
+}
+
+/// Reads `align` bytes at offset 0 of `file` into an `align`-aligned buffer,
+/// once (retrying only `EINTR`), so a caller that got `direct: true` learns
+/// whether the filesystem accepts direct reads as well as direct opens (on
+/// Linux some accept `O_DIRECT` at open and fail every read with `EINVAL`).
+///
+/// A short read (file smaller than `align`) is success: the read was
+/// accepted. `align` must be a power of two, else `InvalidInput`.
+pub fn probe_direct_read(file: &File, align: usize) -> io::Result<()> {
+    let mut buffer = AlignedBuffer::zeroed(align)?;
+    loop {
+        match imp::pread(file.as_raw_fd(), buffer.as_mut_slice(), 0) {
+            Ok(_) => return Ok(()),
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// A heap buffer of `len` zero bytes aligned to `len` (a power of two), for
+/// [`probe_direct_read`]; the ring has its own allocation.
+struct AlignedBuffer {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+}
+
+impl AlignedBuffer {
+    fn zeroed(len: usize) -> io::Result<Self> {
+        let layout = std::alloc::Layout::from_size_align(len, len)
+            .ok()
+            .filter(|layout| layout.size() > 0)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("direct-read probe size {len} is not a power of two"),
+                )
+            })?;
+        // SAFETY: `layout` has a non-zero size (checked above).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = std::ptr::NonNull::new(ptr).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                format!("cannot allocate {len} bytes for the direct-read probe"),
+            )
+        })?;
+        Ok(AlignedBuffer { ptr, layout })
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` points to `layout.size()` initialised (zeroed) bytes
+        // owned by `self`, and `&mut self` makes this the only borrow.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+    }
+}
+
+impl Drop for AlignedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `alloc_zeroed(self.layout)` and is freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// A positional read that did not fill its buffer.
+#[derive(Debug)]
+pub struct ReadError {
+    /// Bytes read (into the front of the buffer) before the failure.
+    pub done: usize,
+    /// Bytes asked for: the buffer's length.
+    pub wanted: usize,
+    /// File offset the read started at.
+    pub offset: u64,
+    /// What stopped it: the OS error (errno intact), or
+    /// [`io::ErrorKind::UnexpectedEof`] "unexpected end of file".
+    pub error: io::Error,
+}
+
+impl ReadError {
+    /// The sentence a person needs, naming the file:
+    /// "read 12288 of 16384 bytes at offset 81920 in experts.smoe: unexpected
+    /// end of file".
+    pub fn message(&self, path: &Path) -> String {
+        format!(
+            "read {} of {} bytes at offset {} in {}: {}",
+            self.done,
+            self.wanted,
+            self.offset,
+            path.display(),
+            self.error
+        )
+    }
+}
+
+impl fmt::Display for ReadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "read {} of {} bytes at offset {}: {}",
+            self.done, self.wanted, self.offset, self.error
+        )
+    }
+}
+
+impl std::error::Error for ReadError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// Fills `buf` from `file` starting at `offset` with `pread(2)`, retrying on
+/// `EINTR` and continuing after short reads, without moving the file's
+/// cursor (so many threads may share one descriptor).
+///
+/// Stops at end of file (`pread` returns 0) with an
+/// [`io::ErrorKind::UnexpectedEof`] error, and at any other OS error with
+/// that error; [`ReadError::done`] says how far it got. An `offset` past the
+/// platform's `off_t` is `InvalidInput`. For direct I/O the caller keeps
+/// `buf`, `offset` and the length aligned; this function does not check.
+pub fn read_at_exact(file: &File, buf: &mut [u8], offset: u64) -> Result<(), ReadError> {
+    let fd = file.as_raw_fd();
+    read_exact_with(buf, offset, |chunk, at| imp::pread(fd, chunk, at))
+}
+
+/// One `pread` call asks for at most this much: macOS rejects a count above
+/// `INT_MAX` with `EINVAL` and Linux caps one read at 2 GiB − 4 KiB anyway.
+/// 1 GiB is a multiple of every alignment a vault may use, so each chunk
+/// stays aligned for direct I/O.
+const MAX_READ_CHUNK: usize = 1 << 30;
+
+/// [`read_at_exact`]'s loop with the read call passed in, so the retry and
+/// short-read handling can be tested with a scripted reader.
+fn read_exact_with(
+    buf: &mut [u8],
+    offset: u64,
+    mut read: impl FnMut(&mut [u8], u64) -> io::Result<usize>,
+) -> Result<(), ReadError> {
+    let wanted = buf.len();
+    let mut done = 0usize;
+    let fail = |done, error| ReadError {
+        done,
+        wanted,
+        offset,
+        error,
+    };
+    while done < wanted {
+        // `done <= wanted <= isize::MAX`, so this cannot overflow a u64.
+        let at = offset.checked_add(done as u64).ok_or_else(|| {
+            fail(
+                done,
+                io::Error::new(io::ErrorKind::InvalidInput, "offset overflows u64"),
+            )
+        })?;
+        let end = wanted.min(done.saturating_add(MAX_READ_CHUNK));
+        match read(&mut buf[done..end], at) {
+            Ok(0) => {
+                return Err(fail(
+                    done,
+                    io::Error::new(io::ErrorKind::UnexpectedEof, "unexpected end of file"),
+                ))
+            }
+            // `min` keeps a misbehaving reader from pushing `done` past `end`.
+            Ok(n) => done += n.min(end - done),
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+            Err(err) => return Err(fail(done, err)),
+        }
+    }
+    Ok(())
+}
+
+/// Asks the kernel to drop `file`'s pages from the page cache.
+///
+/// Linux: `posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)` (advisory; dirty or
+/// mapped pages may stay). Apple: a no-op returning `Ok`: there is no
+/// per-file equivalent, and a descriptor with `F_NOCACHE` does not fill the
+/// cache in the first place.
+pub fn drop_file_cache(file: &File) -> io::Result<()> {
+    imp::drop_file_cache(file.as_raw_fd())
+}
+
+/// Bytes in the page cache system-wide (`Cached:` in `/proc/meminfo`), for
+/// tests that check direct reads do not fill it. `None` where the platform
+/// has no such figure (Apple) or it cannot be read.
+pub fn page_cache_bytes() -> Option<u64> {
+    imp::page_cache_bytes()
+}
+
+/// What the OS says about memory, the input of the ring's auto-sizing
+/// (SPEC §2.1). The sizing itself is a pure function elsewhere.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemorySnapshot {
+    /// Memory available before pressure, bounded by the process's cgroup.
+    pub avail_bytes: u64,
+    /// Physical memory, or the cgroup limit if lower.
+    pub ram_bytes: u64,
+    /// Where `avail_bytes` came from, e.g. "/proc/meminfo MemAvailable".
+    pub avail_source: String,
+    /// Where `ram_bytes` came from, e.g. "cgroup v2 memory.max in /sys/fs/cgroup/app".
+    pub ram_source: String,
+}
+
+/// Probes the OS for a [`MemorySnapshot`].
+///
+/// Linux: `/proc/meminfo` `MemAvailable` and `MemTotal`, each lowered to the
+/// tightest limit of the process's memory cgroup (v1 or v2) and its parents.
+/// Apple: `hw.memsize × kern.memorystatus_level / 100` and `hw.memsize`.
+/// Errors name the file or sysctl that failed.
+pub fn memory_snapshot() -> io::Result<MemorySnapshot> {
+    imp::memory_snapshot()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn temp_file(bytes: &[u8]) -> tempfile::NamedTempFile {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        file.write_all(bytes).unwrap();
+        file.flush().unwrap();
+        file
+    }
+
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 7 + i / 251) as u8).collect()
+    }
+
+    #[test]
+    fn read_at_exact_reads_a_regular_file() {
+        let data = pattern(5 * 16384);
+        let tmp = temp_file(&data);
+        let opened = open_for_streaming(tmp.path(), DirectIo::Off).unwrap();
+        assert!(!opened.direct);
+        let mut buf = vec![0u8; 2 * 16384];
+        read_at_exact(&opened.file, &mut buf, 16384).unwrap();
+        assert_eq!(buf, data[16384..3 * 16384]);
+    }
+
+    #[test]
+    fn read_at_exact_reports_eof_with_bytes_done() {
+        let data = pattern(81920 + 12288);
+        let tmp = temp_file(&data);
+        let file = File::open(tmp.path()).unwrap();
+        let mut buf = vec![0u8; 16384];
+        let err = read_at_exact(&file, &mut buf, 81920).unwrap_err();
+        assert_eq!((err.done, err.wanted, err.offset), (12288, 16384, 81920));
+        assert_eq!(err.error.kind(), io::ErrorKind::UnexpectedEof);
+        assert_eq!(buf[..12288], data[81920..]);
+        assert_eq!(
+            err.message(Path::new("experts.smoe")),
+            "read 12288 of 16384 bytes at offset 81920 in experts.smoe: unexpected end of file"
+        );
+    }
+
+    #[test]
+    fn read_at_exact_at_eof_reads_nothing() {
+        let tmp = temp_file(&pattern(100));
+        let file = File::open(tmp.path()).unwrap();
+        let err = read_at_exact(&file, &mut [0u8; 10], 100).unwrap_err();
+        assert_eq!((err.done, err.wanted), (0, 10));
+        read_at_exact(&file, &mut [], 1000).unwrap();
+    }
+
+    #[test]
+    fn read_at_exact_reports_the_os_error() {
+        // A directory opens but `pread` on it fails with EISDIR.
+        let dir = tempfile::tempdir().unwrap();
+        let file = File::open(dir.path()).unwrap();
+        let err = read_at_exact(&file, &mut [0u8; 16], 0).unwrap_err();
+        assert_eq!(err.done, 0);
+        assert_eq!(err.error.raw_os_error(), Some(libc::EISDIR));
+    }
+
+    // A regular file's `pread` cannot be made to return EINTR on demand (disk
+    // reads sleep uninterruptibly, pipes refuse `pread`), so the loop is
+    // tested with a scripted reader: EINTR, then short reads, then the rest.
+    #[test]
+    fn read_loop_retries_eintr_and_short_reads() {
+        let data = pattern(1000);
+        let mut script = vec![
+            Err(io::Error::from_raw_os_error(libc::EINTR)),
+            Ok(1),
+            Err(io::Error::from_raw_os_error(libc::EINTR)),
+            Ok(300),
+            Ok(299),
+        ]
+        .into_iter();
+        let mut calls = Vec::new();
+        let mut buf = vec![0u8; 600];
+        read_exact_with(&mut buf, 200, |chunk, at| {
+            calls.push((at, chunk.len()));
+            let n = script.next().unwrap()?.min(chunk.len());
+            let at = at as usize;
+            chunk[..n].copy_from_slice(&data[at..at + n]);
+            Ok(n)
+        })
+        .unwrap();
+        assert_eq!(buf, data[200..800]);
+        assert_eq!(
+            calls,
+            [(200, 600), (200, 600), (201, 599), (201, 599), (501, 299)]
+        );
+    }
+
+    #[test]
+    fn read_loop_stops_on_error_with_progress() {
+        let mut step = 0;
+        let err = read_exact_with(&mut [0u8; 64], 7, |_, _| {
+            step += 1;
+            if step == 1 {
+                Ok(16)
+            } else {
+                Err(io::Error::from_raw_os_error(libc::EIO))
+            }
+        })
+        .unwrap_err();
+        assert_eq!((err.done, err.wanted, err.offset), (16, 64, 7));
+        assert_eq!(err.error.raw_os_error(), Some(libc::EIO));
+        assert!(err
+            .to_string()
+            .starts_with("read 16 of 64 bytes at offset 7: "));
+    }
+
+    #[test]
+    fn open_missing_file_keeps_errno() {
+        for mode in [DirectIo::Auto, DirectIo::Require, DirectIo::Off] {
+            let err =
+                open_for_streaming(Path::new("/nonexistent/smoe/experts.smoe"), mode).unwrap_err();
+            assert_eq!(err.raw_os_error(), Some(libc::ENOENT), "{mode:?}");
+        }
+    }
+
+    #[test]
+    fn open_direct_on_the_temp_filesystem() {
+        // Whatever the temp filesystem does, the three modes must agree.
+        let data = pattern(3 * 16384);
+        let tmp = temp_file(&data);
+        let auto = open_for_streaming(tmp.path(), DirectIo::Auto).unwrap();
+        let require = open_for_streaming(tmp.path(), DirectIo::Require);
+        eprintln!("temp filesystem: direct = {}", auto.direct);
+        if auto.direct {
+            let require = require.unwrap();
+            assert!(require.direct);
+            let probe = probe_direct_read(&require.file, 16384);
+            eprintln!("temp filesystem: direct read probe = {probe:?}");
+            if probe.is_ok() {
+                let mut buf = AlignedBuffer::zeroed(16384).unwrap();
+                read_at_exact(&require.file, buf.as_mut_slice(), 16384).unwrap();
+                assert_eq!(buf.as_mut_slice(), &data[16384..2 * 16384]);
+            }
+        } else {
+            assert_eq!(require.unwrap_err().kind(), io::ErrorKind::Unsupported);
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn procfs_refuses_o_direct() {
+        // procfs answers O_DIRECT with EINVAL (tmpfs did too
+        // before Linux 6.6, but no longer does), so it stands in for a
+        // filesystem without direct I/O.
+        let path = Path::new("/proc/meminfo");
+        let auto = open_for_streaming(path, DirectIo::Auto).unwrap();
+        assert!(!auto.direct);
+        let mut head = [0u8; 9];
+        assert!(read_at_exact(&auto.file, &mut head, 0).is_ok());
+        assert_eq!(&head, b"MemTotal:");
+        let err = open_for_streaming(path, DirectIo::Require).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::Unsupported);
+        assert_eq!(
+            err.to_string(),
+            "the filesystem refused direct I/O (O_DIRECT): Invalid argument (os error 22)"
+        );
+        assert!(!open_for_streaming(path, DirectIo::Off).unwrap().direct);
+    }
+
+    #[test]
+    fn probe_rejects_bad_alignment() {
+        let tmp = temp_file(&pattern(10));
+        let file = File::open(tmp.path()).unwrap();
+        for align in [0, 3, 12288] {
+            let err = probe_direct_read(&file, align).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        }
+        // Shorter than one block is still an accepted read.
+        probe_direct_read(&file, 4096).unwrap();
+    }
+
+    #[test]
+    fn drop_file_cache_accepts_a_regular_file() {
+        let tmp = temp_file(&pattern(4096));
+        drop_file_cache(&File::open(tmp.path()).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn memory_snapshot_on_this_machine_is_plausible() {
+        let snapshot = memory_snapshot().unwrap();
+        eprintln!("{snapshot:?}");
+        assert!(snapshot.ram_bytes > 0);
+        assert!(snapshot.avail_bytes <= snapshot.ram_bytes, "{snapshot:?}");
+        assert!(!snapshot.avail_source.is_empty() && !snapshot.ram_source.is_empty());
+    }
+}

@@ -1,0 +1,117 @@
+//! Apple (macOS, iOS): the raw calls behind `sys`, mirroring `linux.rs`.
+//!
+//! Owns: turning each call's return value into an `io::Result`. Must never:
+//! decide anything with the results (ring size, fallback warnings) or retry;
+//! that is the caller's. This file cannot be tested on the Linux CI; it is
+//! checked with `cargo check --target aarch64-apple-darwin`, so keep it to the
+//! calls themselves.
+//!
+//! Apple's manual pages are cited from the developer.apple.com man-page
+//! archive (`ManPages_iPhoneOS`, the same BSD pages macOS ships).
+
+use std::ffi::CStr;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::Path;
+
+use super::{DirectOpenError, MemorySnapshot};
+
+/// How the refused call is named in an `Unsupported` error.
+pub(super) const DIRECT_IO_CALL: &str = "fcntl F_NOCACHE";
+
+/// `open(2)` with `O_RDONLY | O_CLOEXEC` (std's flags), then
+/// `fcntl(fd, F_NOCACHE, 1)`: "Turns data caching off/on. A non-zero value
+/// in arg turns data caching off."
+/// open(2): <https://developer.apple.com/library/archive/documentation/System/Conceptual/ManPages_iPhoneOS/man2/open.2.html>
+/// fcntl(2): <https://developer.apple.com/library/archive/documentation/System/Conceptual/ManPages_iPhoneOS/man2/fcntl.2.html>
+pub(super) fn open_direct(path: &Path) -> Result<File, DirectOpenError> {
+    let file = File::open(path).map_err(DirectOpenError::Other)?;
+    // SAFETY: `file` owns a valid descriptor for the whole call; F_NOCACHE
+    // takes an int argument and touches no memory of ours.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_NOCACHE, 1) };
+    if rc == -1 {
+        return Err(DirectOpenError::Refused(io::Error::last_os_error()));
+    }
+    Ok(file)
+}
+
+/// One `pread(2)` (documented on the read(2) page): bytes read (0 at end of
+/// file) or the errno.
+/// <https://developer.apple.com/library/archive/documentation/System/Conceptual/ManPages_iPhoneOS/man2/read.2.html>
+pub(super) fn pread(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let offset = libc::off_t::try_from(offset).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("offset {offset} does not fit off_t"),
+        )
+    })?;
+    // SAFETY: `buf` is a live, exclusively borrowed region of `buf.len()`
+    // bytes; the kernel writes at most that many. A bad `fd` is an errno.
+    let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), offset) };
+    // A negative return is -1 with errno set; anything else is a byte count.
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
+/// No-op: Darwin has no `posix_fadvise` and no per-file cache purge, and a
+/// descriptor with `F_NOCACHE` does not fill the cache to begin with.
+pub(super) fn drop_file_cache(_fd: RawFd) -> io::Result<()> {
+    Ok(())
+}
+
+/// Darwin has no system-wide "page cache bytes" figure like Linux's `Cached:`.
+pub(super) fn page_cache_bytes() -> Option<u64> {
+    None
+}
+
+/// `hw.memsize` (physical bytes, a 64-bit integer, sysctl(3)) and
+/// `kern.memorystatus_level` (percent of memory available before the
+/// memory-status (jetsam) thresholds; an int `SYSCTL_INT` in XNU's
+/// `bsd/kern/kern_memorystatus.c`, not in Apple's man pages).
+/// sysctlbyname(3): <https://developer.apple.com/library/archive/documentation/System/Conceptual/ManPages_iPhoneOS/man3/sysctlbyname.3.html>
+/// sysctl(3) `hw.memsize`: <https://developer.apple.com/library/archive/documentation/System/Conceptual/ManPages_iPhoneOS/man3/sysctl.3.html>
+/// XNU: <https://github.com/apple-oss-distributions/xnu/blob/main/bsd/kern/kern_memorystatus.c>
+pub(super) fn memory_snapshot() -> io::Result<MemorySnapshot> {
+    let ram_bytes = sysctl_uint(c"hw.memsize")?;
+    let level = sysctl_uint(c"kern.memorystatus_level")?.min(100);
+    // ram × level fits u128 and the quotient is at most ram, so it fits u64.
+    let avail_bytes = (u128::from(ram_bytes) * u128::from(level) / 100) as u64;
+    Ok(MemorySnapshot {
+        avail_bytes,
+        ram_bytes,
+        avail_source: "sysctl hw.memsize × kern.memorystatus_level / 100".to_owned(),
+        ram_source: "sysctl hw.memsize".to_owned(),
+    })
+}
+
+/// `sysctlbyname(name)` for an unsigned integer of 4 or 8 bytes.
+fn sysctl_uint(name: &CStr) -> io::Result<u64> {
+    let mut value = [0u8; 8];
+    let mut len: libc::size_t = value.len();
+    // SAFETY: `name` is NUL-terminated; `value` is writable for `len` bytes
+    // and `len` is a valid in/out pointer; no new value is set (NULL, 0).
+    let rc = unsafe {
+        libc::sysctlbyname(
+            name.as_ptr(),
+            value.as_mut_ptr().cast(),
+            &mut len,
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    let name = name.to_string_lossy();
+    if rc == -1 {
+        let err = io::Error::last_os_error();
+        return Err(io::Error::new(err.kind(), format!("sysctl {name}: {err}")));
+    }
+    match len {
+        4 => Ok(u64::from(u32::from_ne_bytes([
+            value[0], value[1], value[2], value[3],
+        ]))),
+        8 => Ok(u64::from_ne_bytes(value)),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("sysctl {name}: {len}-byte value, expected 4 or 8"),
+        )),
+    }
+}

@@ -1,0 +1,514 @@
+//! Linux: the raw calls behind `sys` (`open(O_DIRECT)`, `pread`,
+//! `posix_fadvise`) and the memory probe, which reads `/proc/meminfo` and the
+//! process's memory cgroup (v1 or v2).
+//!
+//! Owns: turning each call's return value into an `io::Result`, and turning
+//! kernel text into numbers. Must never: decide anything with those numbers
+//! (ring size, fallback warnings) or retry; that is the caller's.
+//!
+//! Malformed kernel text never panics. `/proc/meminfo` without a readable
+//! `MemTotal`/`MemAvailable` is an error (the probe has nothing to stand on);
+//! a cgroup file that is missing or unparseable counts as "no limit" at that
+//! level, because a container's view of cgroupfs is often partial.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::fd::RawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use super::{DirectOpenError, MemorySnapshot};
+
+/// How the refused call is named in an `Unsupported` error.
+pub(super) const DIRECT_IO_CALL: &str = "O_DIRECT";
+
+/// `open(path, O_RDONLY | O_CLOEXEC | O_DIRECT)`; `EINVAL` means the
+/// filesystem does not support `O_DIRECT` (open(2), "EINVAL ... O_DIRECT").
+pub(super) fn open_direct(path: &Path) -> Result<File, DirectOpenError> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|err| {
+            if err.raw_os_error() == Some(libc::EINVAL) {
+                DirectOpenError::Refused(err)
+            } else {
+                DirectOpenError::Other(err)
+            }
+        })
+}
+
+/// One `pread(2)`: bytes read (0 at end of file) or the errno.
+pub(super) fn pread(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let offset = libc::off_t::try_from(offset).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("offset {offset} does not fit off_t"),
+        )
+    })?;
+    // SAFETY: `buf` is a live, exclusively borrowed region of `buf.len()`
+    // bytes; the kernel writes at most that many. A bad `fd` is an errno.
+    let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), offset) };
+    // A negative return is -1 with errno set; anything else is a byte count.
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
+/// `posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)`: the whole file.
+pub(super) fn drop_file_cache(fd: RawFd) -> io::Result<()> {
+    // SAFETY: plain syscall on an integer descriptor; no memory is passed.
+    let rc = unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) };
+    // posix_fadvise returns the error number instead of setting errno.
+    match rc {
+        0 => Ok(()),
+        errno => Err(io::Error::from_raw_os_error(errno)),
+    }
+}
+
+/// `Cached:` from `/proc/meminfo`, in bytes.
+pub(super) fn page_cache_bytes() -> Option<u64> {
+    let text = fs::read_to_string("/proc/meminfo").ok()?;
+    parse_meminfo(&text).ok()?.cached_bytes
+}
+
+pub(super) fn memory_snapshot() -> io::Result<MemorySnapshot> {
+    memory_snapshot_from(Path::new("/"))
+}
+
+/// [`memory_snapshot`](super::memory_snapshot) with every file read under
+/// `root` (`root/proc/meminfo`, `root/proc/self/cgroup`,
+/// `root/sys/fs/cgroup/...`), so fixtures can stand in for the kernel.
+///
+/// The cgroup is the one `proc/self/cgroup` names: the v1 `memory`
+/// controller's if there is one (then memory is not on the v2 hierarchy),
+/// else the v2 (`0::`) one. Its directory and every parent up to the mount
+/// root are read; when the named directory does not exist under the mount
+/// (a container that sees its own cgroup as the root), only the mount root
+/// is. At each level with a limit, `ram` is lowered to the limit and `avail`
+/// to `limit − usage`. A limit at or above `MemTotal` (v1 writes 2^63 − 4096
+/// for "none", v2 writes `max`) is no limit; an unreadable usage counts as 0.
+pub fn memory_snapshot_from(root: &Path) -> io::Result<MemorySnapshot> {
+    let meminfo_path = root.join("proc/meminfo");
+    let text = read_text(&meminfo_path)?;
+    let meminfo = parse_meminfo(&text).map_err(|what| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: {what}", meminfo_path.display()),
+        )
+    })?;
+    let mut snapshot = MemorySnapshot {
+        avail_bytes: meminfo.available_bytes,
+        ram_bytes: meminfo.total_bytes,
+        avail_source: "/proc/meminfo MemAvailable".to_owned(),
+        ram_source: "/proc/meminfo MemTotal".to_owned(),
+    };
+    // No /proc/self/cgroup (no cgroup support, a sandbox hiding it): no limit.
+    let Ok(cgroup_text) = fs::read_to_string(root.join("proc/self/cgroup")) else {
+        return Ok(snapshot);
+    };
+    let paths = parse_proc_self_cgroup(&cgroup_text);
+    let (hierarchy, cgroup_path) = match (paths.v1_memory, paths.v2) {
+        (Some(path), _) => (&V1, path),
+        (None, Some(path)) => (&V2, path),
+        (None, None) => return Ok(snapshot),
+    };
+    for level in cgroup_levels(root, hierarchy, &cgroup_path) {
+        let Some(limit) = read_limit(&level.dir, hierarchy.limit_file) else {
+            continue;
+        };
+        if limit >= meminfo.total_bytes || limit >= hierarchy.no_limit_at {
+            continue;
+        }
+        if limit < snapshot.ram_bytes {
+            snapshot.ram_bytes = limit;
+            snapshot.ram_source = format!(
+                "cgroup {} {} in {}",
+                hierarchy.name,
+                hierarchy.limit_file,
+                level.shown.display()
+            );
+        }
+        let usage = read_limit(&level.dir, hierarchy.usage_file);
+        let headroom = limit.saturating_sub(usage.unwrap_or(0));
+        if headroom < snapshot.avail_bytes {
+            snapshot.avail_bytes = headroom;
+            snapshot.avail_source = match usage {
+                Some(_) => format!(
+                    "cgroup {} {} - {} in {}",
+                    hierarchy.name,
+                    hierarchy.limit_file,
+                    hierarchy.usage_file,
+                    level.shown.display()
+                ),
+                None => format!(
+                    "cgroup {} {} ({} unreadable) in {}",
+                    hierarchy.name,
+                    hierarchy.limit_file,
+                    hierarchy.usage_file,
+                    level.shown.display()
+                ),
+            };
+        }
+    }
+    Ok(snapshot)
+}
+
+fn read_text(path: &Path) -> io::Result<String> {
+    fs::read_to_string(path)
+        .map_err(|err| io::Error::new(err.kind(), format!("{}: {err}", path.display())))
+}
+
+/// Where one cgroup hierarchy keeps its memory files.
+struct Hierarchy {
+    name: &'static str,
+    /// The mount point, relative to `/`.
+    mount: &'static str,
+    limit_file: &'static str,
+    usage_file: &'static str,
+    /// Limits at or above this mean "none".
+    no_limit_at: u64,
+}
+
+const V1: Hierarchy = Hierarchy {
+    name: "v1",
+    mount: "sys/fs/cgroup/memory",
+    limit_file: "memory.limit_in_bytes",
+    usage_file: "memory.usage_in_bytes",
+    // The kernel's "unlimited" is PAGE_COUNTER_MAX pages: 2^63 − page size.
+    no_limit_at: 1 << 62,
+};
+
+const V2: Hierarchy = Hierarchy {
+    name: "v2",
+    mount: "sys/fs/cgroup",
+    limit_file: "memory.max",
+    usage_file: "memory.current",
+    no_limit_at: u64::MAX,
+};
+
+/// One cgroup directory to read: its place under `root`, and its path as the
+/// process would see it (for the snapshot's source strings).
+struct Level {
+    dir: PathBuf,
+    shown: PathBuf,
+}
+
+/// The process's cgroup directory and each parent up to the mount root,
+/// deepest first. A path that climbs (`..`, as a cgroup namespace shows a
+/// cgroup outside it) or does not exist under the mount yields the mount
+/// root alone.
+fn cgroup_levels(root: &Path, hierarchy: &Hierarchy, cgroup_path: &str) -> Vec<Level> {
+    let mount = root.join(hierarchy.mount);
+    let shown_mount = Path::new("/").join(hierarchy.mount);
+    if !mount.is_dir() {
+        return Vec::new();
+    }
+    let mut parts: Vec<&str> = cgroup_path
+        .split('/')
+        .filter(|part| !part.is_empty() && *part != ".")
+        .collect();
+    if parts.contains(&"..") || !parts.iter().fold(mount.clone(), |p, c| p.join(c)).is_dir() {
+        parts.clear();
+    }
+    (0..=parts.len())
+        .rev()
+        .map(|depth| {
+            // Joined one part at a time: `join("")` would add a trailing '/'.
+            let under = |base: &Path| {
+                parts[..depth]
+                    .iter()
+                    .fold(base.to_path_buf(), |p, c| p.join(c))
+            };
+            Level {
+                dir: under(&mount),
+                shown: under(&shown_mount),
+            }
+        })
+        .collect()
+}
+
+fn read_limit(dir: &Path, file: &str) -> Option<u64> {
+    parse_limit(&fs::read_to_string(dir.join(file)).ok()?)
+}
+
+/// What the probe needs from `/proc/meminfo`, in bytes.
+#[derive(Debug, PartialEq, Eq)]
+struct Meminfo {
+    total_bytes: u64,
+    available_bytes: u64,
+    cached_bytes: Option<u64>,
+}
+
+/// Parses `/proc/meminfo` text ("MemTotal:  24731708 kB" lines). Missing or
+/// malformed `MemTotal` or `MemAvailable` (kernels before 3.14 lack it) is an
+/// error; other lines are not looked at.
+fn parse_meminfo(text: &str) -> Result<Meminfo, String> {
+    let field = |key: &str| -> Result<Option<u64>, String> {
+        let Some(value) = text.lines().find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            (name.trim() == key).then_some(value.trim())
+        }) else {
+            return Ok(None);
+        };
+        let (number, scale) = match value.strip_suffix("kB") {
+            Some(number) => (number.trim_end(), 1024),
+            None => (value, 1),
+        };
+        number
+            .parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_mul(scale))
+            .map(Some)
+            .ok_or_else(|| format!("{key} value {value:?} is not a byte count"))
+    };
+    let required = |key: &str| field(key)?.ok_or_else(|| format!("no {key} line"));
+    Ok(Meminfo {
+        total_bytes: required("MemTotal")?,
+        available_bytes: required("MemAvailable")?,
+        cached_bytes: field("Cached").ok().flatten(),
+    })
+}
+
+/// The process's memory cgroup paths from `/proc/self/cgroup`.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct CgroupPaths {
+    /// The path of the v1 hierarchy that has the `memory` controller.
+    v1_memory: Option<String>,
+    /// The path on the v2 (unified) hierarchy, the `0::` line.
+    v2: Option<String>,
+}
+
+/// Parses `/proc/self/cgroup` ("hierarchy-id:controllers:path" lines, see
+/// cgroups(7)). Malformed lines are skipped.
+fn parse_proc_self_cgroup(text: &str) -> CgroupPaths {
+    let mut paths = CgroupPaths::default();
+    for line in text.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        if id == "0" && controllers.is_empty() {
+            paths.v2.get_or_insert_with(|| path.to_owned());
+        } else if controllers.split(',').any(|c| c == "memory") {
+            paths.v1_memory.get_or_insert_with(|| path.to_owned());
+        }
+    }
+    paths
+}
+
+/// Parses a cgroup limit or usage file: a decimal byte count, or `max`
+/// (v2's "no limit"). Unparseable text is `None` too: treated as no limit.
+fn parse_limit(text: &str) -> Option<u64> {
+    match text.trim() {
+        "max" => None,
+        number => number.parse().ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn fixture(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/cgroup")
+            .join(name)
+    }
+
+    #[test]
+    fn meminfo_parses_kb_lines() {
+        let text = "MemTotal:       24731708 kB\nMemFree:        24097156 kB\n\
+                    MemAvailable:   24443580 kB\nCached:           520848 kB\n\
+                    HugePages_Total:       0\n";
+        assert_eq!(
+            parse_meminfo(text).unwrap(),
+            Meminfo {
+                total_bytes: 24731708 * 1024,
+                available_bytes: 24443580 * 1024,
+                cached_bytes: Some(520848 * 1024),
+            }
+        );
+    }
+
+    #[test]
+    fn meminfo_errors_without_panicking() {
+        assert_eq!(parse_meminfo("").unwrap_err(), "no MemTotal line");
+        assert_eq!(
+            parse_meminfo("MemTotal: 1 kB\n").unwrap_err(),
+            "no MemAvailable line"
+        );
+        assert!(parse_meminfo("MemTotal: lots kB\nMemAvailable: 1 kB")
+            .unwrap_err()
+            .contains("MemTotal"));
+        assert!(parse_meminfo("MemTotal: 18446744073709551615 kB\nMemAvailable: 1 kB").is_err());
+        let info = parse_meminfo("MemTotal: 2 kB\nMemAvailable: 1 kB\nCached: x").unwrap();
+        assert_eq!(info.cached_bytes, None);
+        assert!(parse_meminfo("\u{0}:::\n\n:\nMemTotal").is_err());
+    }
+
+    #[test]
+    fn proc_self_cgroup_v1_and_v2() {
+        let hybrid = "9:name=systemd:/\n4:memory:/process_api/2d1d\n3:cpuset:/\n0::/\n";
+        assert_eq!(
+            parse_proc_self_cgroup(hybrid),
+            CgroupPaths {
+                v1_memory: Some("/process_api/2d1d".into()),
+                v2: Some("/".into()),
+            }
+        );
+        let combined = "5:cpu,memory,cpuacct:/docker/abc\n";
+        assert_eq!(
+            parse_proc_self_cgroup(combined).v1_memory.as_deref(),
+            Some("/docker/abc")
+        );
+        let unified = "0::/user.slice/a:b.scope\n";
+        assert_eq!(
+            parse_proc_self_cgroup(unified),
+            CgroupPaths {
+                v1_memory: None,
+                v2: Some("/user.slice/a:b.scope".into()),
+            }
+        );
+        assert_eq!(
+            parse_proc_self_cgroup("garbage\n4:memoryx:/a\n::\n:memory\n"),
+            CgroupPaths::default()
+        );
+    }
+
+    #[test]
+    fn limit_text() {
+        assert_eq!(parse_limit("max\n"), None);
+        assert_eq!(parse_limit("8589934592\n"), Some(8 * GIB));
+        assert_eq!(
+            parse_limit("9223372036854771712"),
+            Some(9223372036854771712)
+        );
+        assert_eq!(parse_limit(""), None);
+        assert_eq!(parse_limit("-1"), None);
+        assert_eq!(parse_limit("12 MB"), None);
+    }
+
+    fn snapshot(name: &str) -> MemorySnapshot {
+        memory_snapshot_from(&fixture(name)).unwrap()
+    }
+
+    #[test]
+    fn fixture_v1_limited() {
+        let s = snapshot("v1_limited");
+        assert_eq!((s.avail_bytes, s.ram_bytes), (5 * GIB, 8 * GIB));
+        assert_eq!(
+            s.ram_source,
+            "cgroup v1 memory.limit_in_bytes in /sys/fs/cgroup/memory/docker/abc"
+        );
+        assert_eq!(
+            s.avail_source,
+            "cgroup v1 memory.limit_in_bytes - memory.usage_in_bytes in /sys/fs/cgroup/memory/docker/abc"
+        );
+    }
+
+    #[test]
+    fn fixture_v1_unlimited() {
+        let s = snapshot("v1_unlimited");
+        assert_eq!((s.avail_bytes, s.ram_bytes), (50 * GIB, 64 * GIB));
+        assert_eq!(s.avail_source, "/proc/meminfo MemAvailable");
+        assert_eq!(s.ram_source, "/proc/meminfo MemTotal");
+    }
+
+    #[test]
+    fn fixture_v1_namespaced_root() {
+        // /proc/self/cgroup names /docker/abc, but the container's mount shows
+        // its own cgroup as the root.
+        let s = snapshot("v1_namespaced");
+        assert_eq!((s.avail_bytes, s.ram_bytes), (3 * GIB, 4 * GIB));
+        assert_eq!(
+            s.ram_source,
+            "cgroup v1 memory.limit_in_bytes in /sys/fs/cgroup/memory"
+        );
+    }
+
+    #[test]
+    fn fixture_v2_limited() {
+        let s = snapshot("v2_limited");
+        assert_eq!((s.avail_bytes, s.ram_bytes), (3 * GIB, 4 * GIB));
+        assert_eq!(
+            s.ram_source,
+            "cgroup v2 memory.max in /sys/fs/cgroup/user.slice/app.scope"
+        );
+        assert_eq!(
+            s.avail_source,
+            "cgroup v2 memory.max - memory.current in /sys/fs/cgroup/user.slice/app.scope"
+        );
+    }
+
+    #[test]
+    fn fixture_v2_parent_is_tighter() {
+        // app.scope allows 6 GiB, its parent user.slice 4 GiB with 3 GiB used.
+        let s = snapshot("v2_nested");
+        assert_eq!((s.avail_bytes, s.ram_bytes), (GIB, 4 * GIB));
+        assert_eq!(
+            s.avail_source,
+            "cgroup v2 memory.max - memory.current in /sys/fs/cgroup/user.slice"
+        );
+    }
+
+    #[test]
+    fn fixture_v2_max() {
+        let s = snapshot("v2_max");
+        assert_eq!((s.avail_bytes, s.ram_bytes), (50 * GIB, 64 * GIB));
+        assert_eq!(s.avail_source, "/proc/meminfo MemAvailable");
+    }
+
+    #[test]
+    fn fixture_none() {
+        let s = snapshot("none");
+        assert_eq!((s.avail_bytes, s.ram_bytes), (50 * GIB, 64 * GIB));
+        assert_eq!(s.ram_source, "/proc/meminfo MemTotal");
+    }
+
+    #[test]
+    fn missing_meminfo_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = memory_snapshot_from(dir.path()).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+        assert!(err.to_string().contains("proc/meminfo"), "{err}");
+    }
+
+    #[test]
+    fn malformed_cgroup_files_are_no_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        fs::create_dir_all(root.join("proc/self")).unwrap();
+        fs::create_dir_all(root.join("sys/fs/cgroup/memory/a")).unwrap();
+        fs::write(
+            root.join("proc/meminfo"),
+            "MemTotal: 2097152 kB\nMemAvailable: 1048576 kB\n",
+        )
+        .unwrap();
+        fs::write(root.join("proc/self/cgroup"), "4:memory:/a/../..\n").unwrap();
+        fs::write(
+            root.join("sys/fs/cgroup/memory/memory.limit_in_bytes"),
+            "junk",
+        )
+        .unwrap();
+        let s = memory_snapshot_from(root).unwrap();
+        assert_eq!((s.avail_bytes, s.ram_bytes), (GIB, 2 * GIB));
+
+        // A limit with an unreadable usage bounds avail by the limit alone.
+        fs::write(
+            root.join("sys/fs/cgroup/memory/memory.limit_in_bytes"),
+            "536870912\n",
+        )
+        .unwrap();
+        let s = memory_snapshot_from(root).unwrap();
+        assert_eq!((s.avail_bytes, s.ram_bytes), (GIB / 2, GIB / 2));
+        assert!(s.avail_source.contains("unreadable"), "{}", s.avail_source);
+    }
+
+    #[test]
+    fn page_cache_is_reported() {
+        assert!(page_cache_bytes().is_some());
+    }
+}
