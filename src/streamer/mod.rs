@@ -143,7 +143,6 @@ mod imp {
         pub(crate) reads_demand: CachePadded<AtomicU64>,
         pub(crate) reads_speculative: CachePadded<AtomicU64>,
         pub(crate) reads_prewarm: CachePadded<AtomicU64>,
-        pub(crate) evictions: CachePadded<AtomicU64>,
         pub(crate) io_errors: CachePadded<AtomicU64>,
         pub(crate) checksum_errors: CachePadded<AtomicU64>,
     }
@@ -405,10 +404,7 @@ mod imp {
             self.check_alive()?;
             let (id, _) = self.id_of(layer, expert)?;
             match self.shared.table.prefetch(id, priority == Priority::Demand) {
-                Prefetched::Queued { evicted, .. } => {
-                    if evicted {
-                        self.shared.counters.evictions.fetch_add(1, Ordering::Relaxed);
-                    }
+                Prefetched::Queued { .. } => {
                     self.shared.wake.one();
                     Ok(())
                 }
@@ -553,7 +549,7 @@ mod imp {
                 reads_demand: r(&c.reads_demand),
                 reads_speculative: r(&c.reads_speculative),
                 reads_prewarm: r(&c.reads_prewarm),
-                evictions: r(&c.evictions),
+                evictions: self.shared.table.evictions(),
                 io_errors: r(&c.io_errors),
                 checksum_errors: r(&c.checksum_errors),
                 resident: u64::from(self.shared.table.resident()),

@@ -211,6 +211,8 @@ pub(crate) struct SlotTable {
     fresh: CachePadded<AtomicU32>,
     demand: Queue<Item>,
     speculative: Queue<Item>,
+    /// Loads that replaced another expert (a statistic).
+    evictions: CachePadded<AtomicU64>,
 }
 
 impl SlotTable {
@@ -232,6 +234,7 @@ impl SlotTable {
             fresh: CachePadded::new(AtomicU32::new(0)),
             demand: Queue::with_capacity(cap),
             speculative: Queue::with_capacity(cap),
+            evictions: CachePadded::new(AtomicU64::new(0)),
         }
     }
 
@@ -409,6 +412,9 @@ impl SlotTable {
             .ok()?;
         self.ticks[i as usize].store(self.next_tick(), Ordering::Relaxed);
         let evicted = seen.state() != EMPTY;
+        if evicted {
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+        }
         if evicted || seen.generation() != 0 {
             // The old identity's map entry may still point here; clear it.
             let _ = self.map[seen.id() as usize].compare_exchange(
@@ -616,6 +622,11 @@ impl SlotTable {
                 Err(now) => w = Word(now),
             }
         }
+    }
+
+    /// Loads so far that replaced another expert.
+    pub(crate) fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
     }
 
     /// Number of slots holding loaded data.

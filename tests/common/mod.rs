@@ -1,0 +1,52 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use smoe::vault::synth::{first_mismatch, SynthSpec};
+
+/// A synthetic vault in a fresh temporary directory.
+pub struct TestVault {
+    pub dir: tempfile::TempDir,
+    pub spec: SynthSpec,
+    pub file: PathBuf,
+}
+
+pub fn vault(layers: u32, experts: u32, blob_bytes: u64, dense: &[u32]) -> TestVault {
+    let dir = tempfile::tempdir().unwrap();
+    vault_in(dir, layers, experts, blob_bytes, dense)
+}
+
+pub fn vault_in(
+    dir: tempfile::TempDir,
+    layers: u32,
+    experts: u32,
+    blob_bytes: u64,
+    dense: &[u32],
+) -> TestVault {
+    let spec = SynthSpec {
+        n_layers: layers,
+        n_experts: experts,
+        blob_bytes,
+        dense_layers: dense.to_vec(),
+        seed: 0x5eed ^ u64::from(layers) << 8 ^ u64::from(experts),
+        top_k: 2,
+    };
+    let file = spec.write(dir.path(), &mut |_| {}).unwrap();
+    TestVault { dir, spec, file }
+}
+
+impl TestVault {
+    /// Asserts `data` is exactly the payload of (layer, expert).
+    #[track_caller]
+    pub fn check(&self, layer: u32, expert: u32, data: &[u8]) {
+        assert_eq!(
+            data.len() as u64,
+            self.spec.blob_size(layer, expert),
+            "layer {layer} expert {expert}: wrong size"
+        );
+        if let Some(at) = first_mismatch(self.spec.seed, layer, expert, data) {
+            panic!("layer {layer} expert {expert}: wrong byte at {at}");
+        }
+    }
+}
