@@ -1,0 +1,117 @@
+//! Hot-path latencies of the streamer (run: `cargo bench --bench streamer`).
+//!
+//! - `claim_resident`: claim of an expert already in the ring, plus the
+//!   release when the guard drops;
+//! - `prefetch_resident`: prefetch of an expert already in the ring;
+//! - `prefetch_evict_4096`: prefetch that must evict, on a 4096-slot ring
+//!   (the read it queues runs on the workers, not in the measured thread).
+
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use smoe::vault::synth::SynthSpec;
+use smoe::{Config, DirectIo, Priority, Streamer};
+
+fn synth(dir: &std::path::Path, layers: u32, experts: u32) {
+    SynthSpec {
+        n_layers: layers,
+        n_experts: experts,
+        blob_bytes: 3000,
+        dense_layers: vec![],
+        seed: 9,
+        top_k: 8,
+    }
+    .write(dir, &mut |_| {})
+    .unwrap();
+}
+
+fn hot_paths(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path(), 4, 16);
+    let s = Streamer::open(
+        dir.path(),
+        Config {
+            ring_slots: 64,
+            workers: 2,
+            direct_io: DirectIo::Off,
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    drop(s.claim_wait(2, 5, Duration::from_secs(10)).unwrap().unwrap());
+    c.bench_function("claim_resident", |b| {
+        b.iter(|| {
+            let claim = s.claim(2, 5).unwrap().unwrap();
+            std::hint::black_box(claim.as_ptr());
+        })
+    });
+    c.bench_function("prefetch_resident", |b| {
+        b.iter(|| s.prefetch(2, 5, Priority::Demand).unwrap())
+    });
+}
+
+fn evicting_prefetch(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    // 8192 experts through 4096 slots: cycling through them in order, each
+    // prefetch finds its expert gone and evicts the least recently used.
+    synth(dir.path(), 64, 128);
+    let s = Streamer::open(
+        dir.path(),
+        Config {
+            ring_slots: 4096,
+            workers: 2,
+            direct_io: DirectIo::Off,
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    let mut next = 0u32;
+    let mut issued = 0u64;
+    let mut prefetch_next = || {
+        let (l, e) = (next / 128, next % 128);
+        next = (next + 1) % 8192;
+        s.prefetch(l, e, Priority::Speculative).unwrap();
+    };
+    // Reads land far slower than prefetches are issued, so time batches of
+    // 512 prefetches and, untimed, let the workers finish each batch's reads
+    // before the next: every timed prefetch finds idle slots to evict.
+    let settle = |issued: u64| {
+        while s.stats().reads_speculative < issued {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    };
+    for _ in 0..16 {
+        for _ in 0..512 {
+            prefetch_next();
+        }
+        issued += 512;
+        settle(issued);
+    }
+    let before = s.stats().evictions;
+    c.bench_function("prefetch_evict_4096", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            let mut left = iters;
+            while left > 0 {
+                let n = left.min(512);
+                let t = Instant::now();
+                for _ in 0..n {
+                    prefetch_next();
+                }
+                total += t.elapsed();
+                issued += n;
+                left -= n;
+                settle(issued);
+            }
+            total
+        })
+    });
+    assert!(s.stats().evictions > before, "the benchmark did not evict");
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    targets = hot_paths, evicting_prefetch
+}
+criterion_main!(benches);

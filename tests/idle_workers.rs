@@ -1,0 +1,52 @@
+//! Idle workers sleep: 16 workers with nothing to read use almost no CPU.
+//! This is its own test binary so no other test's threads share the
+//! process's CPU accounting.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use smoe::{Config, Priority, Streamer};
+
+/// User + system CPU time of the whole process.
+fn process_cpu() -> Duration {
+    // SAFETY: getrusage writes one `rusage` into the zeroed struct we own.
+    let usage = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, &mut u), 0);
+        u
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+#[test]
+fn sixteen_idle_workers_use_under_one_percent_of_a_core() {
+    let v = common::vault(2, 16, 20_000, &[]);
+    let s = Streamer::open(
+        &v.file,
+        Config {
+            ring_slots: 16,
+            workers: 16,
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    // Give them work first, so they have been woken and gone back to sleep.
+    for e in 0..16 {
+        s.prefetch(1, e, Priority::Demand).unwrap();
+    }
+    for e in 0..16 {
+        drop(s.claim_wait(1, e, Duration::from_secs(10)).unwrap().unwrap());
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let (cpu0, t0) = (process_cpu(), Instant::now());
+    std::thread::sleep(Duration::from_secs(2));
+    let (cpu, wall) = (process_cpu() - cpu0, t0.elapsed());
+    let share = cpu.as_secs_f64() / wall.as_secs_f64();
+    eprintln!("16 idle workers: {cpu:?} CPU over {wall:?} = {:.3}% of a core", share * 100.0);
+    assert!(share < 0.01, "idle workers used {:.2}% of a core", share * 100.0);
+    // And they still wake up.
+    let c = s.claim_wait(0, 3, Duration::from_secs(10)).unwrap().unwrap();
+    v.check(0, 3, &c);
+}

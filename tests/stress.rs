@@ -1,0 +1,160 @@
+//! Real-thread stress: many threads prefetch, claim, hold and release through
+//! a ring smaller than the working set, and every byte of every claim is
+//! checked against the deterministic payload. Counts come from
+//! SMOE_STRESS_OPS (per thread) so the sanitizer script can scale them down.
+
+mod common;
+
+use std::time::Duration;
+
+use smoe::{Config, DirectIo, ErrorKind, Priority, Streamer};
+
+fn ops_per_thread(default: u64) -> u64 {
+    std::env::var("SMOE_STRESS_OPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Runs `threads` threads of `ops` operations each; returns the number of
+/// claims whose bytes were verified.
+fn run(threads: u64, ops: u64, slots: u32, direct: DirectIo) -> u64 {
+    let (layers, experts) = (4u32, 64u32);
+    let v = common::vault(layers, experts, 3000, &[]);
+    let s = Streamer::open(
+        &v.file,
+        Config {
+            ring_slots: slots,
+            workers: 6,
+            direct_io: direct,
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    assert!(
+        u64::from(slots) < u64::from(layers * experts),
+        "the ring must be smaller than the working set"
+    );
+    let verified: u64 = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (s, v) = (&s, &v);
+                scope.spawn(move || {
+                    let mut rng = Rng(0x9e37_79b9 ^ (t + 1) * 0x1234_5678_9abc);
+                    let mut held = Vec::new();
+                    let mut verified = 0u64;
+                    for _ in 0..ops {
+                        // Skewed popularity: a hot quarter gets most traffic.
+                        let id = if rng.below(4) != 0 {
+                            rng.below(64)
+                        } else {
+                            rng.below(256)
+                        } as u32;
+                        let (l, e) = (id / experts, id % experts);
+                        match rng.below(10) {
+                            0..=2 => {
+                                let p = if rng.below(2) == 0 {
+                                    Priority::Demand
+                                } else {
+                                    Priority::Speculative
+                                };
+                                match s.prefetch(l, e, p) {
+                                    Ok(()) => {}
+                                    Err(err) if err.kind() == ErrorKind::RingFull => {}
+                                    Err(err) => panic!("prefetch: {err}"),
+                                }
+                            }
+                            3..=4 => match s.claim(l, e) {
+                                Ok(Some(c)) => {
+                                    v.check(l, e, &c);
+                                    verified += 1;
+                                }
+                                Ok(None) => {}
+                                Err(err) if err.kind() == ErrorKind::RingFull => {}
+                                Err(err) => panic!("claim: {err}"),
+                            },
+                            _ => match s.claim_wait_ticket(l, e, Duration::from_secs(10)) {
+                                Ok(Some(info)) => {
+                                    // SAFETY: the ticket is held until released below.
+                                    let data = unsafe {
+                                        std::slice::from_raw_parts(info.data, info.size as usize)
+                                    };
+                                    v.check(l, e, data);
+                                    verified += 1;
+                                    held.push(info);
+                                    // Hold up to 3 claims, release in random order.
+                                    if held.len() > 2 || rng.below(3) == 0 {
+                                        let i = rng.below(held.len() as u64) as usize;
+                                        let h = held.swap_remove(i);
+                                        // SAFETY: still held.
+                                        let data = unsafe {
+                                            std::slice::from_raw_parts(h.data, h.size as usize)
+                                        };
+                                        v.check(h.layer, h.expert, data);
+                                        s.release_ticket(h.ticket).unwrap();
+                                    }
+                                }
+                                Ok(None) => panic!("layer {l} expert {e}: no data in 10 s"),
+                                Err(err) if err.kind() == ErrorKind::RingFull => {}
+                                Err(err) => panic!("claim_wait: {err}"),
+                            },
+                        }
+                    }
+                    for h in held {
+                        // SAFETY: still held.
+                        let data = unsafe { std::slice::from_raw_parts(h.data, h.size as usize) };
+                        v.check(h.layer, h.expert, data);
+                        s.release_ticket(h.ticket).unwrap();
+                    }
+                    verified
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    let st = s.stats();
+    assert_eq!(st.io_errors, 0);
+    assert!(st.evictions > 0, "the ring never turned over");
+    assert!(st.resident <= u64::from(slots));
+    assert_eq!(st.claims, verified);
+    // Every claim was released: all slots can be held at once again.
+    let all: Vec<_> = (0..slots)
+        .map(|id| {
+            s.claim_wait(id / experts, id % experts, Duration::from_secs(10))
+                .unwrap_or_else(|e| panic!("a slot leaked a claim: {e}"))
+                .expect("read within 10 s")
+        })
+        .collect();
+    assert_eq!(all.len() as u32, slots);
+    verified
+}
+
+#[test]
+fn eight_threads_buffered_through_a_small_ring() {
+    let ops = ops_per_thread(200_000);
+    let verified = run(8, ops, 48, DirectIo::Off);
+    assert!(verified > ops, "only {verified} claims verified");
+    eprintln!("8 threads × {ops} ops: {verified} claims verified byte for byte");
+}
+
+#[test]
+fn eight_threads_direct_through_a_tiny_ring() {
+    let ops = ops_per_thread(150_000) / 4;
+    let verified = run(8, ops, 32, DirectIo::Auto);
+    assert!(verified > ops, "only {verified} claims verified");
+    eprintln!("8 threads × {ops} ops (direct I/O where available): {verified} claims verified");
+}
