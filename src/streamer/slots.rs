@@ -122,10 +122,6 @@ impl Word {
     fn holds(self, id: u32) -> bool {
         self.state() != EMPTY && self.id() == id
     }
-    /// May be taken for a new load.
-    fn idle(self) -> bool {
-        matches!(self.state(), EMPTY | READY | CONSUMED) && self.refs() == 0
-    }
 }
 
 fn next_generation(g: u32) -> u32 {
@@ -194,8 +190,9 @@ type Item = u64;
 
 /// See the module doc.
 pub(crate) struct SlotTable {
-    /// One state word per slot; layout in the module doc.
-    words: Box<[CachePadded<AtomicU64>]>,
+    /// One state word per slot; layout in the module doc. Packed (not
+    /// cache-padded) so the eviction scan reads 8 bytes per slot.
+    words: Box<[AtomicU64]>,
     /// Per slot: the LRU tick of its last load or claim. Only a hint for
     /// choosing a victim; correctness never depends on it.
     ticks: Box<[AtomicU64]>,
@@ -225,7 +222,7 @@ impl SlotTable {
         let cap = (slots as usize * 4).next_power_of_two().max(64);
         SlotTable {
             words: (0..slots)
-                .map(|_| CachePadded::new(AtomicU64::new(EMPTY)))
+                .map(|_| AtomicU64::new(EMPTY))
                 .collect(),
             ticks: (0..slots).map(|_| AtomicU64::new(0)).collect(),
             map: (0..ids).map(|_| AtomicU32::new(NONE)).collect(),
@@ -374,30 +371,38 @@ impl SlotTable {
         // chose; a fresh scan sees that. Give up after as many rounds as there
         // are slots: the ring is busy beyond what a prefetch should wait for.
         for _ in 0..n.max(8) {
-            let mut best: Option<(u32, Word, u64)> = None;
-            for i in 0..n {
-                let w = Word(self.words[i as usize].load(Ordering::Relaxed));
-                if !w.idle() {
-                    continue;
-                }
-                let t = if w.state() == EMPTY {
-                    0
-                } else {
-                    self.ticks[i as usize].load(Ordering::Relaxed)
-                };
-                if best.is_none_or(|(_, _, bt)| t < bt) {
-                    best = Some((i, w, t));
-                    if t == 0 {
-                        break;
-                    }
-                }
-            }
-            let (i, w, _) = best?;
+            let (i, w) = self.least_recently_used_idle()?;
             if let Some(t) = self.try_take(i, w, id, demand) {
                 return Some(t);
             }
         }
         None
+    }
+
+    /// The idle slot with the smallest tick (EMPTY counts as tick 0), by a
+    /// scan of the packed words; ticks are read only for idle slots.
+    fn least_recently_used_idle(&self) -> Option<(u32, Word)> {
+        let mut best: Option<(u32, Word)> = None;
+        let mut best_tick = u64::MAX;
+        for (i, (word, tick)) in self.words.iter().zip(self.ticks.iter()).enumerate() {
+            let w = word.load(Ordering::Relaxed);
+            if w & REF_MASK != 0 {
+                continue;
+            }
+            let t = match w & STATE_MASK {
+                EMPTY => 0,
+                READY | CONSUMED => tick.load(Ordering::Relaxed),
+                _ => continue,
+            };
+            if t < best_tick {
+                best_tick = t;
+                best = Some((i as u32, Word(w)));
+                if t == 0 {
+                    break;
+                }
+            }
+        }
+        best
     }
 
     /// Moves slot `i` from the idle word `seen` to QUEUED for `id`.
