@@ -38,7 +38,11 @@ fn hot_paths(c: &mut Criterion) {
         },
     )
     .unwrap();
-    drop(s.claim_wait(2, 5, Duration::from_secs(10)).unwrap().unwrap());
+    drop(
+        s.claim_wait(2, 5, Duration::from_secs(10))
+            .unwrap()
+            .unwrap(),
+    );
     c.bench_function("claim_resident", |b| {
         b.iter(|| {
             let claim = s.claim(2, 5).unwrap().unwrap();

@@ -20,8 +20,8 @@
 mod error;
 #[cfg(not(loom))]
 pub mod ffi;
-mod sync;
 pub mod streamer;
+mod sync;
 pub mod sys;
 pub mod vault;
 
@@ -30,3 +30,4 @@ pub use error::{Error, ErrorKind, Result};
 pub use streamer::{Claim, Config, Priority, SlotInfo, Stats, Streamer};
 pub use sys::DirectIo;
 pub(crate) mod queue;
+pub mod router;

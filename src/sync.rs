@@ -3,28 +3,32 @@
 //! unchanged.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+pub(crate) use loom::cell::UnsafeCell;
+#[cfg(loom)]
+pub(crate) use loom::hint::spin_loop;
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
 #[cfg(loom)]
 pub(crate) use loom::sync::Arc;
 #[cfg(loom)]
 pub(crate) use loom::thread;
-#[cfg(loom)]
-pub(crate) use loom::hint::spin_loop;
-#[cfg(loom)]
-pub(crate) use loom::cell::UnsafeCell;
 
 #[cfg(not(loom))]
 #[allow(unused_imports)]
-pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+pub(crate) use std::hint::spin_loop;
+#[cfg(not(loom))]
+#[allow(unused_imports)]
+pub(crate) use std::sync::atomic::{
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
 #[cfg(not(loom))]
 #[allow(unused_imports)]
 pub(crate) use std::sync::Arc;
 #[cfg(not(loom))]
 #[allow(unused_imports)]
 pub(crate) use std::thread;
-#[cfg(not(loom))]
-#[allow(unused_imports)]
-pub(crate) use std::hint::spin_loop;
 
 /// `std::cell::UnsafeCell` behind loom's closure API (`with` / `with_mut`), so
 /// code written against loom's cell compiles unchanged without `--cfg loom`,

@@ -37,16 +37,30 @@ fn sixteen_idle_workers_use_under_one_percent_of_a_core() {
         s.prefetch(1, e, Priority::Demand).unwrap();
     }
     for e in 0..16 {
-        drop(s.claim_wait(1, e, Duration::from_secs(10)).unwrap().unwrap());
+        drop(
+            s.claim_wait(1, e, Duration::from_secs(10))
+                .unwrap()
+                .unwrap(),
+        );
     }
     std::thread::sleep(Duration::from_millis(100));
     let (cpu0, t0) = (process_cpu(), Instant::now());
     std::thread::sleep(Duration::from_secs(2));
     let (cpu, wall) = (process_cpu() - cpu0, t0.elapsed());
     let share = cpu.as_secs_f64() / wall.as_secs_f64();
-    eprintln!("16 idle workers: {cpu:?} CPU over {wall:?} = {:.3}% of a core", share * 100.0);
-    assert!(share < 0.01, "idle workers used {:.2}% of a core", share * 100.0);
+    eprintln!(
+        "16 idle workers: {cpu:?} CPU over {wall:?} = {:.3}% of a core",
+        share * 100.0
+    );
+    assert!(
+        share < 0.01,
+        "idle workers used {:.2}% of a core",
+        share * 100.0
+    );
     // And they still wake up.
-    let c = s.claim_wait(0, 3, Duration::from_secs(10)).unwrap().unwrap();
+    let c = s
+        .claim_wait(0, 3, Duration::from_secs(10))
+        .unwrap()
+        .unwrap();
     v.check(0, 3, &c);
 }

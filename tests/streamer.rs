@@ -111,7 +111,9 @@ fn lru_evicts_least_recently_claimed() {
 fn ring_full_then_recovers_after_a_release() {
     let v = common::vault(1, 8, 20_000, &[]);
     let s = Streamer::open(&v.file, config(3)).unwrap();
-    let held: Vec<_> = (0..3).map(|e| s.claim_wait(0, e, WAIT).unwrap().unwrap()).collect();
+    let held: Vec<_> = (0..3)
+        .map(|e| s.claim_wait(0, e, WAIT).unwrap().unwrap())
+        .collect();
     let err = s.prefetch(0, 5, Priority::Demand).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::RingFull, "{err}");
     assert!(err.to_string().contains("3 slots"), "{err}");
@@ -145,9 +147,16 @@ fn stale_tickets_change_nothing() {
     drop(s.claim_wait(0, 2, WAIT).unwrap().unwrap());
     drop(s.claim_wait(0, 3, WAIT).unwrap().unwrap());
     let b = s.claim_wait(0, 0, WAIT).unwrap().unwrap();
-    assert_eq!(b.info().slot_index, a.slot_index, "same slot, new generation");
+    assert_eq!(
+        b.info().slot_index,
+        a.slot_index,
+        "same slot, new generation"
+    );
     assert_ne!(b.info().ticket, a.ticket);
-    assert_eq!(s.release_ticket(a.ticket).unwrap_err().kind(), ErrorKind::Stale);
+    assert_eq!(
+        s.release_ticket(a.ticket).unwrap_err().kind(),
+        ErrorKind::Stale
+    );
     // b still holds its slot: a prefetch of a third expert must not take it.
     drop(s.claim_wait(0, 6, WAIT).unwrap().unwrap());
     v.check(0, 0, &b);
@@ -162,7 +171,10 @@ fn two_claims_share_a_slot_and_each_releases_once() {
     assert_eq!(a.slot_index, b.slot_index);
     s.release_ticket(a.ticket).unwrap();
     s.release_ticket(b.ticket).unwrap();
-    assert_eq!(s.release_ticket(b.ticket).unwrap_err().kind(), ErrorKind::Stale);
+    assert_eq!(
+        s.release_ticket(b.ticket).unwrap_err().kind(),
+        ErrorKind::Stale
+    );
 }
 
 #[test]
@@ -172,8 +184,14 @@ fn not_found() {
     for (l, e) in [(0, 0), (3, 0), (1, 4), (u32::MAX, u32::MAX)] {
         let err = s.claim(l, e).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::NotFound, "({l}, {e})");
-        assert!(err.to_string().contains(&format!("layer {l} expert {e}")), "{err}");
-        assert_eq!(s.prefetch(l, e, Priority::Demand).unwrap_err().kind(), ErrorKind::NotFound);
+        assert!(
+            err.to_string().contains(&format!("layer {l} expert {e}")),
+            "{err}"
+        );
+        assert_eq!(
+            s.prefetch(l, e, Priority::Demand).unwrap_err().kind(),
+            ErrorKind::NotFound
+        );
     }
 }
 
@@ -199,13 +217,20 @@ fn truncated_while_open_reports_io_and_rest_stays_readable() {
     let vault = s.vault().clone();
     let last = *vault.entries().last().unwrap();
     // Cut the file in the middle of the last blob.
-    let f = std::fs::OpenOptions::new().write(true).open(&v.file).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&v.file)
+        .unwrap();
     f.set_len(last.offset + 16384).unwrap();
     let start = Instant::now();
     let err = s
         .claim_wait(last.layer, last.expert, WAIT)
         .expect_err("read of a truncated blob succeeded");
-    assert!(start.elapsed() < Duration::from_secs(1), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        start.elapsed()
+    );
     assert_eq!(err.kind(), ErrorKind::Io);
     let msg = err.to_string();
     for needle in [
@@ -247,7 +272,10 @@ fn failing_region_reports_io_once_and_the_rest_stays_readable() {
     assert!(start.elapsed() < Duration::from_secs(1));
     assert_eq!(err.kind(), ErrorKind::Io);
     assert!(err.to_string().contains("Input/output error"), "{err}");
-    assert!(err.to_string().contains(&format!("offset {}", bad.offset)), "{err}");
+    assert!(
+        err.to_string().contains(&format!("offset {}", bad.offset)),
+        "{err}"
+    );
     for (l, e) in [(1, 1), (1, 3), (0, 2)] {
         let c = s.claim_wait(l, e, WAIT).unwrap().unwrap();
         v.check(l, e, &c);
@@ -261,7 +289,10 @@ fn checksum_mismatch_with_verify() {
     let v = common::vault(2, 4, 20_000, &[]);
     let vault = smoe::vault::Vault::open(&v.file).unwrap();
     let bad = *vault.entry(1, 1).unwrap();
-    let f = std::fs::OpenOptions::new().write(true).open(&v.file).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&v.file)
+        .unwrap();
     f.write_all_at(&[0xAB], bad.offset + 777).unwrap();
     drop(f);
     let verified = Streamer::open(
@@ -275,7 +306,10 @@ fn checksum_mismatch_with_verify() {
     let err = verified.claim_wait(1, 1, WAIT).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Format);
     assert!(err.to_string().contains("layer 1 expert 1"), "{err}");
-    assert!(err.to_string().contains(&format!("{:016x}", bad.xxh3)), "{err}");
+    assert!(
+        err.to_string().contains(&format!("{:016x}", bad.xxh3)),
+        "{err}"
+    );
     assert_eq!(verified.stats().checksum_errors, 1);
     let good = verified.claim_wait(1, 0, WAIT).unwrap().unwrap();
     v.check(1, 0, &good);

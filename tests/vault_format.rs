@@ -71,7 +71,10 @@ fn rejects(bytes: &[u8], needles: &[&str]) {
     for n in needles {
         assert!(msg.contains(n), "message {msg:?} does not mention {n:?}");
     }
-    assert!(!msg.contains('\n'), "message is more than one line: {msg:?}");
+    assert!(
+        !msg.contains('\n'),
+        "message is more than one line: {msg:?}"
+    );
 }
 
 #[track_caller]
@@ -102,7 +105,10 @@ fn empty_file() {
 
 #[test]
 fn truncated_header() {
-    rejects(&sample()[..60], &["truncated", "60 bytes", "128-byte header"]);
+    rejects(
+        &sample()[..60],
+        &["truncated", "60 bytes", "128-byte header"],
+    );
     rejects(&sample()[..5], &["truncated", "5 bytes"]);
 }
 
@@ -126,8 +132,14 @@ fn header_checksum() {
 
 #[test]
 fn alignment_not_power_of_two() {
-    damage_header(|b| set_u32(b, 12, 5000), &["alignment is 5000", "power of two"]);
-    damage_header(|b| set_u32(b, 12, 2048), &["alignment is 2048", "4096 to 1048576"]);
+    damage_header(
+        |b| set_u32(b, 12, 5000),
+        &["alignment is 5000", "power of two"],
+    );
+    damage_header(
+        |b| set_u32(b, 12, 2048),
+        &["alignment is 2048", "4096 to 1048576"],
+    );
     damage_header(|b| set_u32(b, 12, 1 << 21), &["alignment is 2097152"]);
 }
 
@@ -153,14 +165,20 @@ fn unknown_flags() {
 
 #[test]
 fn table_offset_and_size() {
-    damage_header(|b| set_u64(b, 32, A + 8), &["table_offset is 4104", "multiple of alignment 4096"]);
+    damage_header(
+        |b| set_u64(b, 32, A + 8),
+        &["table_offset is 4104", "multiple of alignment 4096"],
+    );
     damage_header(|b| set_u64(b, 32, 0), &["table_offset is 0"]);
     damage_header(|b| set_u64(b, 40, 5 * 48), &["table_bytes is 240", "288"]);
 }
 
 #[test]
 fn table_past_end_of_file() {
-    damage_header(|b| set_u64(b, 32, 1 << 40), &["table ends at", "past file_bytes"]);
+    damage_header(
+        |b| set_u64(b, 32, 1 << 40),
+        &["table ends at", "past file_bytes"],
+    );
 }
 
 #[test]
@@ -175,11 +193,20 @@ fn table_offset_near_u64_max() {
 #[test]
 fn metadata_fields() {
     // meta_offset inside the table.
-    damage_header(|b| set_u64(b, 48, A + 10), &["meta_offset is 4106", "after the table"]);
+    damage_header(
+        |b| set_u64(b, 48, A + 10),
+        &["meta_offset is 4106", "after the table"],
+    );
     // meta past the end.
-    damage_header(|b| set_u64(b, 56, 1 << 40), &["metadata ends at", "past file_bytes"]);
+    damage_header(
+        |b| set_u64(b, 56, 1 << 40),
+        &["metadata ends at", "past file_bytes"],
+    );
     // meta overflow.
-    damage_header(|b| set_u64(b, 56, u64::MAX), &["overflows", "meta_bytes 18446744073709551615"]);
+    damage_header(
+        |b| set_u64(b, 56, u64::MAX),
+        &["overflows", "meta_bytes 18446744073709551615"],
+    );
     // meta_offset set while meta_bytes is 0.
     let mut b = sample_with(true, None);
     set_u64(&mut b, 48, 9000);
@@ -198,7 +225,10 @@ fn metadata_content() {
     b[at + 2] = b'X';
     rejects(&b, &["meta_xxh3 is", "metadata hashes to"]);
 
-    for (bad, needle) in [(&b"\xff\xfe"[..], "not UTF-8"), (&b"[1]"[..], "not a JSON object")] {
+    for (bad, needle) in [
+        (&b"\xff\xfe"[..], "not UTF-8"),
+        (&b"[1]"[..], "not a JSON object"),
+    ] {
         let mut b = sample_with(true, Some(std::str::from_utf8(&[b'x'; 2][..]).unwrap()));
         let at = u64_at(&b, 48) as usize;
         b[at..at + 2].copy_from_slice(&bad[..2]);
@@ -217,22 +247,44 @@ fn metadata_content() {
 
 #[test]
 fn data_offset_rules() {
-    damage_header(|b| {
-        let d = u64_at(b, 64);
-        set_u64(b, 64, d + 100)
-    }, &["data_offset is", "multiple of alignment"]);
-    damage_header(|b| set_u64(b, 64, A), &["data_offset is 4096", "at or after"]);
-    damage_header(|b| set_u64(b, 64, 1 << 40), &["data_offset is 1099511627776", "past file_bytes"]);
+    damage_header(
+        |b| {
+            let d = u64_at(b, 64);
+            set_u64(b, 64, d + 100)
+        },
+        &["data_offset is", "multiple of alignment"],
+    );
+    damage_header(
+        |b| set_u64(b, 64, A),
+        &["data_offset is 4096", "at or after"],
+    );
+    damage_header(
+        |b| set_u64(b, 64, 1 << 40),
+        &["data_offset is 1099511627776", "past file_bytes"],
+    );
 }
 
 #[test]
 fn file_bytes_must_match() {
     let b = sample();
     let n = b.len();
-    rejects(&b[..n - 100], &["file_bytes is", &format!("file is {} bytes", n - 100), "truncated"]);
+    rejects(
+        &b[..n - 100],
+        &[
+            "file_bytes is",
+            &format!("file is {} bytes", n - 100),
+            "truncated",
+        ],
+    );
     let mut longer = b.clone();
     longer.extend_from_slice(&[0; 10]);
-    rejects(&longer, &[&format!("file_bytes is {n}"), &format!("file is {} bytes", n + 10)]);
+    rejects(
+        &longer,
+        &[
+            &format!("file_bytes is {n}"),
+            &format!("file is {} bytes", n + 10),
+        ],
+    );
 }
 
 #[test]
@@ -282,25 +334,41 @@ fn entries_duplicated() {
 #[test]
 fn entry_out_of_shape() {
     damage_entry(5, |b, at| set_u32(b, at, 3), &["layer is 3", "n_layers 3"]);
-    damage_entry(5, |b, at| set_u32(b, at + 4, 4), &["expert is 4", "n_experts 4"]);
+    damage_entry(
+        5,
+        |b, at| set_u32(b, at + 4, 4),
+        &["expert is 4", "n_experts 4"],
+    );
 }
 
 #[test]
 fn entry_misaligned() {
-    damage_entry(2, |b, at| {
+    damage_entry(
+        2,
+        |b, at| {
             let o = u64_at(b, at + 8);
             set_u64(b, at + 8, o + 512)
-        }, &["misaligned", "multiple of alignment 4096"]);
+        },
+        &["misaligned", "multiple of alignment 4096"],
+    );
 }
 
 #[test]
 fn entry_before_data() {
-    damage_entry(2, |b, at| set_u64(b, at + 8, A), &["offset is 4096", "data_offset"]);
+    damage_entry(
+        2,
+        |b, at| set_u64(b, at + 8, A),
+        &["offset is 4096", "data_offset"],
+    );
 }
 
 #[test]
 fn entry_outside_file() {
-    damage_entry(2, |b, at| set_u64(b, at + 8, 1 << 40), &["outside the file", "file_bytes"]);
+    damage_entry(
+        2,
+        |b, at| set_u64(b, at + 8, 1 << 40),
+        &["outside the file", "file_bytes"],
+    );
 }
 
 #[test]
@@ -369,7 +437,11 @@ fn checksum_without_flag() {
 
 #[test]
 fn entry_reserved() {
-    damage_entry(4, |b, at| set_u64(b, at + 40, 1), &["reserved (offset 40) is 1"]);
+    damage_entry(
+        4,
+        |b, at| set_u64(b, at + 40, 1),
+        &["reserved (offset 40) is 1"],
+    );
 }
 
 #[test]
@@ -407,6 +479,9 @@ fn open_error_names_file() {
     let p = dir.path().join("experts.smoe");
     std::fs::write(&p, &b).unwrap();
     let err = Vault::open(dir.path()).unwrap_err();
-    assert!(err.to_string().starts_with(&p.display().to_string()), "{err}");
+    assert!(
+        err.to_string().starts_with(&p.display().to_string()),
+        "{err}"
+    );
     assert!(err.to_string().contains("version is 9"), "{err}");
 }

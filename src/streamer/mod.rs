@@ -350,7 +350,9 @@ mod imp {
                     }
                 }
             }
-            shared.wake.set_threads(threads.iter().map(|h| h.thread().clone()).collect());
+            shared
+                .wake
+                .set_threads(threads.iter().map(|h| h.thread().clone()).collect());
             Ok(Streamer {
                 shared,
                 threads,

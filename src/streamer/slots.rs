@@ -221,9 +221,7 @@ impl SlotTable {
         // for stale entries of earlier generations.
         let cap = (slots as usize * 4).next_power_of_two().max(64);
         SlotTable {
-            words: (0..slots)
-                .map(|_| AtomicU64::new(EMPTY))
-                .collect(),
+            words: (0..slots).map(|_| AtomicU64::new(EMPTY)).collect(),
             ticks: (0..slots).map(|_| AtomicU64::new(0)).collect(),
             map: (0..ids).map(|_| AtomicU32::new(NONE)).collect(),
             failed: (0..ids).map(|_| AtomicU8::new(0)).collect(),
@@ -347,12 +345,8 @@ impl SlotTable {
                 Ordering::Relaxed,
             );
         }
-        let _ = self.map[id as usize].compare_exchange(
-            slot,
-            NONE,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        );
+        let _ =
+            self.map[id as usize].compare_exchange(slot, NONE, Ordering::AcqRel, Ordering::Relaxed);
     }
 
     /// Takes a slot for `id`: a fresh one if any is left, else the least
@@ -598,7 +592,8 @@ impl SlotTable {
                         }
                     }
                     _ => {
-                        let _ = entry.compare_exchange(m, NONE, Ordering::AcqRel, Ordering::Relaxed);
+                        let _ =
+                            entry.compare_exchange(m, NONE, Ordering::AcqRel, Ordering::Relaxed);
                         break;
                     }
                 }
@@ -729,10 +724,15 @@ mod tests {
         load_all(&t);
         // Claim 0 and 2 (refreshing them) and release; 1 is now the oldest.
         for id in [0, 2] {
-            let Claimed::Ready { ticket, .. } = t.claim(id) else { panic!() };
+            let Claimed::Ready { ticket, .. } = t.claim(id) else {
+                panic!()
+            };
             t.release(ticket).unwrap();
         }
-        assert!(matches!(t.prefetch(5, false), Prefetched::Queued { evicted: true, .. }));
+        assert!(matches!(
+            t.prefetch(5, false),
+            Prefetched::Queued { evicted: true, .. }
+        ));
         assert!(!t.present(1), "least recently used was evicted");
         assert!(t.present(0) && t.present(2) && t.present(5));
     }
@@ -743,13 +743,20 @@ mod tests {
         t.prefetch(0, true);
         t.prefetch(1, true);
         load_all(&t);
-        let Claimed::Ready { ticket: t0, .. } = t.claim(0) else { panic!() };
-        let Claimed::Ready { ticket: _t1, .. } = t.claim(1) else { panic!() };
+        let Claimed::Ready { ticket: t0, .. } = t.claim(0) else {
+            panic!()
+        };
+        let Claimed::Ready { ticket: _t1, .. } = t.claim(1) else {
+            panic!()
+        };
         assert_eq!(t.prefetch(2, true), Prefetched::RingFull);
         assert_eq!(t.claim(2), Claimed::RingFull);
         assert!(!t.present(2), "a refused prefetch leaves no trace");
         t.release(t0).unwrap();
-        assert!(matches!(t.prefetch(2, true), Prefetched::Queued { evicted: true, .. }));
+        assert!(matches!(
+            t.prefetch(2, true),
+            Prefetched::Queued { evicted: true, .. }
+        ));
         assert_eq!(t.release(t0), Err(Stale), "slot was evicted and reloaded");
     }
 
@@ -761,7 +768,11 @@ mod tests {
         t.finish_failed(j);
         assert_eq!(t.prefetch(4, true), Prefetched::ErrorPending);
         assert_eq!(t.claim(4), Claimed::Failed);
-        assert_eq!(t.claim(4), Claimed::Pending, "error forgotten, read retried");
+        assert_eq!(
+            t.claim(4),
+            Claimed::Pending,
+            "error forgotten, read retried"
+        );
         assert_eq!(load_all(&t).len(), 1);
         assert!(matches!(t.claim(4), Claimed::Ready { .. }));
     }

@@ -137,7 +137,11 @@ fn read_job(shared: &Shared, file: &File, job: ReadJob) {
     };
     if let Err(message) = read {
         c.io_errors.fetch_add(1, Ordering::Relaxed);
-        fail(shared, job, Error::new(ErrorKind::Io, format!("{at}: {message}")));
+        fail(
+            shared,
+            job,
+            Error::new(ErrorKind::Io, format!("{at}: {message}")),
+        );
         return;
     }
     c.bytes_read.fetch_add(len as u64, Ordering::Relaxed);

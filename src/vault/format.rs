@@ -215,10 +215,14 @@ impl Header {
             )));
         }
         if self.n_layers == 0 {
-            return Err(Error::format("header field n_layers is 0, expected at least 1"));
+            return Err(Error::format(
+                "header field n_layers is 0, expected at least 1",
+            ));
         }
         if self.n_experts == 0 {
-            return Err(Error::format("header field n_experts is 0, expected at least 1"));
+            return Err(Error::format(
+                "header field n_experts is 0, expected at least 1",
+            ));
         }
         let ids = self.expert_ids();
         if ids > MAX_EXPERT_IDS {
@@ -252,12 +256,15 @@ impl Header {
                 self.table_bytes
             )));
         }
-        let table_end = self.table_offset.checked_add(self.table_bytes).ok_or_else(|| {
-            Error::format(format!(
-                "table_offset {} + table_bytes {} overflows",
-                self.table_offset, self.table_bytes
-            ))
-        })?;
+        let table_end = self
+            .table_offset
+            .checked_add(self.table_bytes)
+            .ok_or_else(|| {
+                Error::format(format!(
+                    "table_offset {} + table_bytes {} overflows",
+                    self.table_offset, self.table_bytes
+                ))
+            })?;
         if table_end > self.file_bytes {
             return Err(Error::format(format!(
                 "table ends at {table_end} (table_offset {} + table_bytes {}), past file_bytes {}",
@@ -285,12 +292,15 @@ impl Header {
                     self.meta_offset
                 )));
             }
-            let meta_end = self.meta_offset.checked_add(self.meta_bytes).ok_or_else(|| {
-                Error::format(format!(
-                    "meta_offset {} + meta_bytes {} overflows",
-                    self.meta_offset, self.meta_bytes
-                ))
-            })?;
+            let meta_end = self
+                .meta_offset
+                .checked_add(self.meta_bytes)
+                .ok_or_else(|| {
+                    Error::format(format!(
+                        "meta_offset {} + meta_bytes {} overflows",
+                        self.meta_offset, self.meta_bytes
+                    ))
+                })?;
             if meta_end > self.file_bytes {
                 return Err(Error::format(format!(
                     "metadata ends at {meta_end} (meta_offset {} + meta_bytes {}), past file_bytes {}",
@@ -417,10 +427,7 @@ pub fn parse_table(header: &Header, table: &[u8]) -> Result<Vec<Entry>> {
                     "padded_size is {}, expected size {} rounded up to alignment {a} = {w}",
                     e.padded_size, e.size
                 ),
-                None => format!(
-                    "size {} rounded up to alignment {a} overflows",
-                    e.size
-                ),
+                None => format!("size {} rounded up to alignment {a} overflows", e.size),
             });
         }
         let end = match e.offset.checked_add(e.padded_size) {

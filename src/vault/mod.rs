@@ -121,7 +121,10 @@ impl Vault {
         let read = |buf: &mut [u8], offset: u64, what: &str| {
             src.read_exact_at(buf, offset).map_err(|e| {
                 Error::io(
-                    format_args!("cannot read {what} ({} bytes at offset {offset}) of", buf.len()),
+                    format_args!(
+                        "cannot read {what} ({} bytes at offset {offset}) of",
+                        buf.len()
+                    ),
                     path,
                     &e,
                 )
@@ -229,7 +232,11 @@ impl Vault {
 
     /// The largest `padded_size` of any blob.
     pub fn max_padded_size(&self) -> u64 {
-        self.entries.iter().map(|e| e.padded_size).max().unwrap_or(0)
+        self.entries
+            .iter()
+            .map(|e| e.padded_size)
+            .max()
+            .unwrap_or(0)
     }
 
     /// The sum of every blob's payload bytes.

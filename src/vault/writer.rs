@@ -216,8 +216,7 @@ impl VaultWriter {
                 "a vault needs at least one blob; none was added",
             ));
         }
-        self.entries
-            .sort_unstable_by_key(|e| (e.layer, e.expert));
+        self.entries.sort_unstable_by_key(|e| (e.layer, e.expert));
         let mut table = Vec::with_capacity(self.entries.len() * ENTRY_BYTES);
         for e in &self.entries {
             table.extend_from_slice(&e.encode());
@@ -231,7 +230,11 @@ impl VaultWriter {
             n_layers: self.n_layers,
             n_experts: self.n_experts,
             n_entries: self.entries.len() as u32,
-            flags: if self.opts.checksums { FLAG_CHECKSUMS } else { 0 },
+            flags: if self.opts.checksums {
+                FLAG_CHECKSUMS
+            } else {
+                0
+            },
             table_offset: self.table_offset,
             table_bytes,
             meta_offset: if meta_bytes == 0 {

@@ -1,0 +1,232 @@
+//! `include/smoe.h` compiles cleanly as C11 and C++17, twice in one
+//! translation unit and from two units linked together, and a C program
+//! linked against the staticlib this `cargo test` built runs correctly.
+//!
+//! The compiler is `$CC` / `$CXX`, else `cc` / `c++`; `clang`, when it is on
+//! the PATH, is tried too, because only clang sees the nullability macros.
+
+use std::env;
+use std::ffi::OsStr;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const WARNINGS: [&str; 4] = ["-Wall", "-Wextra", "-Wpedantic", "-Werror"];
+
+fn include_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("include")
+}
+
+/// Runs `command`, failing the test with its output if it does not succeed.
+fn run(command: &mut Command) -> String {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("could not run {command:?}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success(),
+        "{command:?} failed ({}):\n{text}",
+        output.status
+    );
+    text
+}
+
+fn on_path(program: &str) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .output()
+        .is_ok_and(|output| output.status.success())
+}
+
+/// The C compilers to try: `$CC` or `cc`, and `clang` if present.
+fn c_compilers() -> Vec<String> {
+    let mut compilers = vec![env::var("CC").unwrap_or_else(|_| "cc".into())];
+    if on_path("clang") && !compilers.iter().any(|c| c == "clang") {
+        compilers.push("clang".into());
+    }
+    compilers
+}
+
+/// The C++ compilers to try: `$CXX` or `c++`, and `clang++` if present.
+fn cxx_compilers() -> Vec<String> {
+    let mut compilers = vec![env::var("CXX").unwrap_or_else(|_| "c++".into())];
+    if on_path("clang++") && !compilers.iter().any(|c| c == "clang++") {
+        compilers.push("clang++".into());
+    }
+    compilers
+}
+
+/// One source file per translation unit; each includes the header twice and
+/// uses every declaration, so an unguarded or conflicting header fails.
+const UNIT_A: &str = r#"
+#include "smoe.h"
+#include "smoe.h"
+
+const char *unit_a(smoe_status st) {
+    return smoe_status_str(st);
+}
+"#;
+
+const UNIT_B: &str = r#"
+#include "smoe.h"
+#include "smoe.h"
+
+const char *unit_a(smoe_status st);
+
+int main(void) {
+    smoe_status st = SMOE_ERR_INTERNAL;
+    const char *error = smoe_last_error();
+    (void)error;
+    return (unit_a(st) != NULL && smoe_abi_version() == SMOE_ABI_VERSION) ? 0 : 1;
+}
+"#;
+
+/// Compiles the two units with `compiler` as `-std={std}`, then links them
+/// into one program with the staticlib and runs it.
+fn compile_units(compiler: &str, std: &str, extension: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut objects = Vec::new();
+    for (name, source) in [("unit_a", UNIT_A), ("unit_b", UNIT_B)] {
+        let source_path = dir.path().join(format!("{name}.{extension}"));
+        fs::write(&source_path, source).unwrap();
+        let object = dir.path().join(format!("{name}.o"));
+        run(Command::new(compiler)
+            .arg(format!("-std={std}"))
+            .args(WARNINGS)
+            .arg("-I")
+            .arg(include_dir())
+            .arg("-c")
+            .arg(&source_path)
+            .arg("-o")
+            .arg(&object));
+        objects.push(object);
+    }
+    // The header defines no symbol, so both units link into one program.
+    if let Some(library) = staticlib() {
+        let program = dir.path().join("units");
+        run(Command::new(compiler)
+            .args(&objects)
+            .arg(&library)
+            .args(native_static_libs())
+            .arg("-o")
+            .arg(&program));
+        run(&mut Command::new(&program));
+    }
+}
+
+#[test]
+fn header_compiles_as_c11() {
+    for compiler in c_compilers() {
+        compile_units(&compiler, "c11", "c");
+    }
+}
+
+#[test]
+fn header_compiles_as_cxx17() {
+    for compiler in cxx_compilers() {
+        compile_units(&compiler, "c++17", "cpp");
+    }
+}
+
+/// The staticlib cargo built alongside this test: the library target is
+/// compiled once with every crate type of Cargo.toml, into the same `deps`
+/// directory as this test binary.
+fn staticlib() -> Option<PathBuf> {
+    let exe = env::current_exe().ok()?;
+    let deps = exe.parent()?;
+    let name = if cfg!(windows) {
+        "smoe.lib"
+    } else {
+        "libsmoe.a"
+    };
+    [deps.join(name), deps.parent()?.join(name)]
+        .into_iter()
+        .find(|path| path.is_file())
+}
+
+/// What a C program linking the staticlib also needs (the README documents
+/// the same): the native libraries Rust's std uses.
+fn native_static_libs() -> Vec<&'static OsStr> {
+    let libs: &[&str] = if cfg!(target_os = "linux") {
+        &["-lpthread", "-ldl", "-lm"]
+    } else if cfg!(target_vendor = "apple") {
+        &["-lSystem"]
+    } else {
+        &[]
+    };
+    libs.iter().map(OsStr::new).collect()
+}
+
+const PROGRAM: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#include "smoe.h"
+
+static int failures = 0;
+
+static void expect(const char *what, const char *got, const char *want) {
+    if (got == NULL || strcmp(got, want) != 0) {
+        fprintf(stderr, "%s: got \"%s\", want \"%s\"\n", what, got ? got : "(null)", want);
+        failures++;
+    }
+}
+
+int main(void) {
+    if (smoe_abi_version() != SMOE_ABI_VERSION) {
+        fprintf(stderr, "smoe_abi_version() = %u\n", (unsigned)smoe_abi_version());
+        failures++;
+    }
+    expect("SMOE_OK", smoe_status_str(SMOE_OK), "SMOE_OK");
+    expect("SMOE_PENDING", smoe_status_str(SMOE_PENDING), "SMOE_PENDING");
+    expect("SMOE_ERR_ARGUMENT", smoe_status_str(SMOE_ERR_ARGUMENT), "SMOE_ERR_ARGUMENT");
+    expect("SMOE_ERR_NOT_FOUND", smoe_status_str(SMOE_ERR_NOT_FOUND), "SMOE_ERR_NOT_FOUND");
+    expect("SMOE_ERR_IO", smoe_status_str(SMOE_ERR_IO), "SMOE_ERR_IO");
+    expect("SMOE_ERR_FORMAT", smoe_status_str(SMOE_ERR_FORMAT), "SMOE_ERR_FORMAT");
+    expect("SMOE_ERR_NO_MEMORY", smoe_status_str(SMOE_ERR_NO_MEMORY), "SMOE_ERR_NO_MEMORY");
+    expect("SMOE_ERR_RING_FULL", smoe_status_str(SMOE_ERR_RING_FULL), "SMOE_ERR_RING_FULL");
+    expect("SMOE_ERR_STALE", smoe_status_str(SMOE_ERR_STALE), "SMOE_ERR_STALE");
+    expect("SMOE_ERR_UNSUPPORTED", smoe_status_str(SMOE_ERR_UNSUPPORTED), "SMOE_ERR_UNSUPPORTED");
+    expect("SMOE_ERR_INTERNAL", smoe_status_str(SMOE_ERR_INTERNAL), "SMOE_ERR_INTERNAL");
+    /* Any int may arrive where the header says smoe_status. */
+    expect("42", smoe_status_str((smoe_status)42), "SMOE_UNKNOWN_STATUS");
+    expect("-100", smoe_status_str((smoe_status)-100), "SMOE_UNKNOWN_STATUS");
+    expect("smoe_last_error", smoe_last_error(), "");
+    if (failures == 0) {
+        puts("ok");
+    }
+    return failures == 0 ? 0 : 1;
+}
+"#;
+
+#[test]
+fn c_program_links_and_runs() {
+    let Some(library) = staticlib() else {
+        panic!(
+            "libsmoe.a not found next to {:?}; cargo builds it with the library \
+             because Cargo.toml lists crate-type \"staticlib\"",
+            env::current_exe().ok()
+        );
+    };
+    for compiler in c_compilers() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("status.c");
+        fs::write(&source, PROGRAM).unwrap();
+        let program = dir.path().join("status");
+        run(Command::new(&compiler)
+            .arg("-std=c11")
+            .args(WARNINGS)
+            .arg("-I")
+            .arg(include_dir())
+            .arg(&source)
+            .arg(&library)
+            .args(native_static_libs())
+            .arg("-o")
+            .arg(&program));
+        let output = run(&mut Command::new(&program));
+        assert_eq!(output.trim(), "ok", "{compiler}");
+    }
+}

@@ -1,0 +1,89 @@
+//! The committed `include/smoe.h` is exactly what the source generates.
+//!
+//! `build.rs` generates the header with the pinned cbindgen and
+//! `cbindgen.toml` into `OUT_DIR/smoe.h` on every build whose `src/` or config
+//! changed; cargo sets `OUT_DIR` for this test too. Outside CI the build also
+//! copies it to `include/smoe.h`, so a developer only has to commit it; in CI
+//! (`CI` set) nothing is copied, so a header that was not regenerated and
+//! committed fails here.
+
+use std::fs;
+use std::path::Path;
+
+fn generated() -> String {
+    let path = concat!(env!("OUT_DIR"), "/smoe.h");
+    fs::read_to_string(path).unwrap_or_else(|e| panic!("read {path}: {e}"))
+}
+
+fn committed() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("include/smoe.h");
+    fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+#[test]
+fn committed_header_matches_generated() {
+    let (generated, committed) = (generated(), committed());
+    if generated == committed {
+        return;
+    }
+    let first_difference = generated
+        .lines()
+        .zip(committed.lines())
+        .position(|(g, c)| g != c)
+        .unwrap_or_else(|| generated.lines().count().min(committed.lines().count()));
+    let line = |text: &str| {
+        text.lines()
+            .nth(first_difference)
+            .unwrap_or("<end of file>")
+            .to_owned()
+    };
+    panic!(
+        "include/smoe.h differs from the header src/ffi generates, first at line {}:\n\
+         committed: {}\n\
+         generated: {}\n\
+         Run `cargo build` without CI set to regenerate it, then commit include/smoe.h.",
+        first_difference + 1,
+        line(&committed),
+        line(&generated),
+    );
+}
+
+/// The declarations SPEC §3 fixes, as they must read in the header
+/// (nullability macros aside).
+#[test]
+fn header_declares_the_spec() {
+    let header = committed()
+        .replace("SMOE_NONNULL ", "")
+        .replace("SMOE_NULLABLE ", "");
+    let expected = [
+        "#define SMOE_ABI_VERSION 1\n",
+        "typedef enum smoe_status {\n",
+        "  SMOE_OK = 0,\n",
+        "  SMOE_PENDING = 1,\n",
+        "  SMOE_ERR_ARGUMENT = -1,\n",
+        "  SMOE_ERR_NOT_FOUND = -2,\n",
+        "  SMOE_ERR_IO = -3,\n",
+        "  SMOE_ERR_FORMAT = -4,\n",
+        "  SMOE_ERR_NO_MEMORY = -5,\n",
+        "  SMOE_ERR_RING_FULL = -6,\n",
+        "  SMOE_ERR_STALE = -7,\n",
+        "  SMOE_ERR_UNSUPPORTED = -8,\n",
+        "  SMOE_ERR_INTERNAL = -99,\n",
+        "} smoe_status;\n",
+        "\nuint32_t smoe_abi_version(void);\n",
+        "\nconst char *smoe_status_str(smoe_status st);\n",
+        "\nconst char *smoe_last_error(void);\n",
+        "#include <stdbool.h>\n",
+        "#include <stdint.h>\n",
+        "#include <stddef.h>\n",
+        "#ifndef SMOE_H\n",
+        "extern \"C\" {\n",
+    ];
+    for line in expected {
+        assert!(header.contains(line), "include/smoe.h lacks {line:?}");
+    }
+    // Returned strings are never NULL: Swift must see non-optional results.
+    let header = committed();
+    assert!(header.contains("const char *SMOE_NONNULL smoe_status_str(smoe_status st);"));
+    assert!(header.contains("const char *SMOE_NONNULL smoe_last_error(void);"));
+}
