@@ -20,6 +20,8 @@
 mod error;
 #[cfg(not(loom))]
 pub mod ffi;
+pub(crate) mod queue;
+pub mod router;
 pub mod streamer;
 mod sync;
 pub mod sys;
@@ -29,5 +31,9 @@ pub use error::{Error, ErrorKind, Result};
 #[cfg(not(loom))]
 pub use streamer::{Claim, Config, Priority, SlotInfo, Stats, Streamer};
 pub use sys::DirectIo;
-pub(crate) mod queue;
-pub mod router;
+
+/// Internals re-exported for the benchmarks only; not part of the API.
+#[doc(hidden)]
+pub mod __bench {
+    pub use crate::queue::Queue;
+}

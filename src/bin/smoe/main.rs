@@ -12,11 +12,13 @@
 //! This binary only drives the library; the format rules live in
 //! `smoe::vault`.
 
+mod bench;
 mod demo;
 mod inspect;
 mod output;
 mod progress;
 mod reader;
+mod stream;
 mod synth;
 mod verify;
 
@@ -52,8 +54,11 @@ enum Command {
     },
     /// Write a synthetic vault with deterministic payloads.
     Synth(synth::SynthArgs),
-    /// Write a ~1 GB synthetic vault, read it back, check every byte, report GB/s.
+    /// Write a ~1 GB synthetic vault and stream synthetic tokens through it;
+    /// report coverage, GB/s and the wait per token.
     Demo(demo::DemoArgs),
+    /// Stream an existing vault: a synthetic decode, or a cold scan of every blob.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +68,7 @@ fn main() -> ExitCode {
         Command::Verify { vault } => verify::run(&vault),
         Command::Synth(args) => synth::run(&args),
         Command::Demo(args) => demo::run(&args),
+        Command::Bench(args) => bench::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -21,3 +21,19 @@ pub fn bytes_bar(total: u64, label: &str) -> ProgressBar {
     bar.set_prefix(label.to_owned());
     bar
 }
+
+/// A bar counting `total` items (tokens) labelled `label`, hidden unless
+/// stderr is a terminal.
+pub fn count_bar(total: u64, label: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    if let Ok(style) =
+        ProgressStyle::with_template("{prefix:>8} [{bar:40}] {pos}/{len} {per_sec} eta {eta}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(label.to_owned());
+    bar
+}

@@ -1,0 +1,150 @@
+//! `smoe bench VAULT`: streams an existing vault through the library and
+//! prints what it measured, as text or one JSON object (`--json`), for the
+//! scripts under `scripts/`.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use smoe::DirectIo;
+
+use crate::output::{gb_per_s, human_bytes, out, Failure};
+use crate::stream::{decode, scan, DecodeOptions};
+
+/// What to stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// Synthetic decode: top-k experts per layer per token.
+    Decode,
+    /// Every blob once, in file order (cold throughput).
+    Scan,
+}
+
+/// The direct-I/O policy, as on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Direct {
+    /// Direct I/O where the filesystem allows, else buffered with a warning.
+    Auto,
+    /// Direct I/O or fail.
+    Require,
+    /// Buffered I/O.
+    Off,
+}
+
+/// Arguments of `smoe bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// The vault directory or its experts.smoe.
+    pub vault: PathBuf,
+    /// Decode or scan.
+    #[arg(long, value_enum, default_value_t = Mode::Decode)]
+    pub mode: Mode,
+    /// Tokens to decode.
+    #[arg(long, default_value_t = 64)]
+    pub tokens: u32,
+    /// Ring slots (0 = the library's choice).
+    #[arg(long, default_value_t = 0)]
+    pub ring_slots: u32,
+    /// I/O workers (0 = 16).
+    #[arg(long, default_value_t = 0)]
+    pub workers: u32,
+    /// Direct-I/O policy.
+    #[arg(long, value_enum, default_value_t = Direct::Auto)]
+    pub direct: Direct,
+    /// Active experts per layer per token.
+    #[arg(long, default_value_t = 8)]
+    pub top_k: u32,
+    /// Probability of keeping each of the previous token's experts.
+    #[arg(long, default_value_t = 0.45)]
+    pub keep: f64,
+    /// Payload seed of a synthetic vault: check every streamed byte.
+    #[arg(long)]
+    pub check_seed: Option<u64>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `smoe bench`.
+pub fn run(args: &BenchArgs) -> Result<(), Failure> {
+    let direct_io = match args.direct {
+        Direct::Auto => DirectIo::Auto,
+        Direct::Require => DirectIo::Require,
+        Direct::Off => DirectIo::Off,
+    };
+    match args.mode {
+        Mode::Scan => {
+            let r = scan(&args.vault, args.ring_slots, args.workers, direct_io)?;
+            if args.json {
+                out(&format!(
+                    "{{\"mode\":\"scan\",\"bytes_read\":{},\"seconds\":{:.6},\"gb_per_s\":{:.4},\"workers\":{},\"ring_slots\":{},\"slot_bytes\":{},\"direct_io\":{}}}\n",
+                    r.bytes_read,
+                    r.seconds,
+                    r.bytes_read as f64 / r.seconds / 1e9,
+                    r.stats.workers,
+                    r.stats.ring_slots,
+                    r.stats.slot_bytes,
+                    r.stats.direct_io
+                ))
+            } else {
+                out(&format!(
+                    "scan: {} in {:.2} s = {} with {} workers, {} ({} slots of {})\n",
+                    human_bytes(r.bytes_read),
+                    r.seconds,
+                    gb_per_s(r.bytes_read, r.seconds),
+                    r.stats.workers,
+                    if r.stats.direct_io == 1 {
+                        "direct I/O"
+                    } else {
+                        "buffered I/O"
+                    },
+                    r.stats.ring_slots,
+                    human_bytes(r.stats.slot_bytes)
+                ))
+            }
+        }
+        Mode::Decode => {
+            let opts = DecodeOptions {
+                tokens: args.tokens,
+                ring_slots: args.ring_slots,
+                workers: args.workers,
+                direct_io,
+                top_k: args.top_k,
+                keep: args.keep,
+                router_seed: 42,
+                speculate: true,
+                payload_seed: args.check_seed,
+            };
+            let r = decode(&args.vault, &opts, &mut |_| {})?;
+            let st = &r.stats;
+            let (mean, p99) = r.wait_mean_p99();
+            let coverage = st.hits as f64 / st.claims.max(1) as f64;
+            if args.json {
+                out(&format!(
+                    "{{\"mode\":\"decode\",\"tokens\":{},\"claims\":{},\"hits\":{},\"coverage\":{coverage:.4},\"bytes_read\":{},\"seconds\":{:.6},\"gb_per_s\":{:.4},\"wait_mean_ms\":{:.3},\"wait_p99_ms\":{:.3},\"ring_slots\":{},\"direct_io\":{}}}\n",
+                    r.tokens,
+                    st.claims,
+                    st.hits,
+                    st.bytes_read,
+                    r.seconds,
+                    st.bytes_read as f64 / r.seconds / 1e9,
+                    mean.as_secs_f64() * 1e3,
+                    p99.as_secs_f64() * 1e3,
+                    st.ring_slots,
+                    st.direct_io
+                ))
+            } else {
+                out(&format!(
+                    "decode: {} tokens, coverage {:.1}%, read {} in {:.2} s = {}, wait per token mean {:.2} ms p99 {:.2} ms ({} slots)\n",
+                    r.tokens,
+                    coverage * 100.0,
+                    human_bytes(st.bytes_read),
+                    r.seconds,
+                    gb_per_s(st.bytes_read, r.seconds),
+                    mean.as_secs_f64() * 1e3,
+                    p99.as_secs_f64() * 1e3,
+                    st.ring_slots
+                ))
+            }
+        }
+    }
+}

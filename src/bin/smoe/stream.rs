@@ -1,0 +1,214 @@
+//! Streaming through the library: the decode loop of the demo and of
+//! `smoe bench`, and the cold sequential scan that `scripts/bench-io.sh`
+//! compares with fio.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use smoe::router::{RouterConfig, SyntheticRouter};
+use smoe::vault::synth::first_mismatch;
+use smoe::{Config, DirectIo, Priority, Stats, Streamer};
+
+use crate::output::Failure;
+
+/// How to run a synthetic decode.
+#[derive(Clone, Debug)]
+pub struct DecodeOptions {
+    /// Tokens to decode.
+    pub tokens: u32,
+    /// Ring slots (0 = the library's choice).
+    pub ring_slots: u32,
+    /// I/O workers (0 = the library's default).
+    pub workers: u32,
+    /// Direct-I/O policy.
+    pub direct_io: DirectIo,
+    /// Active experts per layer per token.
+    pub top_k: u32,
+    /// Probability that the router keeps each of the previous token's experts.
+    pub keep: f64,
+    /// Router seed.
+    pub router_seed: u64,
+    /// Speculatively prefetch the next layer's previous-token experts.
+    pub speculate: bool,
+    /// When the vault is synthetic: its payload seed, to check every byte.
+    pub payload_seed: Option<u64>,
+}
+
+/// What a decode measured.
+#[derive(Clone, Debug)]
+pub struct DecodeReport {
+    /// Tokens decoded.
+    pub tokens: u32,
+    /// MoE layers per token.
+    pub layers: u32,
+    /// Wall time of the decode loop.
+    pub seconds: f64,
+    /// Per token: time spent inside `claim_wait`.
+    pub waits: Vec<Duration>,
+    /// The streamer's counters at the end.
+    pub stats: Stats,
+    /// Bytes whose payload was checked against the generator.
+    pub bytes_checked: u64,
+    /// Open-time warnings of the streamer.
+    pub warnings: Vec<String>,
+}
+
+impl DecodeReport {
+    /// Mean and 99th-percentile wait per token.
+    pub fn wait_mean_p99(&self) -> (Duration, Duration) {
+        if self.waits.is_empty() {
+            return (Duration::ZERO, Duration::ZERO);
+        }
+        let mut w = self.waits.clone();
+        w.sort_unstable();
+        let mean = w.iter().sum::<Duration>() / w.len() as u32;
+        let p99 = w[((w.len() * 99).div_ceil(100)).saturating_sub(1)];
+        (mean, p99)
+    }
+}
+
+/// Decodes `opts.tokens` tokens of synthetic routing through a streamer on
+/// `vault`: per layer, demand-prefetch the routed experts, optionally bet on
+/// the next layer, claim each (waiting), check its bytes, release.
+pub fn decode(
+    vault: &Path,
+    opts: &DecodeOptions,
+    on_token: &mut dyn FnMut(u32),
+) -> Result<DecodeReport, Failure> {
+    let s = Streamer::open(
+        vault,
+        Config {
+            ring_slots: opts.ring_slots,
+            workers: opts.workers,
+            direct_io: opts.direct_io,
+            ..Config::default()
+        },
+    )?;
+    let v = s.vault();
+    let layers: Vec<u32> = (0..v.n_layers())
+        .filter(|&l| (0..v.n_experts()).any(|e| v.entry(l, e).is_some()))
+        .collect();
+    let n_layers = layers.len() as u32;
+    let mut router = SyntheticRouter::new(RouterConfig {
+        layers,
+        n_experts: v.n_experts(),
+        top_k: opts.top_k,
+        keep: opts.keep,
+        zipf: 1.0,
+        seed: opts.router_seed,
+    })?;
+    let mut previous: Vec<(u32, Vec<u32>)> = Vec::new();
+    let mut waits = Vec::with_capacity(opts.tokens as usize);
+    let mut bytes_checked = 0u64;
+    let start = Instant::now();
+    for t in 0..opts.tokens {
+        let token = router.next_token();
+        let mut wait = Duration::ZERO;
+        for (i, (layer, experts)) in token.iter().enumerate() {
+            for &e in experts {
+                s.prefetch(*layer, e, Priority::Demand)?;
+            }
+            if opts.speculate {
+                if let Some((next_layer, guess)) = previous.get(i + 1) {
+                    for &e in guess {
+                        // A full ring only costs the bet.
+                        let _ = s.prefetch(*next_layer, e, Priority::Speculative);
+                    }
+                }
+            }
+            for &e in experts {
+                let t0 = Instant::now();
+                let claim = s
+                    .claim_wait(*layer, e, Duration::from_secs(30))?
+                    .ok_or_else(|| {
+                        Failure::Message(format!("layer {layer} expert {e}: not read within 30 s"))
+                    })?;
+                wait += t0.elapsed();
+                if let Some(seed) = opts.payload_seed {
+                    if let Some(at) = first_mismatch(seed, *layer, e, &claim) {
+                        return Err(Failure::Message(format!(
+                            "layer {layer} expert {e}: streamed byte at offset {at} is wrong"
+                        )));
+                    }
+                    bytes_checked += claim.len() as u64;
+                }
+            }
+        }
+        previous = token;
+        waits.push(wait);
+        on_token(t);
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(DecodeReport {
+        tokens: opts.tokens,
+        layers: n_layers,
+        seconds,
+        waits,
+        stats: s.stats(),
+        bytes_checked,
+        warnings: s.warnings().to_vec(),
+    })
+}
+
+/// What a cold scan measured.
+#[derive(Clone, Debug)]
+pub struct ScanReport {
+    /// Bytes the workers read.
+    pub bytes_read: u64,
+    /// Wall time from the first prefetch to the last release.
+    pub seconds: f64,
+    /// The streamer's counters at the end.
+    pub stats: Stats,
+}
+
+/// Streams every blob once, in file order, keeping `2 × workers` reads in
+/// flight: the library's cold-read throughput on this drive.
+pub fn scan(
+    vault: &Path,
+    ring_slots: u32,
+    workers: u32,
+    direct_io: DirectIo,
+) -> Result<ScanReport, Failure> {
+    let s = Streamer::open(
+        vault,
+        Config {
+            ring_slots,
+            workers,
+            direct_io,
+            ..Config::default()
+        },
+    )?;
+    let mut order: Vec<(u64, u32, u32)> = s
+        .vault()
+        .entries()
+        .iter()
+        .map(|e| (e.offset, e.layer, e.expert))
+        .collect();
+    order.sort_unstable();
+    let window = (s.stats().workers as usize * 2)
+        .min(s.stats().ring_slots as usize / 2)
+        .max(1);
+    let start = Instant::now();
+    for (i, &(_, l, e)) in order.iter().enumerate() {
+        if i == 0 {
+            for &(_, l2, e2) in order.iter().take(window) {
+                s.prefetch(l2, e2, Priority::Demand)?;
+            }
+        } else if let Some(&(_, l2, e2)) = order.get(i + window - 1) {
+            s.prefetch(l2, e2, Priority::Demand)?;
+        }
+        let c = s
+            .claim_wait(l, e, Duration::from_secs(30))?
+            .ok_or_else(|| {
+                Failure::Message(format!("layer {l} expert {e}: not read within 30 s"))
+            })?;
+        std::hint::black_box(c.first());
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let stats = s.stats();
+    Ok(ScanReport {
+        bytes_read: stats.bytes_read,
+        seconds,
+        stats,
+    })
+}
