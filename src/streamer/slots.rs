@@ -885,6 +885,53 @@ mod loom_tests {
     }
 
     #[test]
+    fn promotion_races_the_worker_and_reads_once() {
+        loom::model(|| {
+            let m = Model::new(2, 2);
+            assert!(matches!(
+                m.table.prefetch(1, false),
+                Prefetched::Queued { .. }
+            ));
+            let m2 = m.clone();
+            // A waiting claim promotes the speculative read to demand...
+            let claimer = thread::spawn(move || m2.table.claim(1));
+            // ...while a worker may already be taking it.
+            let m3 = m.clone();
+            let worker = thread::spawn(move || m3.work());
+            let first = claimer.join().unwrap();
+            let mut reads = usize::from(worker.join().unwrap());
+            while m.work() {
+                reads += 1;
+            }
+            assert_eq!(reads, 1, "one read, whichever queue it came from");
+            if let Claimed::Ready { ticket, .. } = first {
+                m.table.release(ticket).unwrap();
+            }
+            assert!(m.claim_check_release(1));
+        });
+    }
+
+    #[test]
+    fn failed_read_is_reported_exactly_once() {
+        loom::model(|| {
+            let m = Model::new(1, 2);
+            m.table.prefetch(0, true);
+            let job = m.table.next_job().unwrap();
+            let m2 = m.clone();
+            let claimer = thread::spawn(move || [m2.table.claim(0), m2.table.claim(0)]);
+            m.table.finish_failed(job);
+            let answers = claimer.join().unwrap();
+            let third = m.table.claim(0);
+            let failed = answers
+                .iter()
+                .chain(std::iter::once(&third))
+                .filter(|c| **c == Claimed::Failed)
+                .count();
+            assert_eq!(failed, 1, "{answers:?} then {third:?}");
+        });
+    }
+
+    #[test]
     fn release_races_claim_of_the_same_slot() {
         loom::model(|| {
             let m = Model::new(1, 2);
