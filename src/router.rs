@@ -33,7 +33,7 @@ impl Rng {
     }
     /// A uniform integer in 0..n (n > 0).
     pub fn below(&mut self, n: u32) -> u32 {
-        ((self.next_u64() >> 32) * u64::from(n) >> 32) as u32
+        (((self.next_u64() >> 32) * u64::from(n)) >> 32) as u32
     }
 }
 

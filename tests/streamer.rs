@@ -262,7 +262,7 @@ fn failing_region_reports_io_once_and_the_rest_stays_readable() {
     let s = Streamer::open(
         &v.file,
         Config {
-            fail_reads: vec![bad.offset + 100..bad.offset + 200],
+            fail_reads: std::iter::once(bad.offset + 100..bad.offset + 200).collect(),
             ..config(8)
         },
     )

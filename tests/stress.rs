@@ -54,7 +54,7 @@ fn run(threads: u64, ops: u64, slots: u32, direct: DirectIo) -> u64 {
             .map(|t| {
                 let (s, v) = (&s, &v);
                 scope.spawn(move || {
-                    let mut rng = Rng(0x9e37_79b9 ^ (t + 1) * 0x1234_5678_9abc);
+                    let mut rng = Rng(0x9e37_79b9 ^ ((t + 1) * 0x1234_5678_9abc));
                     let mut held = Vec::new();
                     let mut verified = 0u64;
                     for _ in 0..ops {

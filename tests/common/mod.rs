@@ -29,7 +29,7 @@ pub fn vault_in(
         n_experts: experts,
         blob_bytes,
         dense_layers: dense.to_vec(),
-        seed: 0x5eed ^ u64::from(layers) << 8 ^ u64::from(experts),
+        seed: 0x5eed ^ (u64::from(layers) << 8) ^ u64::from(experts),
         top_k: 2,
     };
     let file = spec.write(dir.path(), &mut |_| {}).unwrap();
