@@ -81,6 +81,177 @@ typedef enum smoe_status {
   SMOE_ERR_INTERNAL = -99,
 } smoe_status;
 
+/**
+ * An open streamer (opaque). Made by `smoe_open`, freed by `smoe_close`;
+ * used by `smoe_prefetch`, `smoe_claim`, `smoe_claim_wait`, `smoe_release`,
+ * `smoe_prewarm_pause`, `smoe_flush_stats`, `smoe_get_stats`,
+ * `smoe_ring_region`, `smoe_expert_info` and `smoe_vault_metadata`.
+ */
+typedef struct smoe_streamer smoe_streamer;
+
+/**
+ * Streamer settings for `smoe_open`. Initialize with `smoe_config_init`,
+ * then change fields; a `NULL` config means all defaults.
+ */
+typedef struct smoe_config {
+  /**
+   * `sizeof(smoe_config)`; `smoe_config_init` sets it.
+   */
+  uint32_t struct_size;
+  /**
+   * Number of slots; 0 = auto.
+   */
+  uint32_t ring_slots;
+  /**
+   * Slot size in MiB; 0 = the largest padded blob.
+   */
+  uint32_t slot_mb;
+  /**
+   * I/O worker threads, 1..=64; 0 = 16.
+   */
+  uint32_t workers;
+  /**
+   * 0 auto (fall back to buffered, with a warning), 1 require, 2 off.
+   */
+  uint32_t direct_io;
+  /**
+   * 1 on (default), 0 off. Pre-warm is not implemented yet (see README):
+   * the value is checked and otherwise ignored.
+   */
+  uint32_t prewarm;
+  /**
+   * Pre-warm budget in slots; 0 = slots − max(128, slots/4).
+   */
+  uint32_t prewarm_slots;
+  /**
+   * 1 = check each blob's xxh3 after reading; default 0.
+   */
+  uint32_t verify;
+  /**
+   * Bytes of dense weights the engine keeps resident; `UINT64_MAX` = size
+   * of the vault's `scout.*` files (default).
+   */
+  uint64_t scout_bytes;
+  /**
+   * Memory the engine needs besides the ring and the scout; 0 = 2 GiB.
+   */
+  uint64_t engine_overhead_bytes;
+  /**
+   * Histogram file: `NULL` = `<vault>/expert_freq.bin`; `""` = do not
+   * persist. Any bytes (a path); read during `smoe_open` only.
+   */
+  const char *SMOE_NULLABLE freq_path;
+} smoe_config;
+
+/**
+ * A claimed expert, filled by `smoe_claim`/`smoe_claim_wait`; pass it to
+ * `smoe_release` once.
+ */
+typedef struct smoe_slot {
+  /**
+   * The payload, 16 KB aligned; valid until this ticket is released.
+   */
+  const uint8_t *SMOE_NULLABLE data;
+  /**
+   * Payload bytes.
+   */
+  uint64_t size;
+  /**
+   * Pass to `smoe_release` (through this struct).
+   */
+  uint64_t ticket;
+  /**
+   * `data == ring base + slot_index × slot_bytes`.
+   */
+  uint32_t slot_index;
+  /**
+   * Layer id.
+   */
+  uint32_t layer;
+  /**
+   * Expert id.
+   */
+  uint32_t expert;
+  /**
+   * No demand read was needed: data retained from an earlier claim, or
+   * brought in by speculation or pre-warm.
+   */
+  bool hit;
+} smoe_slot;
+
+/**
+ * Counters and sizes, filled by `smoe_get_stats`. Set `struct_size` to
+ * `sizeof(smoe_stats)` before the call; new fields are only ever added at
+ * the end.
+ */
+typedef struct smoe_stats {
+  /**
+   * Set by the caller to `sizeof(smoe_stats)`; on success the library
+   * sets it to the bytes it wrote (the smaller of the two sizes).
+   */
+  uint32_t struct_size;
+  /**
+   * OK claims.
+   */
+  uint64_t claims;
+  /**
+   * OK claims with `hit` true; hits/claims is the ring's coverage.
+   */
+  uint64_t hits;
+  /**
+   * Claims answered `SMOE_PENDING`.
+   */
+  uint64_t pending;
+  /**
+   * Bytes read from the vault.
+   */
+  uint64_t bytes_read;
+  /**
+   * Reads done for demand.
+   */
+  uint64_t reads_demand;
+  /**
+   * Reads done for speculation.
+   */
+  uint64_t reads_speculative;
+  /**
+   * Reads done for pre-warm.
+   */
+  uint64_t reads_prewarm;
+  /**
+   * Loads that replaced another expert.
+   */
+  uint64_t evictions;
+  /**
+   * Failed or short reads.
+   */
+  uint64_t io_errors;
+  /**
+   * Blobs that failed their checksum (verify on).
+   */
+  uint64_t checksum_errors;
+  /**
+   * Slots holding an expert.
+   */
+  uint64_t resident;
+  /**
+   * Slots in the ring.
+   */
+  uint64_t ring_slots;
+  /**
+   * Bytes per slot.
+   */
+  uint64_t slot_bytes;
+  /**
+   * I/O worker threads.
+   */
+  uint64_t workers;
+  /**
+   * 1 if every worker descriptor does direct I/O.
+   */
+  uint64_t direct_io;
+} smoe_stats;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -126,6 +297,242 @@ const char *SMOE_NONNULL smoe_status_str(smoe_status st);
  * use it after the next call into this module on the same thread.
  */
 const char *SMOE_NONNULL smoe_last_error(void);
+
+/**
+ * Fills `*cfg` with every default and sets `cfg->struct_size` to
+ * `sizeof(smoe_config)`: `ring_slots` 0 (auto), `slot_mb` 0, `workers` 0
+ * (16), `direct_io` 0 (auto), `prewarm` 1, `prewarm_slots` 0, `verify` 0,
+ * `scout_bytes` `UINT64_MAX`, `engine_overhead_bytes` 0 (2 GiB),
+ * `freq_path` NULL.
+ *
+ * # Returns
+ * Nothing. A NULL `cfg` is a no-op that records "cfg is NULL" for
+ * `smoe_last_error()`.
+ *
+ * # Safety
+ * `cfg` is either NULL or valid for writing one `smoe_config`.
+ */
+void smoe_config_init(struct smoe_config *SMOE_NULLABLE cfg);
+
+/**
+ * Opens the vault at `vault_path` (its directory or its `experts.smoe`),
+ * allocates the ring and starts the I/O workers.
+ *
+ * `cfg` follows the extensible-struct rule: `struct_size` smaller than the
+ * v1 `smoe_config` or larger than 4096 is an error; bytes past the struct
+ * this library knows must be zero. A NULL `cfg` means all defaults.
+ *
+ * # Returns
+ * - `SMOE_OK`: `*out` holds a new streamer; free it with `smoe_close`.
+ * - `SMOE_ERR_ARGUMENT`: `vault_path` or `out` is NULL, a bad
+ *   `cfg->struct_size`, a field out of range (`direct_io` not 0..=2,
+ *   `prewarm` or `verify` not 0/1, `workers` over 64, a `slot_mb` smaller
+ *   than a blob); the message names the field and its value.
+ * - `SMOE_ERR_IO`: the vault could not be opened or read.
+ * - `SMOE_ERR_FORMAT`: the vault is invalid.
+ * - `SMOE_ERR_NO_MEMORY`: the ring could not be allocated.
+ * - `SMOE_ERR_UNSUPPORTED`: `direct_io` is 1 (require) and the filesystem
+ *   refuses direct I/O.
+ * - `SMOE_ERR_INTERNAL`: a bug (a caught panic), or a worker could not start.
+ *
+ * On any error `*out` is not written.
+ *
+ * # Safety
+ * `vault_path` is either NULL or a valid NUL-terminated string (any bytes:
+ * it is a path). `cfg` is either NULL or valid for reading
+ * `cfg->struct_size` bytes, and its `freq_path` is NULL or a valid
+ * NUL-terminated string; both are only read during the call. `out` is
+ * either NULL or valid for writing one pointer.
+ */
+enum smoe_status smoe_open(const char *SMOE_NULLABLE vault_path, const struct smoe_config *SMOE_NULLABLE cfg, struct smoe_streamer *SMOE_NULLABLE *SMOE_NULLABLE out);
+
+/**
+ * Stops the I/O workers (waiting for reads in flight), frees the ring and
+ * the streamer. Every `data` pointer, ticket and `smoe_vault_metadata`
+ * string of this streamer is invalid afterwards.
+ *
+ * # Returns
+ * Nothing. A NULL `s` is a no-op.
+ *
+ * # Safety
+ * `s` is either NULL or a pointer returned by `smoe_open` and not yet
+ * closed, and no other call on it is running or will be made.
+ */
+void smoe_close(struct smoe_streamer *SMOE_NULLABLE s);
+
+/**
+ * Makes sure (`layer`, `expert`) is resident or on its way: queues its read
+ * (demand, or speculative if `speculative`) into a free or least recently
+ * used idle slot. Never waits for I/O; an expert already resident or in
+ * flight costs no read and no second slot.
+ *
+ * # Returns
+ * - `SMOE_OK`: resident, in flight, or queued now.
+ * - `SMOE_ERR_ARGUMENT`: `s` is NULL.
+ * - `SMOE_ERR_NOT_FOUND`: (`layer`, `expert`) is not in the vault.
+ * - `SMOE_ERR_RING_FULL`: every slot is claimed or loading.
+ * - `SMOE_ERR_INTERNAL`: a bug (a caught panic, here or in a worker).
+ *
+ * # Safety
+ * `s` is either NULL or a pointer returned by `smoe_open` and not yet closed.
+ */
+enum smoe_status smoe_prefetch(struct smoe_streamer *SMOE_NULLABLE s, uint32_t layer, uint32_t expert, bool speculative);
+
+/**
+ * Claims (`layer`, `expert`) if its data is in the ring. Never blocks: if
+ * it is not, queues a demand read (unless one is in flight) and answers
+ * `SMOE_PENDING`, so a polling loop always ends. Release an OK claim once
+ * with `smoe_release`.
+ *
+ * # Returns
+ * - `SMOE_OK`: `*out` describes the claimed slot.
+ * - `SMOE_PENDING`: not resident yet, its read is queued; `*out` untouched.
+ * - `SMOE_ERR_ARGUMENT`: `s` or `out` is NULL, or the expert already holds
+ *   the most unreleased claims a slot can count.
+ * - `SMOE_ERR_NOT_FOUND`: (`layer`, `expert`) is not in the vault.
+ * - `SMOE_ERR_IO` / `SMOE_ERR_FORMAT`: its last read failed / failed its
+ *   checksum (reported once; a later prefetch or claim retries).
+ * - `SMOE_ERR_RING_FULL`: not resident and every slot is claimed or loading.
+ * - `SMOE_ERR_INTERNAL`: a bug (a caught panic, here or in a worker).
+ *
+ * Only `SMOE_OK` writes `*out`.
+ *
+ * # Safety
+ * `s` is either NULL or a pointer returned by `smoe_open` and not yet
+ * closed; `out` is either NULL or valid for writing one `smoe_slot`.
+ */
+enum smoe_status smoe_claim(struct smoe_streamer *SMOE_NULLABLE s, uint32_t layer, uint32_t expert, struct smoe_slot *SMOE_NULLABLE out);
+
+/**
+ * `smoe_claim`, waiting up to `timeout_ns` nanoseconds for the read: it
+ * spins briefly, then yields, then sleeps in short steps.
+ *
+ * # Returns
+ * As `smoe_claim`; `SMOE_PENDING` when the timeout passes first (a
+ * `timeout_ns` of 0 tries exactly once). Only `SMOE_OK` writes `*out`.
+ *
+ * # Safety
+ * `s` is either NULL or a pointer returned by `smoe_open` and not yet
+ * closed; `out` is either NULL or valid for writing one `smoe_slot`.
+ */
+enum smoe_status smoe_claim_wait(struct smoe_streamer *SMOE_NULLABLE s, uint32_t layer, uint32_t expert, uint64_t timeout_ns, struct smoe_slot *SMOE_NULLABLE out);
+
+/**
+ * Releases the claim `slot` describes (by its `ticket`): after this its
+ * `data` may be overwritten. The slot keeps its data for later claims until
+ * it is evicted.
+ *
+ * # Returns
+ * - `SMOE_OK`: released.
+ * - `SMOE_ERR_ARGUMENT`: `s` or `slot` is NULL.
+ * - `SMOE_ERR_STALE`: the ticket is not held (never claimed, already
+ *   released, or its slot was evicted and reloaded); nothing changes.
+ * - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
+ *
+ * # Safety
+ * `s` is either NULL or a pointer returned by `smoe_open` and not yet
+ * closed; `slot` is either NULL or valid for reading one `smoe_slot`.
+ */
+enum smoe_status smoe_release(struct smoe_streamer *SMOE_NULLABLE s, const struct smoe_slot *SMOE_NULLABLE slot);
+
+/**
+ * Tells the pre-warm thread the engine is `busy` (stop issuing reads) or
+ * idle. Pre-warm is not implemented yet (see README): this does nothing.
+ *
+ * # Returns
+ * Nothing. A NULL `s` is a no-op that records "s is NULL" for
+ * `smoe_last_error()`.
+ *
+ * # Safety
+ * `s` is either NULL or a pointer returned by `smoe_open` and not yet closed.
+ */
+void smoe_prewarm_pause(struct smoe_streamer *SMOE_NULLABLE s, bool busy);
+
+/**
+ * Persists the claim histogram now. The histogram is not implemented yet
+ * (see README): this only checks `s`.
+ *
+ * # Returns
+ * - `SMOE_OK`: done (nothing to persist yet).
+ * - `SMOE_ERR_ARGUMENT`: `s` is NULL.
+ * - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
+ *
+ * # Safety
+ * `s` is either NULL or a pointer returned by `smoe_open` and not yet closed.
+ */
+enum smoe_status smoe_flush_stats(struct smoe_streamer *SMOE_NULLABLE s);
+
+/**
+ * Fills `*out` with the streamer's counters and sizes. The caller sets
+ * `out->struct_size` to `sizeof(smoe_stats)`; the library writes
+ * min(`out->struct_size`, its own `sizeof(smoe_stats)`) bytes, never more,
+ * and sets `out->struct_size` to that count. Counters are read one by one
+ * (each exact, not a snapshot of all at one instant).
+ *
+ * # Returns
+ * - `SMOE_OK`: written.
+ * - `SMOE_ERR_ARGUMENT`: `s` or `out` is NULL, or `out->struct_size` is
+ *   smaller than the v1 `smoe_stats`; nothing is written.
+ * - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
+ *
+ * # Safety
+ * `s` is either NULL or a pointer returned by `smoe_open` and not yet
+ * closed; `out` is either NULL or valid for reading its `struct_size` field
+ * and for writing `out->struct_size` bytes.
+ */
+enum smoe_status smoe_get_stats(const struct smoe_streamer *SMOE_NULLABLE s, struct smoe_stats *SMOE_NULLABLE out);
+
+/**
+ * The ring, for registering it once with a GPU API: its base (16384-byte
+ * aligned), its total bytes, and the bytes per slot (slot `i` starts at
+ * `base + i × slot_bytes`). Valid until `smoe_close`.
+ *
+ * # Returns
+ * - `SMOE_OK`: `*base`, `*bytes` and `*slot_bytes` written.
+ * - `SMOE_ERR_ARGUMENT`: `s`, `base`, `bytes` or `slot_bytes` is NULL (all
+ *   three out-params are required); nothing is written.
+ * - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
+ *
+ * # Safety
+ * `s` is either NULL or a pointer returned by `smoe_open` and not yet
+ * closed; each of `base`, `bytes`, `slot_bytes` is either NULL or valid for
+ * writing its type.
+ */
+enum smoe_status smoe_ring_region(const struct smoe_streamer *SMOE_NULLABLE s, void *SMOE_NULLABLE *SMOE_NULLABLE base, uint64_t *SMOE_NULLABLE bytes, uint64_t *SMOE_NULLABLE slot_bytes);
+
+/**
+ * Where (`layer`, `expert`) lives in the vault: its payload `size`, its
+ * `padded_size` (the bytes a read covers) and its byte `offset` in
+ * `experts.smoe`.
+ *
+ * # Returns
+ * - `SMOE_OK`: `*size`, `*padded_size` and `*offset` written.
+ * - `SMOE_ERR_ARGUMENT`: `s`, `size`, `padded_size` or `offset` is NULL
+ *   (all three out-params are required); nothing is written.
+ * - `SMOE_ERR_NOT_FOUND`: (`layer`, `expert`) is not in the vault.
+ * - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
+ *
+ * # Safety
+ * `s` is either NULL or a pointer returned by `smoe_open` and not yet
+ * closed; each of `size`, `padded_size`, `offset` is either NULL or valid
+ * for writing a `uint64_t`.
+ */
+enum smoe_status smoe_expert_info(const struct smoe_streamer *SMOE_NULLABLE s, uint32_t layer, uint32_t expert, uint64_t *SMOE_NULLABLE size, uint64_t *SMOE_NULLABLE padded_size, uint64_t *SMOE_NULLABLE offset);
+
+/**
+ * The vault's metadata: a JSON object, as written by the converter.
+ *
+ * # Returns
+ * A NUL-terminated string, never NULL, owned by the streamer: `""` if the
+ * vault has no metadata, or if `s` is NULL (which also records "s is NULL"
+ * for `smoe_last_error()`). It stays valid until `smoe_close(s)`.
+ *
+ * # Safety
+ * `s` is either NULL or a pointer returned by `smoe_open` and not yet
+ * closed. From Rust the `'static` lifetime is a lie: the reference must not
+ * be used after `smoe_close(s)`.
+ */
+const char *SMOE_NONNULL smoe_vault_metadata(const struct smoe_streamer *SMOE_NULLABLE s);
 
 #ifdef __cplusplus
 }  // extern "C"

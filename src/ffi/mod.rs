@@ -62,6 +62,12 @@ use std::ptr::NonNull;
 
 use crate::{Error, ErrorKind};
 
+mod api;
+mod types;
+
+pub use api::*;
+pub use types::{smoe_config, smoe_slot, smoe_stats, smoe_streamer};
+
 /// The version of the C ABI this library implements. Compare it with
 /// `smoe_abi_version()` at run time to detect a header/library mismatch.
 pub const SMOE_ABI_VERSION: u32 = 1;
@@ -169,7 +175,6 @@ thread_local! {
 }
 
 /// Records `err`'s message as this thread's last error.
-#[allow(dead_code)] // used by exports added with the full API
 pub(crate) fn set_last_error(err: &Error) {
     set_last_error_message(err.message());
 }
@@ -188,7 +193,7 @@ fn set_last_error_message(message: &str) {
 }
 
 /// Forgets this thread's last error, so `smoe_last_error()` reads "".
-#[allow(dead_code)] // used by exports added with the full API
+#[allow(dead_code)] // boundary toolkit; no export needs it yet
 pub(crate) fn clear_last_error() {
     let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = None);
 }
@@ -260,7 +265,6 @@ pub(crate) fn ffi_guard<R: PanicValue>(function: &'static str, body: impl FnOnce
 /// Runs `body`, the whole body of the status-returning export `function`:
 /// `Ok(status)` is returned as is, `Err(e)` records `e`'s message and returns
 /// its kind's status, a panic becomes `SMOE_ERR_INTERNAL` (see [`ffi_guard`]).
-#[allow(dead_code)] // used by exports added with the full API
 pub(crate) fn ffi_status(
     function: &'static str,
     body: impl FnOnce() -> Result<smoe_status, Error>,
@@ -270,7 +274,6 @@ pub(crate) fn ffi_status(
 
 /// Converts a core result to a status: `Ok` is `SMOE_OK`; an error is stored
 /// for `smoe_last_error()` and mapped by its kind.
-#[allow(dead_code)] // used by exports added with the full API
 pub(crate) fn status_of<T>(result: Result<T, Error>) -> smoe_status
 where
     T: Into<StatusOnOk>,
@@ -286,7 +289,6 @@ where
 
 /// The status a successful result stands for: `()` is `SMOE_OK`, a status is
 /// itself (so a body can answer `SMOE_PENDING`).
-#[allow(dead_code)] // used by exports added with the full API
 pub(crate) struct StatusOnOk(smoe_status);
 
 impl From<()> for StatusOnOk {
@@ -323,7 +325,7 @@ fn null_argument(parameter: &str) -> Error {
 
 /// `value`, or an argument error naming `parameter` if it is `None` (for
 /// exports that take a nullable borrow as `Option<&T>`).
-#[allow(dead_code)] // used by exports added with the full API
+#[allow(dead_code)] // boundary toolkit; no export needs it yet
 pub(crate) fn required<T>(value: Option<T>, parameter: &str) -> Result<T, Error> {
     value.ok_or_else(|| null_argument(parameter))
 }
@@ -332,7 +334,6 @@ pub(crate) fn required<T>(value: Option<T>, parameter: &str) -> Result<T, Error>
 ///
 /// # Safety
 /// `ptr` is either NULL or satisfies the requirements of `&*ptr` for `'a`.
-#[allow(dead_code)] // used by exports added with the full API
 pub(crate) unsafe fn try_ref<'a, T>(ptr: *const T, parameter: &str) -> Result<&'a T, Error> {
     // SAFETY: the caller guarantees a non-NULL `ptr` is valid for `&'a T`.
     unsafe { ptr.as_ref() }.ok_or_else(|| null_argument(parameter))
@@ -343,7 +344,7 @@ pub(crate) unsafe fn try_ref<'a, T>(ptr: *const T, parameter: &str) -> Result<&'
 ///
 /// # Safety
 /// `ptr` is either NULL or satisfies the requirements of `&mut *ptr` for `'a`.
-#[allow(dead_code)] // used by exports added with the full API
+#[allow(dead_code)] // boundary toolkit; no export needs it yet
 pub(crate) unsafe fn try_mut<'a, T>(ptr: *mut T, parameter: &str) -> Result<&'a mut T, Error> {
     // SAFETY: the caller guarantees a non-NULL `ptr` is valid for `&'a mut T`.
     unsafe { ptr.as_mut() }.ok_or_else(|| null_argument(parameter))
@@ -352,7 +353,6 @@ pub(crate) unsafe fn try_mut<'a, T>(ptr: *mut T, parameter: &str) -> Result<&'a 
 /// Checks an out-parameter for NULL without reading or borrowing it (its
 /// memory may be uninitialized): write the result with `ptr.as_ptr().write`,
 /// only on success.
-#[allow(dead_code)] // used by exports added with the full API
 pub(crate) fn try_out<T>(ptr: *mut T, parameter: &str) -> Result<NonNull<T>, Error> {
     NonNull::new(ptr).ok_or_else(|| null_argument(parameter))
 }
@@ -362,7 +362,6 @@ pub(crate) fn try_out<T>(ptr: *mut T, parameter: &str) -> Result<NonNull<T>, Err
 /// # Safety
 /// `ptr` is either NULL or a valid NUL-terminated string that outlives `'a`
 /// and is not written to during it.
-#[allow(dead_code)] // used by exports added with the full API
 pub(crate) unsafe fn try_c_str<'a>(ptr: *const c_char, parameter: &str) -> Result<&'a CStr, Error> {
     if ptr.is_null() {
         return Err(null_argument(parameter));

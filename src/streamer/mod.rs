@@ -29,6 +29,7 @@ mod imp {
     use super::ring::{Ring, RING_ALIGN};
     use super::slots::{Claimed, Prefetched, SlotTable};
     use super::worker;
+    use crate::budget::RingPlan;
     use crate::error::{Error, ErrorKind, Result};
     use crate::sys::DirectIo;
     use crate::vault::{Entry, Vault};
@@ -37,9 +38,6 @@ mod imp {
     pub const DEFAULT_WORKERS: u32 = 16;
     /// Most I/O workers a streamer runs.
     pub const MAX_WORKERS: u32 = 64;
-    /// Ring size used when `ring_slots` is 0, until auto-sizing (SPEC §2.1)
-    /// lands: 1 GiB of slots, clamped to 64..=4096 and to the entry count.
-    pub const PROVISIONAL_RING_BYTES: u64 = 1 << 30;
 
     /// How urgently an expert is wanted.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,7 +51,9 @@ mod imp {
     /// Streamer settings (C `smoe_config`).
     #[derive(Clone, Debug)]
     pub struct Config {
-        /// Number of slots; 0 chooses a size (see [`PROVISIONAL_RING_BYTES`]).
+        /// Number of slots; 0 sizes the ring from the memory the OS can spare
+        /// (SPEC §2.1, [`crate::budget::plan_ring`]). Never more than the
+        /// vault's entries.
         pub ring_slots: u32,
         /// Slot size in MiB; 0 = the largest padded blob.
         pub slot_mb: u32,
@@ -174,6 +174,7 @@ mod imp {
         workers: u32,
         direct_all: bool,
         warnings: Vec<String>,
+        plan: RingPlan,
     }
 
     /// One claim's view of a slot (also what the C API's `smoe_slot` holds).
@@ -267,12 +268,16 @@ mod imp {
                     )))
                 }
             };
-            let slot_bytes = slot_bytes(&vault, config.slot_mb)?;
-            let n_entries = vault.entries().len() as u32;
-            let slots = match config.ring_slots {
-                0 => ((PROVISIONAL_RING_BYTES / slot_bytes).clamp(64, 4096) as u32).min(n_entries),
-                n => n,
-            };
+            let plan = crate::budget::plan_for(
+                &vault,
+                &crate::budget::BudgetConfig {
+                    ring_slots: config.ring_slots,
+                    slot_mb: config.slot_mb,
+                    scout_bytes: config.scout_bytes,
+                    engine_overhead_bytes: config.engine_overhead_bytes,
+                },
+            )?;
+            let (slots, slot_bytes) = (plan.slots, plan.slot_bytes);
             let ring = Ring::new(slots, slot_bytes)?;
             let ids = vault.header().expert_ids() as u32;
             let mut warnings = Vec::new();
@@ -359,12 +364,19 @@ mod imp {
                 workers,
                 direct_all,
                 warnings,
+                plan,
             })
         }
 
         /// The vault being streamed.
         pub fn vault(&self) -> &Vault {
             &self.shared.vault
+        }
+
+        /// How the ring was sized: every input, intermediate value and
+        /// where each came from.
+        pub fn plan(&self) -> &RingPlan {
+            &self.plan
         }
 
         /// Warnings recorded at open (e.g. the fallback to buffered I/O).
@@ -612,23 +624,6 @@ mod imp {
                 shared.table.slots()
             ),
         )
-    }
-
-    /// The slot size: the largest padded blob rounded up to 16384, or the
-    /// override, which every blob must fit.
-    fn slot_bytes(vault: &Vault, slot_mb: u32) -> Result<u64> {
-        let largest = vault.max_padded_size().next_multiple_of(RING_ALIGN as u64);
-        if slot_mb == 0 {
-            return Ok(largest);
-        }
-        let bytes = u64::from(slot_mb) << 20;
-        if let Some(e) = vault.entries().iter().find(|e| e.padded_size > bytes) {
-            return Err(Error::argument(format!(
-                "slot_mb {slot_mb} ({bytes} bytes) is smaller than the blob of layer {} expert {} ({} padded bytes)",
-                e.layer, e.expert, e.padded_size
-            )));
-        }
-        Ok(bytes)
     }
 
     fn stop(shared: &Shared, threads: &mut Vec<JoinHandle<()>>) {

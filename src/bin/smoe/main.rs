@@ -4,6 +4,9 @@
 //! - `smoe verify VAULT`: reads every blob (direct I/O where the filesystem
 //!   allows) and checks its checksum and zero padding.
 //! - `smoe synth DIR ...`: writes a synthetic vault.
+//! - `smoe budget VAULT [--json]`: how the ring would be sized on this
+//!   machine (SPEC §2.1), with every input, intermediate value and source.
+//! - `smoe bench VAULT`: streams a vault (synthetic decode or cold scan).
 //! - `smoe demo`: writes a ~1 GB synthetic vault, reads it back, checks every
 //!   byte and reports the throughput.
 //!
@@ -13,6 +16,7 @@
 //! `smoe::vault`.
 
 mod bench;
+mod budget;
 mod demo;
 mod inspect;
 mod output;
@@ -59,6 +63,9 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Stream an existing vault: a synthetic decode, or a cold scan of every blob.
     Bench(bench::BenchArgs),
+    /// Show how the ring would be sized on this machine (SPEC §2.1): every
+    /// input, intermediate value and source.
+    Budget(budget::BudgetArgs),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +76,7 @@ fn main() -> ExitCode {
         Command::Synth(args) => synth::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Budget(args) => budget::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

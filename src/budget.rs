@@ -1,0 +1,480 @@
+//! Ring sizing (SPEC §2.1): how many slots, of what size, when the caller
+//! leaves `ring_slots` at 0.
+//!
+//! The sizing is [`plan_ring`], a pure function of a [`MemorySnapshot`], the
+//! [`VaultShape`] and a [`BudgetConfig`]; fixed snapshots test it, and
+//! `smoe budget` prints it. Its [`RingPlan`] keeps every input, every
+//! intermediate value and where each input came from, so a person can see
+//! why the ring has the size it has. [`plan_for`] is the only part that
+//! touches the OS: it probes memory and lists the vault's `scout.*` files.
+//!
+//! This module must never allocate the ring or read a blob; it only decides
+//! sizes. All arithmetic saturates or is checked: any input, however odd,
+//! gives a plan or an [`Error`], never a panic or a wrapped value.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::sys::MemorySnapshot;
+use crate::vault::Vault;
+
+/// Engine memory besides the ring and the scout when the config says 0.
+pub const DEFAULT_ENGINE_OVERHEAD_BYTES: u64 = 2 << 30;
+/// The floor (memory left to the rest of the system) is at least this.
+pub const MIN_FLOOR_BYTES: u64 = 4 << 30;
+/// Fewest slots the automatic sizing gives (before the cap at the entry count).
+pub const MIN_AUTO_SLOTS: u32 = 64;
+/// Most slots the automatic sizing gives.
+pub const MAX_AUTO_SLOTS: u32 = 4096;
+/// Slot sizes are multiples of this (the ring's alignment, 16 KiB).
+pub const SLOT_ALIGN: u64 = 16384;
+
+/// The largest blob of a vault: the one that decides the slot size, named
+/// in the error when an overridden slot is too small for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LargestBlob {
+    /// Layer id.
+    pub layer: u32,
+    /// Expert id within the layer.
+    pub expert: u32,
+    /// Its padded size: the bytes a read covers, so the bytes a slot must hold.
+    pub padded_size: u64,
+}
+
+/// What the sizing needs to know about a vault, and nothing else.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VaultShape {
+    /// The blob with the largest `padded_size` (the first in (layer, expert)
+    /// order on a tie); `None` for a vault without blobs.
+    pub largest_blob: Option<LargestBlob>,
+    /// Number of blobs: the ring never has more slots than this.
+    pub n_entries: u32,
+    /// Total bytes of the vault's `scout.*` files.
+    pub scout_bytes: u64,
+    /// The vault directory, to say where `scout_bytes` came from.
+    pub dir: PathBuf,
+}
+
+impl VaultShape {
+    /// The shape of an opened vault. Lists the vault directory for its
+    /// `scout.*` files ([`Vault::scout_bytes`]); reads no blob.
+    pub fn of(vault: &Vault) -> VaultShape {
+        // `max_by_key` keeps the last maximum; reversing keeps the first.
+        let largest_blob = vault
+            .entries()
+            .iter()
+            .rev()
+            .max_by_key(|e| e.padded_size)
+            .map(|e| LargestBlob {
+                layer: e.layer,
+                expert: e.expert,
+                padded_size: e.padded_size,
+            });
+        VaultShape {
+            largest_blob,
+            n_entries: u32::try_from(vault.entries().len()).unwrap_or(u32::MAX),
+            scout_bytes: vault.scout_bytes(),
+            dir: vault.dir().to_path_buf(),
+        }
+    }
+
+    /// The largest `padded_size` of any blob, 0 without blobs.
+    pub fn max_padded_size(&self) -> u64 {
+        self.largest_blob.map_or(0, |b| b.padded_size)
+    }
+}
+
+/// The caller's say in the sizing (the `smoe_config` fields of SPEC §3 that
+/// §2.1 reads). Zero (or `None`) in a field means "choose for me".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BudgetConfig {
+    /// Number of slots; 0 = size from memory (SPEC §2.1). Either way there are
+    /// never more slots than entries.
+    pub ring_slots: u32,
+    /// Slot size in MiB; 0 = the largest padded blob rounded up to
+    /// [`SLOT_ALIGN`]. Every blob must fit an overridden slot.
+    pub slot_mb: u32,
+    /// Bytes of dense weights the engine keeps resident; `None` = the total
+    /// size of the vault's `scout.*` files.
+    pub scout_bytes: Option<u64>,
+    /// Memory the engine needs besides the ring and the scout; 0 =
+    /// [`DEFAULT_ENGINE_OVERHEAD_BYTES`].
+    pub engine_overhead_bytes: u64,
+}
+
+/// Which bound, if any, changed the slot count (the last one that did, in
+/// the order SPEC §2.1 applies them: 64..=4096, then the entry count).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotClamp {
+    /// The count is what the budget (or `ring_slots`) gave.
+    None,
+    /// Raised to [`MIN_AUTO_SLOTS`].
+    Min,
+    /// Lowered to [`MAX_AUTO_SLOTS`].
+    Max,
+    /// Lowered to the number of entries.
+    Entries,
+}
+
+impl fmt::Display for SlotClamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SlotClamp::None => "none",
+            SlotClamp::Min => "raised to the minimum of 64",
+            SlotClamp::Max => "lowered to the maximum of 4096",
+            SlotClamp::Entries => "capped at the entry count",
+        })
+    }
+}
+
+/// Where each input of a [`RingPlan`] came from, in words.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanSources {
+    /// Of `avail_bytes`, e.g. "/proc/meminfo MemAvailable" or
+    /// "cgroup v2 memory.max − memory.current in /sys/fs/cgroup/app".
+    pub avail: String,
+    /// Of `ram_bytes`, e.g. "/proc/meminfo MemTotal" or "sysctl hw.memsize".
+    pub ram: String,
+    /// Of `scout_bytes`: `"scout.* files in <dir>"` or `"config"`.
+    pub scout: String,
+    /// Of `engine_overhead_bytes`: "default 2 GiB" or "config".
+    pub overhead: String,
+    /// Of `slot_bytes`: "largest padded blob (layer L expert E, N bytes)
+    /// rounded up to 16384" or "config slot_mb".
+    pub slot: String,
+    /// Of `slots`: "auto" or "config ring_slots", plus the clamp when one
+    /// applied ("auto, raised to the minimum of 64").
+    pub slots: String,
+}
+
+/// The ring size SPEC §2.1 gives, with every input and intermediate value.
+///
+/// The memory figures are computed even when `ring_slots` overrides the
+/// count, so a person can compare the two.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RingPlan {
+    /// Memory available before pressure (the snapshot's).
+    pub avail_bytes: u64,
+    /// Physical memory, or the cgroup limit if lower (the snapshot's).
+    pub ram_bytes: u64,
+    /// Resident dense weights the ring must leave room for.
+    pub scout_bytes: u64,
+    /// Engine memory besides the ring and the scout.
+    pub engine_overhead_bytes: u64,
+    /// Memory left to everything else: `max(ram / 8, 4 GiB)`.
+    pub floor_bytes: u64,
+    /// `avail − scout − overhead − floor`, saturating at 0.
+    pub subtractive_budget_bytes: u64,
+    /// `avail / 4`, the least the ring is given however tight memory is.
+    pub quarter_avail_bytes: u64,
+    /// The ring's byte budget (SPEC §2.1's `bytes`):
+    /// `max(subtractive_budget_bytes, quarter_avail_bytes)`.
+    pub budget_bytes: u64,
+    /// Bytes per slot, a multiple of [`SLOT_ALIGN`] that every blob fits.
+    pub slot_bytes: u64,
+    /// `budget_bytes / slot_bytes`, before any clamp.
+    pub budget_slots: u64,
+    /// The slot count: the automatic or the configured one, clamped.
+    pub slots: u32,
+    /// Number of blobs in the vault.
+    pub n_entries: u32,
+    /// Which bound changed the slot count, if any.
+    pub clamp: SlotClamp,
+    /// `slots × slot_bytes`: the memory the ring will take.
+    pub ring_bytes: u64,
+    /// Where each input came from.
+    pub sources: PlanSources,
+}
+
+/// Sizes the ring (SPEC §2.1) from fixed inputs; touches nothing outside.
+///
+/// ```text
+/// floor  = max(ram / 8, 4 GiB)
+/// budget = avail − scout − overhead − floor      (saturating at 0)
+/// bytes  = max(budget, avail / 4)
+/// slots  = clamp(bytes / slot_bytes, 64, 4096), then min(slots, n_entries)
+/// ```
+///
+/// With `config.ring_slots` set, `slots` is that number, still capped at
+/// `n_entries`. `slot_bytes` is the largest padded blob rounded up to
+/// [`SLOT_ALIGN`], or `config.slot_mb` MiB.
+///
+/// # Errors
+///
+/// [`ErrorKind::Argument`] when `slot_mb` is smaller than the largest blob
+/// (the message names the blob), or when the vault has no blobs.
+pub fn plan_ring(
+    snapshot: &MemorySnapshot,
+    vault: &VaultShape,
+    config: &BudgetConfig,
+) -> Result<RingPlan> {
+    let largest = match vault.largest_blob {
+        Some(blob) if vault.n_entries > 0 => blob,
+        _ => {
+            return Err(Error::argument(
+                "the vault has no expert blobs, so there is no ring to size",
+            ))
+        }
+    };
+    let (slot_bytes, slot_source) = slot_size(&largest, config.slot_mb)?;
+
+    let (scout_bytes, scout_source) = match config.scout_bytes {
+        Some(bytes) => (bytes, "config".to_owned()),
+        None => (
+            vault.scout_bytes,
+            format!("scout.* files in {}", vault.dir.display()),
+        ),
+    };
+    let (engine_overhead_bytes, overhead_source) = match config.engine_overhead_bytes {
+        0 => (DEFAULT_ENGINE_OVERHEAD_BYTES, "default 2 GiB"),
+        bytes => (bytes, "config"),
+    };
+
+    let avail_bytes = snapshot.avail_bytes;
+    let ram_bytes = snapshot.ram_bytes;
+    let floor_bytes = (ram_bytes / 8).max(MIN_FLOOR_BYTES);
+    let subtractive_budget_bytes = avail_bytes
+        .saturating_sub(scout_bytes)
+        .saturating_sub(engine_overhead_bytes)
+        .saturating_sub(floor_bytes);
+    let quarter_avail_bytes = avail_bytes / 4;
+    let budget_bytes = subtractive_budget_bytes.max(quarter_avail_bytes);
+    // `slot_bytes >= SLOT_ALIGN > 0` (see `slot_size`).
+    let budget_slots = budget_bytes / slot_bytes;
+
+    let (wanted, mut clamp, slots_source) = match config.ring_slots {
+        0 => {
+            let clamped = budget_slots.clamp(u64::from(MIN_AUTO_SLOTS), u64::from(MAX_AUTO_SLOTS));
+            let clamp = if budget_slots < u64::from(MIN_AUTO_SLOTS) {
+                SlotClamp::Min
+            } else if budget_slots > u64::from(MAX_AUTO_SLOTS) {
+                SlotClamp::Max
+            } else {
+                SlotClamp::None
+            };
+            // `clamped <= MAX_AUTO_SLOTS`, so it fits a u32.
+            (clamped as u32, clamp, "auto")
+        }
+        n => (n, SlotClamp::None, "config ring_slots"),
+    };
+    let slots = wanted.min(vault.n_entries);
+    if slots < wanted {
+        clamp = SlotClamp::Entries;
+    }
+    let slots_source = match clamp {
+        SlotClamp::None => slots_source.to_owned(),
+        SlotClamp::Entries => format!("{slots_source}, capped at the {} entries", vault.n_entries),
+        other => format!("{slots_source}, {other}"),
+    };
+
+    Ok(RingPlan {
+        avail_bytes,
+        ram_bytes,
+        scout_bytes,
+        engine_overhead_bytes,
+        floor_bytes,
+        subtractive_budget_bytes,
+        quarter_avail_bytes,
+        budget_bytes,
+        slot_bytes,
+        budget_slots,
+        slots,
+        n_entries: vault.n_entries,
+        clamp,
+        ring_bytes: u64::from(slots).saturating_mul(slot_bytes),
+        sources: PlanSources {
+            avail: snapshot.avail_source.clone(),
+            ram: snapshot.ram_source.clone(),
+            scout: scout_source,
+            overhead: overhead_source.to_owned(),
+            slot: slot_source,
+            slots: slots_source,
+        },
+    })
+}
+
+/// The slot size and where it came from. Always a non-zero multiple of
+/// [`SLOT_ALIGN`].
+fn slot_size(largest: &LargestBlob, slot_mb: u32) -> Result<(u64, String)> {
+    let LargestBlob {
+        layer,
+        expert,
+        padded_size,
+    } = *largest;
+    if slot_mb == 0 {
+        let bytes = padded_size
+            .checked_next_multiple_of(SLOT_ALIGN)
+            .ok_or_else(|| {
+                Error::argument(format!(
+                    "the blob of layer {layer} expert {expert} ({padded_size} padded bytes) is too large for a slot"
+                ))
+            })?
+            .max(SLOT_ALIGN);
+        let source = format!(
+            "largest padded blob (layer {layer} expert {expert}, {padded_size} bytes) rounded up to {SLOT_ALIGN}"
+        );
+        return Ok((bytes, source));
+    }
+    // A u32 shifted by 20 fits a u64; a whole MiB is a multiple of SLOT_ALIGN.
+    let bytes = u64::from(slot_mb) << 20;
+    if padded_size > bytes {
+        return Err(Error::argument(format!(
+            "slot_mb {slot_mb} ({bytes} bytes) is smaller than the blob of layer {layer} expert {expert} ({padded_size} padded bytes)"
+        )));
+    }
+    Ok((bytes, "config slot_mb".to_owned()))
+}
+
+/// Probes this machine's memory ([`crate::sys::memory_snapshot`]) and sizes
+/// the ring for `vault` with [`plan_ring`].
+///
+/// When `config.ring_slots` is set the count does not depend on memory, so a
+/// failed probe is not fatal: the plan then shows 0 for `avail_bytes` and
+/// `ram_bytes` and the probe's error as their source.
+///
+/// # Errors
+///
+/// [`ErrorKind::Io`] when the probe fails and `ring_slots` is 0 (the message
+/// names the file or sysctl); otherwise those of [`plan_ring`].
+pub fn plan_for(vault: &Vault, config: &BudgetConfig) -> Result<RingPlan> {
+    let snapshot = match crate::sys::memory_snapshot() {
+        Ok(snapshot) => snapshot,
+        Err(err) if config.ring_slots != 0 => {
+            let source = format!("not probed ({err})");
+            MemorySnapshot {
+                avail_bytes: 0,
+                ram_bytes: 0,
+                avail_source: source.clone(),
+                ram_source: source,
+            }
+        }
+        Err(err) => {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!("cannot size the ring: the memory probe failed: {err}"),
+            ))
+        }
+    };
+    plan_ring(&snapshot, &VaultShape::of(vault), config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+    const MIB: u64 = 1 << 20;
+
+    fn snapshot(avail_bytes: u64, ram_bytes: u64) -> MemorySnapshot {
+        MemorySnapshot {
+            avail_bytes,
+            ram_bytes,
+            avail_source: "test avail".to_owned(),
+            ram_source: "test ram".to_owned(),
+        }
+    }
+
+    fn shape(padded_size: u64, n_entries: u32, scout_bytes: u64) -> VaultShape {
+        VaultShape {
+            largest_blob: Some(LargestBlob {
+                layer: 3,
+                expert: 17,
+                padded_size,
+            }),
+            n_entries,
+            scout_bytes,
+            dir: PathBuf::from("/vaults/test"),
+        }
+    }
+
+    #[test]
+    fn formula_by_hand() {
+        // ram 64 GiB: floor 8 GiB; 40 − 6 − 2 − 8 = 24 GiB > 10 GiB (avail/4).
+        let plan = plan_ring(
+            &snapshot(40 * GIB, 64 * GIB),
+            &shape(8 * MIB + 1, 100_000, 6 * GIB),
+            &BudgetConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(plan.floor_bytes, 8 * GIB);
+        assert_eq!(plan.subtractive_budget_bytes, 24 * GIB);
+        assert_eq!(plan.quarter_avail_bytes, 10 * GIB);
+        assert_eq!(plan.budget_bytes, 24 * GIB);
+        assert_eq!(plan.slot_bytes, 8 * MIB + SLOT_ALIGN);
+        assert_eq!(plan.budget_slots, 24 * GIB / (8 * MIB + SLOT_ALIGN));
+        assert_eq!(u64::from(plan.slots), plan.budget_slots);
+        assert_eq!(plan.clamp, SlotClamp::None);
+        assert_eq!(plan.ring_bytes, u64::from(plan.slots) * plan.slot_bytes);
+        assert_eq!(plan.sources.slots, "auto");
+        assert_eq!(plan.sources.overhead, "default 2 GiB");
+        assert_eq!(plan.sources.scout, "scout.* files in /vaults/test");
+        assert_eq!(
+            plan.sources.slot,
+            "largest padded blob (layer 3 expert 17, 8388609 bytes) rounded up to 16384"
+        );
+    }
+
+    #[test]
+    fn extreme_inputs_do_not_overflow() {
+        for avail in [0, 1, u64::MAX / 2, u64::MAX] {
+            for ram in [0, u64::MAX] {
+                for padded in [0, 1, u64::MAX - SLOT_ALIGN] {
+                    let config = BudgetConfig {
+                        scout_bytes: Some(u64::MAX),
+                        engine_overhead_bytes: u64::MAX,
+                        ..BudgetConfig::default()
+                    };
+                    let plan =
+                        plan_ring(&snapshot(avail, ram), &shape(padded, u32::MAX, 0), &config)
+                            .unwrap();
+                    assert!(plan.slot_bytes >= SLOT_ALIGN);
+                    assert!((MIN_AUTO_SLOTS..=MAX_AUTO_SLOTS).contains(&plan.slots));
+                }
+            }
+        }
+        let err = plan_ring(
+            &snapshot(GIB, GIB),
+            &shape(u64::MAX, 1, 0),
+            &BudgetConfig::default(),
+        )
+        .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Argument);
+        assert!(err.message().contains("layer 3 expert 17"), "{err}");
+    }
+
+    #[test]
+    fn empty_vault_is_an_argument_error() {
+        let mut empty = shape(MIB, 0, 0);
+        for largest in [None, empty.largest_blob] {
+            empty.largest_blob = largest;
+            let err = plan_ring(&snapshot(GIB, GIB), &empty, &BudgetConfig::default()).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Argument);
+        }
+    }
+
+    #[test]
+    fn plan_for_probes_this_machine() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = crate::vault::synth::SynthSpec {
+            n_layers: 2,
+            n_experts: 3,
+            blob_bytes: 20 * 1024,
+            dense_layers: vec![],
+            seed: 1,
+            top_k: 2,
+        };
+        spec.write(dir.path(), &mut |_| {}).unwrap();
+        std::fs::write(dir.path().join("scout.gguf"), [0u8; 1000]).unwrap();
+        let vault = Vault::open(dir.path()).unwrap();
+        let plan = plan_for(&vault, &BudgetConfig::default()).unwrap();
+        assert_eq!(plan.scout_bytes, 1000);
+        assert_eq!(plan.n_entries, 6);
+        assert_eq!(plan.slots, 6);
+        assert_eq!(
+            plan.slot_bytes,
+            vault.max_padded_size().next_multiple_of(SLOT_ALIGN)
+        );
+        assert!(plan.ram_bytes > 0 && !plan.sources.avail.is_empty());
+    }
+}

@@ -1,0 +1,440 @@
+//! The streamer's exports (SPEC §3), in the order the spec lists them. Each
+//! converts its arguments, calls the core, and converts the result; see the
+//! parent module for the boundary rules every one of them follows.
+
+use std::ffi::{c_char, c_void, OsStr};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::ptr::NonNull;
+use std::time::Duration;
+
+use super::types::{smoe_config, smoe_slot, smoe_stats, smoe_streamer};
+use super::{
+    empty_c_str, ffi_guard, ffi_status, null_argument, set_last_error, smoe_status, try_c_str,
+    try_out, try_ref,
+};
+use crate::{Config, Priority, Streamer};
+
+/// Fills `*cfg` with every default and sets `cfg->struct_size` to
+/// `sizeof(smoe_config)`: `ring_slots` 0 (auto), `slot_mb` 0, `workers` 0
+/// (16), `direct_io` 0 (auto), `prewarm` 1, `prewarm_slots` 0, `verify` 0,
+/// `scout_bytes` `UINT64_MAX`, `engine_overhead_bytes` 0 (2 GiB),
+/// `freq_path` NULL.
+///
+/// # Returns
+/// Nothing. A NULL `cfg` is a no-op that records "cfg is NULL" for
+/// `smoe_last_error()`.
+///
+/// # Safety
+/// `cfg` is either NULL or valid for writing one `smoe_config`.
+#[no_mangle]
+pub unsafe extern "C" fn smoe_config_init(cfg: *mut smoe_config) {
+    ffi_guard("smoe_config_init", || match NonNull::new(cfg) {
+        // SAFETY: non-NULL, and the caller guarantees it is writable.
+        Some(cfg) => unsafe { cfg.as_ptr().write(smoe_config::defaults()) },
+        None => set_last_error(&null_argument("cfg")),
+    })
+}
+
+/// Opens the vault at `vault_path` (its directory or its `experts.smoe`),
+/// allocates the ring and starts the I/O workers.
+///
+/// `cfg` follows the extensible-struct rule: `struct_size` smaller than the
+/// v1 `smoe_config` or larger than 4096 is an error; bytes past the struct
+/// this library knows must be zero. A NULL `cfg` means all defaults.
+///
+/// # Returns
+/// - `SMOE_OK`: `*out` holds a new streamer; free it with `smoe_close`.
+/// - `SMOE_ERR_ARGUMENT`: `vault_path` or `out` is NULL, a bad
+///   `cfg->struct_size`, a field out of range (`direct_io` not 0..=2,
+///   `prewarm` or `verify` not 0/1, `workers` over 64, a `slot_mb` smaller
+///   than a blob); the message names the field and its value.
+/// - `SMOE_ERR_IO`: the vault could not be opened or read.
+/// - `SMOE_ERR_FORMAT`: the vault is invalid.
+/// - `SMOE_ERR_NO_MEMORY`: the ring could not be allocated.
+/// - `SMOE_ERR_UNSUPPORTED`: `direct_io` is 1 (require) and the filesystem
+///   refuses direct I/O.
+/// - `SMOE_ERR_INTERNAL`: a bug (a caught panic), or a worker could not start.
+///
+/// On any error `*out` is not written.
+///
+/// # Safety
+/// `vault_path` is either NULL or a valid NUL-terminated string (any bytes:
+/// it is a path). `cfg` is either NULL or valid for reading
+/// `cfg->struct_size` bytes, and its `freq_path` is NULL or a valid
+/// NUL-terminated string; both are only read during the call. `out` is
+/// either NULL or valid for writing one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn smoe_open(
+    vault_path: *const c_char,
+    cfg: *const smoe_config,
+    out: *mut *mut smoe_streamer,
+) -> smoe_status {
+    ffi_status("smoe_open", || {
+        // SAFETY: the caller guarantees `vault_path` is NULL or a C string.
+        let path = unsafe { try_c_str(vault_path, "vault_path") }?;
+        let out = try_out(out, "out")?;
+        let config = match NonNull::new(cfg.cast_mut()) {
+            None => Config::default(),
+            // SAFETY: non-NULL, and the caller guarantees `struct_size`
+            // readable bytes and a valid `freq_path`.
+            Some(cfg) => unsafe { smoe_config::read(cfg) }?,
+        };
+        let streamer = Streamer::open(Path::new(OsStr::from_bytes(path.to_bytes())), config)?;
+        let handle = Box::into_raw(Box::new(smoe_streamer::new(streamer)));
+        // SAFETY: non-NULL, and the caller guarantees it is writable.
+        unsafe { out.as_ptr().write(handle) };
+        Ok(smoe_status::SMOE_OK)
+    })
+}
+
+/// Stops the I/O workers (waiting for reads in flight), frees the ring and
+/// the streamer. Every `data` pointer, ticket and `smoe_vault_metadata`
+/// string of this streamer is invalid afterwards.
+///
+/// # Returns
+/// Nothing. A NULL `s` is a no-op.
+///
+/// # Safety
+/// `s` is either NULL or a pointer returned by `smoe_open` and not yet
+/// closed, and no other call on it is running or will be made.
+#[no_mangle]
+pub unsafe extern "C" fn smoe_close(s: *mut smoe_streamer) {
+    ffi_guard("smoe_close", || {
+        if !s.is_null() {
+            // SAFETY: `s` came from `Box::into_raw(Box<smoe_streamer>)` in
+            // `smoe_open` (the caller guarantees it), is freed only here, and
+            // nothing else uses it any more.
+            drop(unsafe { Box::from_raw(s) });
+        }
+    })
+}
+
+/// Makes sure (`layer`, `expert`) is resident or on its way: queues its read
+/// (demand, or speculative if `speculative`) into a free or least recently
+/// used idle slot. Never waits for I/O; an expert already resident or in
+/// flight costs no read and no second slot.
+///
+/// # Returns
+/// - `SMOE_OK`: resident, in flight, or queued now.
+/// - `SMOE_ERR_ARGUMENT`: `s` is NULL.
+/// - `SMOE_ERR_NOT_FOUND`: (`layer`, `expert`) is not in the vault.
+/// - `SMOE_ERR_RING_FULL`: every slot is claimed or loading.
+/// - `SMOE_ERR_INTERNAL`: a bug (a caught panic, here or in a worker).
+///
+/// # Safety
+/// `s` is either NULL or a pointer returned by `smoe_open` and not yet closed.
+#[no_mangle]
+pub unsafe extern "C" fn smoe_prefetch(
+    s: *mut smoe_streamer,
+    layer: u32,
+    expert: u32,
+    speculative: bool,
+) -> smoe_status {
+    ffi_status("smoe_prefetch", || {
+        // SAFETY: the caller guarantees `s` is NULL or a live streamer.
+        let s = unsafe { try_ref(s.cast_const(), "s") }?;
+        let priority = if speculative {
+            Priority::Speculative
+        } else {
+            Priority::Demand
+        };
+        s.inner.prefetch(layer, expert, priority)?;
+        Ok(smoe_status::SMOE_OK)
+    })
+}
+
+/// Claims (`layer`, `expert`) if its data is in the ring. Never blocks: if
+/// it is not, queues a demand read (unless one is in flight) and answers
+/// `SMOE_PENDING`, so a polling loop always ends. Release an OK claim once
+/// with `smoe_release`.
+///
+/// # Returns
+/// - `SMOE_OK`: `*out` describes the claimed slot.
+/// - `SMOE_PENDING`: not resident yet, its read is queued; `*out` untouched.
+/// - `SMOE_ERR_ARGUMENT`: `s` or `out` is NULL, or the expert already holds
+///   the most unreleased claims a slot can count.
+/// - `SMOE_ERR_NOT_FOUND`: (`layer`, `expert`) is not in the vault.
+/// - `SMOE_ERR_IO` / `SMOE_ERR_FORMAT`: its last read failed / failed its
+///   checksum (reported once; a later prefetch or claim retries).
+/// - `SMOE_ERR_RING_FULL`: not resident and every slot is claimed or loading.
+/// - `SMOE_ERR_INTERNAL`: a bug (a caught panic, here or in a worker).
+///
+/// Only `SMOE_OK` writes `*out`.
+///
+/// # Safety
+/// `s` is either NULL or a pointer returned by `smoe_open` and not yet
+/// closed; `out` is either NULL or valid for writing one `smoe_slot`.
+#[no_mangle]
+pub unsafe extern "C" fn smoe_claim(
+    s: *mut smoe_streamer,
+    layer: u32,
+    expert: u32,
+    out: *mut smoe_slot,
+) -> smoe_status {
+    ffi_status("smoe_claim", || {
+        // SAFETY: the caller guarantees `s` is NULL or a live streamer.
+        let s = unsafe { try_ref(s.cast_const(), "s") }?;
+        let out = try_out(out, "out")?;
+        let claimed = s.inner.claim_ticket(layer, expert)?;
+        // SAFETY: `out` is non-NULL and the caller guarantees it is writable.
+        Ok(unsafe { write_claim(out, claimed) })
+    })
+}
+
+/// `smoe_claim`, waiting up to `timeout_ns` nanoseconds for the read: it
+/// spins briefly, then yields, then sleeps in short steps.
+///
+/// # Returns
+/// As `smoe_claim`; `SMOE_PENDING` when the timeout passes first (a
+/// `timeout_ns` of 0 tries exactly once). Only `SMOE_OK` writes `*out`.
+///
+/// # Safety
+/// `s` is either NULL or a pointer returned by `smoe_open` and not yet
+/// closed; `out` is either NULL or valid for writing one `smoe_slot`.
+#[no_mangle]
+pub unsafe extern "C" fn smoe_claim_wait(
+    s: *mut smoe_streamer,
+    layer: u32,
+    expert: u32,
+    timeout_ns: u64,
+    out: *mut smoe_slot,
+) -> smoe_status {
+    ffi_status("smoe_claim_wait", || {
+        // SAFETY: the caller guarantees `s` is NULL or a live streamer.
+        let s = unsafe { try_ref(s.cast_const(), "s") }?;
+        let out = try_out(out, "out")?;
+        let timeout = Duration::from_nanos(timeout_ns);
+        let claimed = s.inner.claim_wait_ticket(layer, expert, timeout)?;
+        // SAFETY: `out` is non-NULL and the caller guarantees it is writable.
+        Ok(unsafe { write_claim(out, claimed) })
+    })
+}
+
+/// Writes a claim to `out` (OK) or nothing (PENDING).
+///
+/// # Safety
+/// `out` is valid for writing one `smoe_slot`.
+unsafe fn write_claim(out: NonNull<smoe_slot>, claimed: Option<crate::SlotInfo>) -> smoe_status {
+    match claimed {
+        Some(info) => {
+            // SAFETY: guaranteed by this function's caller.
+            unsafe { out.as_ptr().write(info.into()) };
+            smoe_status::SMOE_OK
+        }
+        None => smoe_status::SMOE_PENDING,
+    }
+}
+
+/// Releases the claim `slot` describes (by its `ticket`): after this its
+/// `data` may be overwritten. The slot keeps its data for later claims until
+/// it is evicted.
+///
+/// # Returns
+/// - `SMOE_OK`: released.
+/// - `SMOE_ERR_ARGUMENT`: `s` or `slot` is NULL.
+/// - `SMOE_ERR_STALE`: the ticket is not held (never claimed, already
+///   released, or its slot was evicted and reloaded); nothing changes.
+/// - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
+///
+/// # Safety
+/// `s` is either NULL or a pointer returned by `smoe_open` and not yet
+/// closed; `slot` is either NULL or valid for reading one `smoe_slot`.
+#[no_mangle]
+pub unsafe extern "C" fn smoe_release(
+    s: *mut smoe_streamer,
+    slot: *const smoe_slot,
+) -> smoe_status {
+    ffi_status("smoe_release", || {
+        // SAFETY: the caller guarantees `s` is NULL or a live streamer.
+        let s = unsafe { try_ref(s.cast_const(), "s") }?;
+        // SAFETY: the caller guarantees `slot` is NULL or readable.
+        let slot = unsafe { try_ref(slot, "slot") }?;
+        s.inner.release_ticket(slot.ticket)?;
+        Ok(smoe_status::SMOE_OK)
+    })
+}
+
+/// Tells the pre-warm thread the engine is `busy` (stop issuing reads) or
+/// idle. Pre-warm is not implemented yet (see README): this does nothing.
+///
+/// # Returns
+/// Nothing. A NULL `s` is a no-op that records "s is NULL" for
+/// `smoe_last_error()`.
+///
+/// # Safety
+/// `s` is either NULL or a pointer returned by `smoe_open` and not yet closed.
+#[no_mangle]
+pub unsafe extern "C" fn smoe_prewarm_pause(s: *mut smoe_streamer, busy: bool) {
+    ffi_guard("smoe_prewarm_pause", || {
+        // SAFETY: the caller guarantees `s` is NULL or a live streamer.
+        if let Err(err) = unsafe { try_ref(s.cast_const(), "s") } {
+            set_last_error(&err);
+        }
+        let _ = busy;
+    })
+}
+
+/// Persists the claim histogram now. The histogram is not implemented yet
+/// (see README): this only checks `s`.
+///
+/// # Returns
+/// - `SMOE_OK`: done (nothing to persist yet).
+/// - `SMOE_ERR_ARGUMENT`: `s` is NULL.
+/// - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
+///
+/// # Safety
+/// `s` is either NULL or a pointer returned by `smoe_open` and not yet closed.
+#[no_mangle]
+pub unsafe extern "C" fn smoe_flush_stats(s: *mut smoe_streamer) -> smoe_status {
+    ffi_status("smoe_flush_stats", || {
+        // SAFETY: the caller guarantees `s` is NULL or a live streamer.
+        unsafe { try_ref(s.cast_const(), "s") }?;
+        Ok(smoe_status::SMOE_OK)
+    })
+}
+
+/// Fills `*out` with the streamer's counters and sizes. The caller sets
+/// `out->struct_size` to `sizeof(smoe_stats)`; the library writes
+/// min(`out->struct_size`, its own `sizeof(smoe_stats)`) bytes, never more,
+/// and sets `out->struct_size` to that count. Counters are read one by one
+/// (each exact, not a snapshot of all at one instant).
+///
+/// # Returns
+/// - `SMOE_OK`: written.
+/// - `SMOE_ERR_ARGUMENT`: `s` or `out` is NULL, or `out->struct_size` is
+///   smaller than the v1 `smoe_stats`; nothing is written.
+/// - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
+///
+/// # Safety
+/// `s` is either NULL or a pointer returned by `smoe_open` and not yet
+/// closed; `out` is either NULL or valid for reading its `struct_size` field
+/// and for writing `out->struct_size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn smoe_get_stats(
+    s: *const smoe_streamer,
+    out: *mut smoe_stats,
+) -> smoe_status {
+    ffi_status("smoe_get_stats", || {
+        // SAFETY: the caller guarantees `s` is NULL or a live streamer.
+        let s = unsafe { try_ref(s, "s") }?;
+        let out = try_out(out, "out")?;
+        // SAFETY: non-NULL, and the caller guarantees `struct_size` is
+        // readable and that many bytes writable.
+        unsafe { smoe_stats::write(out, &s.inner.stats()) }?;
+        Ok(smoe_status::SMOE_OK)
+    })
+}
+
+/// The ring, for registering it once with a GPU API: its base (16384-byte
+/// aligned), its total bytes, and the bytes per slot (slot `i` starts at
+/// `base + i × slot_bytes`). Valid until `smoe_close`.
+///
+/// # Returns
+/// - `SMOE_OK`: `*base`, `*bytes` and `*slot_bytes` written.
+/// - `SMOE_ERR_ARGUMENT`: `s`, `base`, `bytes` or `slot_bytes` is NULL (all
+///   three out-params are required); nothing is written.
+/// - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
+///
+/// # Safety
+/// `s` is either NULL or a pointer returned by `smoe_open` and not yet
+/// closed; each of `base`, `bytes`, `slot_bytes` is either NULL or valid for
+/// writing its type.
+#[no_mangle]
+pub unsafe extern "C" fn smoe_ring_region(
+    s: *const smoe_streamer,
+    base: *mut *mut c_void,
+    bytes: *mut u64,
+    slot_bytes: *mut u64,
+) -> smoe_status {
+    ffi_status("smoe_ring_region", || {
+        // SAFETY: the caller guarantees `s` is NULL or a live streamer.
+        let s = unsafe { try_ref(s, "s") }?;
+        let (base, bytes, slot_bytes) = (
+            try_out(base, "base")?,
+            try_out(bytes, "bytes")?,
+            try_out(slot_bytes, "slot_bytes")?,
+        );
+        let (ring, ring_bytes, ring_slot_bytes) = s.inner.ring_region();
+        // SAFETY: all three are non-NULL and the caller guarantees each is
+        // writable.
+        unsafe {
+            base.as_ptr().write(ring.cast_mut().cast::<c_void>());
+            bytes.as_ptr().write(ring_bytes);
+            slot_bytes.as_ptr().write(ring_slot_bytes);
+        }
+        Ok(smoe_status::SMOE_OK)
+    })
+}
+
+/// Where (`layer`, `expert`) lives in the vault: its payload `size`, its
+/// `padded_size` (the bytes a read covers) and its byte `offset` in
+/// `experts.smoe`.
+///
+/// # Returns
+/// - `SMOE_OK`: `*size`, `*padded_size` and `*offset` written.
+/// - `SMOE_ERR_ARGUMENT`: `s`, `size`, `padded_size` or `offset` is NULL
+///   (all three out-params are required); nothing is written.
+/// - `SMOE_ERR_NOT_FOUND`: (`layer`, `expert`) is not in the vault.
+/// - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
+///
+/// # Safety
+/// `s` is either NULL or a pointer returned by `smoe_open` and not yet
+/// closed; each of `size`, `padded_size`, `offset` is either NULL or valid
+/// for writing a `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn smoe_expert_info(
+    s: *const smoe_streamer,
+    layer: u32,
+    expert: u32,
+    size: *mut u64,
+    padded_size: *mut u64,
+    offset: *mut u64,
+) -> smoe_status {
+    ffi_status("smoe_expert_info", || {
+        // SAFETY: the caller guarantees `s` is NULL or a live streamer.
+        let s = unsafe { try_ref(s, "s") }?;
+        let (size, padded_size, offset) = (
+            try_out(size, "size")?,
+            try_out(padded_size, "padded_size")?,
+            try_out(offset, "offset")?,
+        );
+        let entry = s.inner.expert_info(layer, expert)?;
+        // SAFETY: all three are non-NULL and the caller guarantees each is
+        // writable.
+        unsafe {
+            size.as_ptr().write(entry.size);
+            padded_size.as_ptr().write(entry.padded_size);
+            offset.as_ptr().write(entry.offset);
+        }
+        Ok(smoe_status::SMOE_OK)
+    })
+}
+
+/// The vault's metadata: a JSON object, as written by the converter.
+///
+/// # Returns
+/// A NUL-terminated string, never NULL, owned by the streamer: `""` if the
+/// vault has no metadata, or if `s` is NULL (which also records "s is NULL"
+/// for `smoe_last_error()`). It stays valid until `smoe_close(s)`.
+///
+/// # Safety
+/// `s` is either NULL or a pointer returned by `smoe_open` and not yet
+/// closed. From Rust the `'static` lifetime is a lie: the reference must not
+/// be used after `smoe_close(s)`.
+#[no_mangle]
+pub unsafe extern "C" fn smoe_vault_metadata(s: *const smoe_streamer) -> &'static c_char {
+    ffi_guard("smoe_vault_metadata", || {
+        // SAFETY: the caller guarantees `s` is NULL or a live streamer.
+        match unsafe { try_ref(s, "s") } {
+            // SAFETY: `meta` is a `CString` owned by the streamer, never
+            // changed after `smoe_open` and freed only by `smoe_close`; the
+            // caller promises not to use the reference after that.
+            Ok(s) => unsafe { &*s.meta.as_ptr() },
+            Err(err) => {
+                set_last_error(&err);
+                empty_c_str()
+            }
+        }
+    })
+}

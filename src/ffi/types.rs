@@ -1,0 +1,612 @@
+//! The C structs of SPEC §3 and their conversions to and from the core's
+//! types. Nothing here decides anything: defaults come from
+//! [`Config::default`], limits from the core, except the checks that only
+//! exist because C can pass any bit pattern (an enum-like `uint32_t`, a
+//! `struct_size`).
+//!
+//! # Extensible structs
+//!
+//! `smoe_config` and `smoe_stats` start with `uint32_t struct_size` and follow
+//! the Linux kernel's `copy_struct_from_user` rule (as `openat2`/`clone3`
+//! do): a caller built against an older header passes a smaller struct, a
+//! newer one a larger struct. Smaller than v1 is an error; for a config,
+//! bytes past what this library knows must be zero (a newer caller that set a
+//! field this library cannot honour must hear so), and fields past the
+//! caller's size keep their defaults; for stats, only the bytes both sides
+//! know are written.
+
+use std::ffi::{c_char, CStr, CString, OsStr};
+use std::mem::{size_of, MaybeUninit};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::ptr::{self, NonNull};
+
+use crate::{Config, DirectIo, Error, SlotInfo, Stats, Streamer};
+
+/// Streamer settings for `smoe_open`. Initialize with `smoe_config_init`,
+/// then change fields; a `NULL` config means all defaults.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct smoe_config {
+    /// `sizeof(smoe_config)`; `smoe_config_init` sets it.
+    pub struct_size: u32,
+    /// Number of slots; 0 = auto.
+    pub ring_slots: u32,
+    /// Slot size in MiB; 0 = the largest padded blob.
+    pub slot_mb: u32,
+    /// I/O worker threads, 1..=64; 0 = 16.
+    pub workers: u32,
+    /// 0 auto (fall back to buffered, with a warning), 1 require, 2 off.
+    pub direct_io: u32,
+    /// 1 on (default), 0 off. Pre-warm is not implemented yet (see README):
+    /// the value is checked and otherwise ignored.
+    pub prewarm: u32,
+    /// Pre-warm budget in slots; 0 = slots − max(128, slots/4).
+    pub prewarm_slots: u32,
+    /// 1 = check each blob's xxh3 after reading; default 0.
+    pub verify: u32,
+    /// Bytes of dense weights the engine keeps resident; `UINT64_MAX` = size
+    /// of the vault's `scout.*` files (default).
+    pub scout_bytes: u64,
+    /// Memory the engine needs besides the ring and the scout; 0 = 2 GiB.
+    pub engine_overhead_bytes: u64,
+    /// Histogram file: `NULL` = `<vault>/expert_freq.bin`; `""` = do not
+    /// persist. Any bytes (a path); read during `smoe_open` only.
+    pub freq_path: *const c_char,
+}
+
+/// A claimed expert, filled by `smoe_claim`/`smoe_claim_wait`; pass it to
+/// `smoe_release` once.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct smoe_slot {
+    /// The payload, 16 KB aligned; valid until this ticket is released.
+    pub data: *const u8,
+    /// Payload bytes.
+    pub size: u64,
+    /// Pass to `smoe_release` (through this struct).
+    pub ticket: u64,
+    /// `data == ring base + slot_index × slot_bytes`.
+    pub slot_index: u32,
+    /// Layer id.
+    pub layer: u32,
+    /// Expert id.
+    pub expert: u32,
+    /// No demand read was needed: data retained from an earlier claim, or
+    /// brought in by speculation or pre-warm.
+    pub hit: bool,
+}
+
+/// Counters and sizes, filled by `smoe_get_stats`. Set `struct_size` to
+/// `sizeof(smoe_stats)` before the call; new fields are only ever added at
+/// the end.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct smoe_stats {
+    /// Set by the caller to `sizeof(smoe_stats)`; on success the library
+    /// sets it to the bytes it wrote (the smaller of the two sizes).
+    pub struct_size: u32,
+    /// OK claims.
+    pub claims: u64,
+    /// OK claims with `hit` true; hits/claims is the ring's coverage.
+    pub hits: u64,
+    /// Claims answered `SMOE_PENDING`.
+    pub pending: u64,
+    /// Bytes read from the vault.
+    pub bytes_read: u64,
+    /// Reads done for demand.
+    pub reads_demand: u64,
+    /// Reads done for speculation.
+    pub reads_speculative: u64,
+    /// Reads done for pre-warm.
+    pub reads_prewarm: u64,
+    /// Loads that replaced another expert.
+    pub evictions: u64,
+    /// Failed or short reads.
+    pub io_errors: u64,
+    /// Blobs that failed their checksum (verify on).
+    pub checksum_errors: u64,
+    /// Slots holding an expert.
+    pub resident: u64,
+    /// Slots in the ring.
+    pub ring_slots: u64,
+    /// Bytes per slot.
+    pub slot_bytes: u64,
+    /// I/O worker threads.
+    pub workers: u64,
+    /// 1 if every worker descriptor does direct I/O.
+    pub direct_io: u64,
+}
+
+/// An open streamer (opaque). Made by `smoe_open`, freed by `smoe_close`;
+/// used by `smoe_prefetch`, `smoe_claim`, `smoe_claim_wait`, `smoe_release`,
+/// `smoe_prewarm_pause`, `smoe_flush_stats`, `smoe_get_stats`,
+/// `smoe_ring_region`, `smoe_expert_info` and `smoe_vault_metadata`.
+pub struct smoe_streamer {
+    /// The core streamer every call forwards to.
+    pub(crate) inner: Streamer,
+    /// The vault's metadata JSON, NUL-terminated for `smoe_vault_metadata`.
+    pub(crate) meta: CString,
+}
+
+// SPEC §3: every call but `smoe_close` may run on one streamer from many
+// threads at once, and the exports share it as `&smoe_streamer`.
+const _: fn() = || {
+    fn send_and_sync<T: Send + Sync>() {}
+    send_and_sync::<smoe_streamer>();
+};
+
+impl smoe_streamer {
+    /// Wraps an open streamer, keeping a C copy of its metadata.
+    pub(crate) fn new(inner: Streamer) -> smoe_streamer {
+        let meta = c_string_until_nul(inner.vault().meta());
+        smoe_streamer { inner, meta }
+    }
+}
+
+/// `text` up to its first NUL (all a C reader could see anyway).
+fn c_string_until_nul(text: &str) -> CString {
+    let bytes = text.as_bytes();
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    CString::new(&bytes[..end]).unwrap_or_default()
+}
+
+/// The v1 size of `smoe_config`, the smallest `struct_size` accepted.
+pub(crate) const CONFIG_SIZE_V1: usize = size_of::<smoe_config>();
+/// The v1 size of `smoe_stats`, the smallest `struct_size` accepted.
+pub(crate) const STATS_SIZE_V1: usize = size_of::<smoe_stats>();
+/// The largest `struct_size` accepted for an input struct, as `openat2`
+/// refuses more than a page: a garbage size must not make the library scan
+/// far past the caller's struct for non-zero bytes.
+pub(crate) const STRUCT_SIZE_MAX: u32 = 4096;
+
+impl smoe_config {
+    /// The defaults `smoe_config_init` writes: those of [`Config::default`]
+    /// in C terms.
+    pub(crate) fn defaults() -> smoe_config {
+        let core = Config::default();
+        smoe_config {
+            struct_size: CONFIG_SIZE_V1 as u32,
+            ring_slots: core.ring_slots,
+            slot_mb: core.slot_mb,
+            workers: core.workers,
+            direct_io: direct_io_value(core.direct_io),
+            prewarm: u32::from(core.prewarm),
+            prewarm_slots: core.prewarm_slots,
+            verify: u32::from(core.verify),
+            scout_bytes: core.scout_bytes.unwrap_or(u64::MAX),
+            engine_overhead_bytes: core.engine_overhead_bytes,
+            // Config::default() has no histogram path (None).
+            freq_path: ptr::null(),
+        }
+    }
+
+    /// Reads the caller's config by the extensible-struct rule (module doc)
+    /// and converts it.
+    ///
+    /// # Safety
+    /// `cfg` is non-NULL, aligned, and valid for reading `cfg->struct_size`
+    /// bytes (at least its first `uint32_t`); `freq_path` is NULL or a valid
+    /// NUL-terminated string.
+    pub(crate) unsafe fn read(cfg: NonNull<smoe_config>) -> Result<Config, Error> {
+        // SAFETY: the caller guarantees the first field is readable.
+        let size = unsafe { cfg.cast::<u32>().as_ptr().read() };
+        if size > STRUCT_SIZE_MAX {
+            return Err(Error::argument(format!(
+                "cfg->struct_size is {size}, larger than any smoe_config can be \
+                 ({STRUCT_SIZE_MAX}); was it set (smoe_config_init)?"
+            )));
+        }
+        check_size_v1("cfg", "smoe_config", size, CONFIG_SIZE_V1)?;
+        let size = size as usize;
+        if size > CONFIG_SIZE_V1 {
+            // SAFETY: the caller guarantees `size` bytes are readable, and
+            // `CONFIG_SIZE_V1 < size`.
+            let tail = unsafe {
+                std::slice::from_raw_parts(
+                    cfg.cast::<u8>().as_ptr().add(CONFIG_SIZE_V1),
+                    size - CONFIG_SIZE_V1,
+                )
+            };
+            if let Some(at) = tail.iter().position(|&b| b != 0) {
+                return Err(Error::argument(format!(
+                    "cfg->struct_size is {size} but this library knows only the first \
+                     {CONFIG_SIZE_V1} bytes of smoe_config, and byte {} is not zero: \
+                     the caller sets a field this library version does not support",
+                    CONFIG_SIZE_V1 + at
+                )));
+            }
+        }
+        let mut known = smoe_config::defaults();
+        // SAFETY: both regions hold at least `min(size, CONFIG_SIZE_V1)`
+        // bytes (the caller's by contract); the copy is untyped, so it is
+        // sound for the pointer field, and fields past the caller's size
+        // keep their defaults.
+        unsafe {
+            ptr::copy_nonoverlapping(
+                cfg.cast::<u8>().as_ptr(),
+                ptr::addr_of_mut!(known).cast::<u8>(),
+                size.min(CONFIG_SIZE_V1),
+            );
+        }
+        // SAFETY: `freq_path` came from the caller, who guarantees it.
+        unsafe { known.to_core() }
+    }
+
+    /// Converts a config (whose size was checked) to the core's, checking
+    /// every field C could set to a value Rust's type cannot hold.
+    ///
+    /// # Safety
+    /// `self.freq_path` is NULL or a valid NUL-terminated string.
+    pub(crate) unsafe fn to_core(self) -> Result<Config, Error> {
+        let direct_io = match self.direct_io {
+            0 => DirectIo::Auto,
+            1 => DirectIo::Require,
+            2 => DirectIo::Off,
+            other => {
+                return Err(Error::argument(format!(
+                    "cfg->direct_io is {other}, expected 0 (auto), 1 (require) or 2 (off)"
+                )))
+            }
+        };
+        let freq_path = if self.freq_path.is_null() {
+            None
+        } else {
+            // SAFETY: non-NULL, and the caller guarantees a valid string.
+            let bytes = unsafe { CStr::from_ptr(self.freq_path) }.to_bytes();
+            Some(PathBuf::from(OsStr::from_bytes(bytes)))
+        };
+        Ok(Config {
+            ring_slots: self.ring_slots,
+            slot_mb: self.slot_mb,
+            workers: self.workers,
+            direct_io,
+            prewarm: flag("prewarm", self.prewarm)?,
+            prewarm_slots: self.prewarm_slots,
+            verify: flag("verify", self.verify)?,
+            scout_bytes: (self.scout_bytes != u64::MAX).then_some(self.scout_bytes),
+            engine_overhead_bytes: self.engine_overhead_bytes,
+            freq_path,
+            ..Config::default()
+        })
+    }
+}
+
+/// The C value of a direct-I/O policy.
+fn direct_io_value(policy: DirectIo) -> u32 {
+    match policy {
+        DirectIo::Auto => 0,
+        DirectIo::Require => 1,
+        DirectIo::Off => 2,
+    }
+}
+
+/// A 0/1 field as a bool; anything else is an argument error naming it.
+fn flag(field: &str, value: u32) -> Result<bool, Error> {
+    match value {
+        0 => Ok(false),
+        1 => Ok(true),
+        other => Err(Error::argument(format!(
+            "cfg->{field} is {other}, expected 0 or 1"
+        ))),
+    }
+}
+
+/// An argument error when `size` is below the v1 size of `what`.
+fn check_size_v1(parameter: &str, what: &str, size: u32, v1: usize) -> Result<(), Error> {
+    if (size as usize) < v1 {
+        return Err(Error::argument(format!(
+            "{parameter}->struct_size is {size}, smaller than {what} v1 ({v1} bytes); \
+             set it to sizeof({what})"
+        )));
+    }
+    Ok(())
+}
+
+impl From<SlotInfo> for smoe_slot {
+    fn from(info: SlotInfo) -> Self {
+        smoe_slot {
+            data: info.data,
+            size: info.size,
+            ticket: info.ticket,
+            slot_index: info.slot_index,
+            layer: info.layer,
+            expert: info.expert,
+            hit: info.hit,
+        }
+    }
+}
+
+impl smoe_stats {
+    /// Writes `stats` to the caller's struct by the extensible-struct rule:
+    /// `min(out->struct_size, sizeof(smoe_stats))` bytes, `struct_size`
+    /// becoming that count. Nothing is written on error.
+    ///
+    /// # Safety
+    /// `out` is non-NULL, aligned, valid for reading its first `uint32_t`
+    /// and for writing `out->struct_size` bytes.
+    pub(crate) unsafe fn write(out: NonNull<smoe_stats>, stats: &Stats) -> Result<(), Error> {
+        // SAFETY: the caller guarantees the first field is readable.
+        let size = unsafe { out.cast::<u32>().as_ptr().read() };
+        check_size_v1("out", "smoe_stats", size, STATS_SIZE_V1)?;
+        let written = (size as usize).min(STATS_SIZE_V1);
+        // Built in zeroed memory, field by field, so the padding after
+        // `struct_size` is zero rather than whatever the stack held.
+        let mut value = MaybeUninit::<smoe_stats>::zeroed();
+        // SAFETY: all-zero bytes are a valid `smoe_stats` (integers only).
+        let v = unsafe { value.assume_init_mut() };
+        v.struct_size = written as u32;
+        v.claims = stats.claims;
+        v.hits = stats.hits;
+        v.pending = stats.pending;
+        v.bytes_read = stats.bytes_read;
+        v.reads_demand = stats.reads_demand;
+        v.reads_speculative = stats.reads_speculative;
+        v.reads_prewarm = stats.reads_prewarm;
+        v.evictions = stats.evictions;
+        v.io_errors = stats.io_errors;
+        v.checksum_errors = stats.checksum_errors;
+        v.resident = stats.resident;
+        v.ring_slots = stats.ring_slots;
+        v.slot_bytes = stats.slot_bytes;
+        v.workers = stats.workers;
+        v.direct_io = stats.direct_io;
+        // SAFETY: `written` bytes are in bounds of both the local value and
+        // (by the caller's contract, `written ≤ struct_size`) of `*out`.
+        unsafe {
+            ptr::copy_nonoverlapping(
+                value.as_ptr().cast::<u8>(),
+                out.cast::<u8>().as_ptr(),
+                written,
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    /// A config followed by bytes this library does not know.
+    #[repr(C)]
+    struct Larger {
+        config: smoe_config,
+        extra: [u8; 16],
+    }
+
+    fn read(cfg: &smoe_config) -> Result<Config, Error> {
+        // SAFETY: `cfg` is a valid reference; callers keep `struct_size`
+        // within the bytes actually behind it.
+        unsafe { smoe_config::read(NonNull::from(cfg)) }
+    }
+
+    #[test]
+    fn v1_sizes_are_the_abi() {
+        // 52 bytes of fields on 32-bit targets, padded to 56 by the u64 alignment.
+        assert_eq!(CONFIG_SIZE_V1, 56);
+        assert_eq!(STATS_SIZE_V1, 8 + 15 * 8);
+        assert_eq!(std::mem::offset_of!(smoe_stats, claims), 8);
+        assert_eq!(std::mem::offset_of!(smoe_stats, direct_io), 8 + 14 * 8);
+        assert_eq!(std::mem::offset_of!(smoe_config, scout_bytes), 32);
+        assert_eq!(std::mem::offset_of!(smoe_config, freq_path), 48);
+    }
+
+    #[test]
+    fn defaults_are_the_cores() {
+        let c = smoe_config::defaults();
+        assert_eq!(c.struct_size as usize, CONFIG_SIZE_V1);
+        assert_eq!(
+            (c.ring_slots, c.slot_mb, c.workers, c.direct_io),
+            (0, 0, 0, 0)
+        );
+        assert_eq!((c.prewarm, c.prewarm_slots, c.verify), (1, 0, 0));
+        assert_eq!(c.scout_bytes, u64::MAX);
+        assert_eq!(c.engine_overhead_bytes, 0);
+        assert!(c.freq_path.is_null());
+        let core = read(&c).unwrap();
+        assert_eq!(format!("{core:?}"), format!("{:?}", Config::default()));
+    }
+
+    #[test]
+    fn every_field_converts() {
+        let path = c"/tmp/freq.bin";
+        let c = smoe_config {
+            ring_slots: 4,
+            slot_mb: 2,
+            workers: 3,
+            direct_io: 2,
+            prewarm: 0,
+            prewarm_slots: 9,
+            verify: 1,
+            scout_bytes: 123,
+            engine_overhead_bytes: 456,
+            freq_path: path.as_ptr(),
+            ..smoe_config::defaults()
+        };
+        let core = read(&c).unwrap();
+        assert_eq!((core.ring_slots, core.slot_mb, core.workers), (4, 2, 3));
+        assert_eq!(core.direct_io, DirectIo::Off);
+        assert!(!core.prewarm && core.verify);
+        assert_eq!(core.prewarm_slots, 9);
+        assert_eq!(core.scout_bytes, Some(123));
+        assert_eq!(core.engine_overhead_bytes, 456);
+        assert_eq!(core.freq_path, Some(PathBuf::from("/tmp/freq.bin")));
+        for (value, policy) in [(0, DirectIo::Auto), (1, DirectIo::Require)] {
+            let c = smoe_config {
+                direct_io: value,
+                ..smoe_config::defaults()
+            };
+            assert_eq!(read(&c).unwrap().direct_io, policy);
+            assert_eq!(direct_io_value(policy), value);
+        }
+    }
+
+    #[test]
+    fn freq_path_empty_and_non_utf8() {
+        let empty = smoe_config {
+            freq_path: c"".as_ptr(),
+            ..smoe_config::defaults()
+        };
+        assert_eq!(read(&empty).unwrap().freq_path, Some(PathBuf::new()));
+        let latin1 = c"/tmp/fr\xe9q";
+        let odd = smoe_config {
+            freq_path: latin1.as_ptr(),
+            ..smoe_config::defaults()
+        };
+        let path = read(&odd).unwrap().freq_path.unwrap();
+        assert_eq!(path.as_os_str().as_bytes(), b"/tmp/fr\xe9q");
+    }
+
+    #[test]
+    fn out_of_range_values_name_the_field() {
+        let cases: [(smoe_config, &str); 4] = [
+            (
+                smoe_config {
+                    direct_io: 3,
+                    ..smoe_config::defaults()
+                },
+                "cfg->direct_io is 3",
+            ),
+            (
+                smoe_config {
+                    prewarm: 2,
+                    ..smoe_config::defaults()
+                },
+                "cfg->prewarm is 2",
+            ),
+            (
+                smoe_config {
+                    verify: u32::MAX,
+                    ..smoe_config::defaults()
+                },
+                "cfg->verify is 4294967295",
+            ),
+            (
+                smoe_config {
+                    struct_size: 4,
+                    ..smoe_config::defaults()
+                },
+                "cfg->struct_size is 4, smaller",
+            ),
+        ];
+        for (c, message) in cases {
+            let err = read(&c).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Argument);
+            assert!(err.message().starts_with(message), "{}", err.message());
+        }
+    }
+
+    #[test]
+    fn larger_struct_needs_a_zero_tail() {
+        let mut larger = Larger {
+            config: smoe_config {
+                struct_size: size_of::<Larger>() as u32,
+                ring_slots: 7,
+                ..smoe_config::defaults()
+            },
+            extra: [0; 16],
+        };
+        assert_eq!(read(&larger.config).unwrap().ring_slots, 7);
+        larger.extra[5] = 1;
+        let err = read(&larger.config).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Argument);
+        assert!(
+            err.message()
+                .contains(&format!("byte {} is not zero", CONFIG_SIZE_V1 + 5)),
+            "{}",
+            err.message()
+        );
+        larger.config.struct_size = STRUCT_SIZE_MAX + 1;
+        assert_eq!(
+            read(&larger.config).unwrap_err().kind(),
+            ErrorKind::Argument
+        );
+    }
+
+    #[test]
+    fn stats_write_only_the_known_bytes() {
+        #[repr(C)]
+        struct LargerStats {
+            stats: smoe_stats,
+            extra: [u64; 2],
+        }
+        let core = Stats {
+            claims: 1,
+            hits: 2,
+            pending: 3,
+            bytes_read: 4,
+            reads_demand: 5,
+            reads_speculative: 6,
+            reads_prewarm: 7,
+            evictions: 8,
+            io_errors: 9,
+            checksum_errors: 10,
+            resident: 11,
+            ring_slots: 12,
+            slot_bytes: 13,
+            workers: 14,
+            direct_io: 15,
+        };
+        // SAFETY: all-0xff bytes are a valid `LargerStats` (integers only).
+        let mut out: LargerStats = unsafe { std::mem::transmute([0xffu8; STATS_SIZE_V1 + 16]) };
+        out.stats.struct_size = size_of::<LargerStats>() as u32;
+        // SAFETY: `out` is valid for its whole size.
+        unsafe { smoe_stats::write(NonNull::from(&mut out.stats), &core) }.unwrap();
+        assert_eq!(out.stats.struct_size as usize, STATS_SIZE_V1);
+        assert_eq!(
+            (
+                out.stats.claims,
+                out.stats.checksum_errors,
+                out.stats.direct_io
+            ),
+            (1, 10, 15)
+        );
+        assert_eq!(
+            out.extra,
+            [u64::MAX; 2],
+            "bytes past smoe_stats are untouched"
+        );
+
+        let mut small = smoe_stats {
+            struct_size: 8,
+            ..out.stats
+        };
+        small.claims = 99;
+        // SAFETY: `small` is a valid, whole `smoe_stats`.
+        let err = unsafe { smoe_stats::write(NonNull::from(&mut small), &core) }.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Argument);
+        assert_eq!(
+            (small.struct_size, small.claims),
+            (8, 99),
+            "nothing written"
+        );
+    }
+
+    #[test]
+    fn slot_info_converts() {
+        let info = SlotInfo {
+            data: 0x4000 as *const u8,
+            size: 10,
+            ticket: 0x1_0000_0002,
+            slot_index: 2,
+            layer: 3,
+            expert: 4,
+            hit: true,
+        };
+        let slot = smoe_slot::from(info);
+        assert_eq!(
+            (slot.data, slot.size, slot.ticket, slot.slot_index),
+            (info.data, 10, info.ticket, 2)
+        );
+        assert_eq!((slot.layer, slot.expert, slot.hit), (3, 4, true));
+    }
+
+    #[test]
+    fn metadata_stops_at_a_nul() {
+        assert_eq!(c_string_until_nul("{\"a\":1}").as_bytes(), b"{\"a\":1}");
+        assert_eq!(c_string_until_nul("{}\0junk").as_bytes(), b"{}");
+        assert_eq!(c_string_until_nul("").as_bytes(), b"");
+    }
+}

@@ -1,0 +1,617 @@
+//! Ring sizing (SPEC §2.1) over fixed memory snapshots: every clamp, the
+//! avail/4 fallback, saturation, the overrides, the oversize-blob error, the
+//! design's 48 GB Mac; then `smoe budget` run as a process on synthetic
+//! vaults, its JSON checked against the formula.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use proptest::prelude::*;
+use serde_json::Value;
+use smoe::budget::{
+    plan_ring, BudgetConfig, LargestBlob, RingPlan, SlotClamp, VaultShape, SLOT_ALIGN,
+};
+use smoe::sys::MemorySnapshot;
+use smoe::vault::synth::SynthSpec;
+use smoe::vault::Vault;
+use smoe::ErrorKind;
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+// Every test's path contains "budget", so `cargo test --test budget budget`
+// runs them all.
+
+/// `plan_ring` over fixed snapshots.
+mod budget_plan {
+    use super::*;
+
+    fn snapshot(avail_bytes: u64, ram_bytes: u64) -> MemorySnapshot {
+        MemorySnapshot {
+            avail_bytes,
+            ram_bytes,
+            avail_source: "fixture MemAvailable".to_owned(),
+            ram_source: "fixture MemTotal".to_owned(),
+        }
+    }
+
+    fn shape(padded_size: u64, n_entries: u32, scout_bytes: u64) -> VaultShape {
+        VaultShape {
+            largest_blob: Some(LargestBlob {
+                layer: 5,
+                expert: 9,
+                padded_size,
+            }),
+            n_entries,
+            scout_bytes,
+            dir: PathBuf::from("/vaults/model"),
+        }
+    }
+
+    fn auto() -> BudgetConfig {
+        BudgetConfig::default()
+    }
+
+    fn plan(avail: u64, ram: u64, vault: &VaultShape, config: &BudgetConfig) -> RingPlan {
+        plan_ring(&snapshot(avail, ram), vault, config).unwrap()
+    }
+
+    #[test]
+    fn inputs_and_sources_are_kept() {
+        let p = plan(
+            40 * GIB,
+            64 * GIB,
+            &shape(8 * MIB, 100_000, 6 * GIB),
+            &auto(),
+        );
+        assert_eq!((p.avail_bytes, p.ram_bytes), (40 * GIB, 64 * GIB));
+        assert_eq!(p.scout_bytes, 6 * GIB);
+        assert_eq!(p.engine_overhead_bytes, 2 * GIB);
+        assert_eq!(p.floor_bytes, 8 * GIB);
+        assert_eq!(p.subtractive_budget_bytes, 24 * GIB);
+        assert_eq!(p.quarter_avail_bytes, 10 * GIB);
+        assert_eq!(p.budget_bytes, 24 * GIB);
+        assert_eq!(p.slot_bytes, 8 * MIB);
+        assert_eq!((p.budget_slots, p.slots), (3072, 3072));
+        assert_eq!(p.clamp, SlotClamp::None);
+        assert_eq!(p.n_entries, 100_000);
+        assert_eq!(p.ring_bytes, 24 * GIB);
+        let s = &p.sources;
+        assert_eq!(s.avail, "fixture MemAvailable");
+        assert_eq!(s.ram, "fixture MemTotal");
+        assert_eq!(s.scout, "scout.* files in /vaults/model");
+        assert_eq!(s.overhead, "default 2 GiB");
+        assert_eq!(
+            s.slot,
+            "largest padded blob (layer 5 expert 9, 8388608 bytes) rounded up to 16384"
+        );
+        assert_eq!(s.slots, "auto");
+    }
+
+    #[test]
+    fn floor_is_at_least_4_gib() {
+        // ram / 8 = 2 GiB < 4 GiB.
+        let p = plan(12 * GIB, 16 * GIB, &shape(MIB, 100_000, 0), &auto());
+        assert_eq!(p.floor_bytes, 4 * GIB);
+        assert_eq!(p.subtractive_budget_bytes, 6 * GIB);
+        // ram / 8 = 32 GiB > 4 GiB.
+        let p = plan(200 * GIB, 256 * GIB, &shape(MIB, 100_000, 0), &auto());
+        assert_eq!(p.floor_bytes, 32 * GIB);
+    }
+
+    #[test]
+    fn slot_is_the_largest_blob_rounded_up_to_16_kib() {
+        for (padded, slot) in [
+            (1, SLOT_ALIGN),
+            (SLOT_ALIGN, SLOT_ALIGN),
+            (SLOT_ALIGN + 1, 2 * SLOT_ALIGN),
+            (10 * MIB + 4 * KIB, 10 * MIB + 16 * KIB),
+        ] {
+            let p = plan(40 * GIB, 64 * GIB, &shape(padded, 100_000, 0), &auto());
+            assert_eq!(p.slot_bytes, slot, "padded {padded}");
+        }
+    }
+
+    #[test]
+    fn clamp_min_64() {
+        // budget = max(8 − 0 − 2 − 4, 8/4) = 2 GiB; 2 GiB / 64 MiB = 32 → 64.
+        let p = plan(8 * GIB, 16 * GIB, &shape(64 * MIB, 10_000, 0), &auto());
+        assert_eq!(p.budget_bytes, 2 * GIB);
+        assert_eq!(p.budget_slots, 32);
+        assert_eq!(p.slots, 64);
+        assert_eq!(p.clamp, SlotClamp::Min);
+        assert_eq!(p.sources.slots, "auto, raised to the minimum of 64");
+        assert_eq!(p.ring_bytes, 64 * 64 * MIB);
+    }
+
+    #[test]
+    fn clamp_max_4096() {
+        // budget = 200 − 2 − 32 = 166 GiB; / 1 MiB = 169984 → 4096.
+        let p = plan(200 * GIB, 256 * GIB, &shape(MIB, 100_000, 0), &auto());
+        assert_eq!(p.budget_slots, 166 * 1024);
+        assert_eq!(p.slots, 4096);
+        assert_eq!(p.clamp, SlotClamp::Max);
+        assert_eq!(p.sources.slots, "auto, lowered to the maximum of 4096");
+    }
+
+    #[test]
+    fn quarter_of_avail_when_the_subtractive_budget_is_smaller() {
+        // 20 − 6 − 2 − 8 = 4 GiB < 20 / 4 = 5 GiB.
+        let p = plan(
+            20 * GIB,
+            64 * GIB,
+            &shape(4 * MIB, 100_000, 6 * GIB),
+            &auto(),
+        );
+        assert_eq!(p.subtractive_budget_bytes, 4 * GIB);
+        assert_eq!(p.quarter_avail_bytes, 5 * GIB);
+        assert_eq!(p.budget_bytes, 5 * GIB);
+        assert_eq!(p.slots, 1280);
+    }
+
+    #[test]
+    fn subtractive_budget_saturates_at_zero() {
+        // 12 − 10 − 2 − 16 < 0 → 0; the ring still gets 12 / 4 = 3 GiB.
+        let p = plan(
+            12 * GIB,
+            128 * GIB,
+            &shape(4 * MIB, 100_000, 10 * GIB),
+            &auto(),
+        );
+        assert_eq!(p.floor_bytes, 16 * GIB);
+        assert_eq!(p.subtractive_budget_bytes, 0);
+        assert_eq!(p.budget_bytes, 3 * GIB);
+        assert_eq!(p.slots, 768);
+        // Nothing at all available: 0 bytes, still the minimum slot count.
+        let p = plan(0, 0, &shape(4 * MIB, 100_000, u64::MAX), &auto());
+        assert_eq!((p.subtractive_budget_bytes, p.budget_bytes), (0, 0));
+        assert_eq!((p.slots, p.clamp), (64, SlotClamp::Min));
+    }
+
+    #[test]
+    fn slots_are_capped_at_entries() {
+        let p = plan(40 * GIB, 64 * GIB, &shape(MIB, 1000, 6 * GIB), &auto());
+        assert_eq!(p.budget_slots, 24 * 1024);
+        assert_eq!((p.slots, p.clamp), (1000, SlotClamp::Entries));
+        assert_eq!(p.sources.slots, "auto, capped at the 1000 entries");
+        // Below the minimum and below it again: the entry count wins.
+        let p = plan(8 * GIB, 16 * GIB, &shape(64 * MIB, 20, 0), &auto());
+        assert_eq!((p.slots, p.clamp), (20, SlotClamp::Entries));
+        // Exactly at the entry count is no clamp.
+        let p = plan(40 * GIB, 64 * GIB, &shape(8 * MIB, 3072, 6 * GIB), &auto());
+        assert_eq!((p.slots, p.clamp), (3072, SlotClamp::None));
+    }
+
+    #[test]
+    fn ring_slots_override() {
+        let vault = shape(8 * MIB, 1000, 6 * GIB);
+        let config = |ring_slots| BudgetConfig {
+            ring_slots,
+            ..auto()
+        };
+        // Taken as given, even below the automatic minimum...
+        let p = plan(40 * GIB, 64 * GIB, &vault, &config(10));
+        assert_eq!((p.slots, p.clamp), (10, SlotClamp::None));
+        assert_eq!(p.sources.slots, "config ring_slots");
+        // ... and above the automatic maximum, with the budget still reported ...
+        let big = shape(8 * MIB, 100_000, 6 * GIB);
+        let p = plan(40 * GIB, 64 * GIB, &big, &config(5000));
+        assert_eq!((p.slots, p.clamp), (5000, SlotClamp::None));
+        assert_eq!((p.budget_bytes, p.budget_slots), (24 * GIB, 3072));
+        // ... but never more slots than entries.
+        let p = plan(40 * GIB, 64 * GIB, &vault, &config(5000));
+        assert_eq!((p.slots, p.clamp), (1000, SlotClamp::Entries));
+        assert_eq!(
+            p.sources.slots,
+            "config ring_slots, capped at the 1000 entries"
+        );
+    }
+
+    #[test]
+    fn slot_mb_override() {
+        let config = BudgetConfig {
+            slot_mb: 16,
+            ..auto()
+        };
+        let p = plan(
+            40 * GIB,
+            64 * GIB,
+            &shape(8 * MIB, 100_000, 6 * GIB),
+            &config,
+        );
+        assert_eq!(p.slot_bytes, 16 * MIB);
+        assert_eq!(p.slots, 1536);
+        assert_eq!(p.sources.slot, "config slot_mb");
+        // A blob exactly the slot's size fits.
+        let p = plan(
+            40 * GIB,
+            64 * GIB,
+            &shape(16 * MIB, 100_000, 6 * GIB),
+            &config,
+        );
+        assert_eq!(p.slot_bytes, 16 * MIB);
+    }
+
+    #[test]
+    fn slot_mb_smaller_than_a_blob_names_it() {
+        let config = BudgetConfig {
+            slot_mb: 8,
+            ..auto()
+        };
+        let err = plan_ring(
+            &snapshot(40 * GIB, 64 * GIB),
+            &shape(8 * MIB + SLOT_ALIGN, 100_000, 0),
+            &config,
+        )
+        .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Argument);
+        assert_eq!(
+        err.message(),
+        "slot_mb 8 (8388608 bytes) is smaller than the blob of layer 5 expert 9 (8404992 padded bytes)"
+    );
+    }
+
+    #[test]
+    fn scout_and_overhead_overrides() {
+        let config = BudgetConfig {
+            scout_bytes: Some(GIB),
+            engine_overhead_bytes: 3 * GIB,
+            ..auto()
+        };
+        let p = plan(
+            40 * GIB,
+            64 * GIB,
+            &shape(8 * MIB, 100_000, 6 * GIB),
+            &config,
+        );
+        assert_eq!((p.scout_bytes, p.engine_overhead_bytes), (GIB, 3 * GIB));
+        assert_eq!(p.subtractive_budget_bytes, 28 * GIB);
+        assert_eq!(
+            (p.sources.scout.as_str(), p.sources.overhead.as_str()),
+            ("config", "config")
+        );
+        // Some(0) is a real "no scout", not "use the files".
+        let config = BudgetConfig {
+            scout_bytes: Some(0),
+            ..auto()
+        };
+        let p = plan(
+            40 * GIB,
+            64 * GIB,
+            &shape(8 * MIB, 100_000, 6 * GIB),
+            &config,
+        );
+        assert_eq!(p.scout_bytes, 0);
+    }
+
+    /// The design's target machine: a 48 GB Mac (`hw.memsize` = 48 GiB) running
+    /// a model whose scout (dense weights) is ~10 GB, must get ~15 GB of ring.
+    ///
+    /// Assumption: `kern.memorystatus_level` is 67 (the percentage of memory
+    /// macOS considers available before pressure; 60–75 is typical of such a
+    /// machine with a browser and an editor open), so avail = 48 GiB × 67 / 100
+    /// = 32.16 GiB. Then floor = max(6, 4) = 6 GiB, overhead 2 GiB, and
+    /// budget = 32.16 − 10 − 2 − 6 = 14.16 GiB = 15.2 GB, well above avail/4.
+    /// Blobs are Qwen3-235B-A22B-sized experts (3 × 4096 × 1536 weights at ~4.5
+    /// bits): 10.125 MiB padded, 94 layers × 128 experts. The sweep over levels
+    /// 63..=70 checks the answer is not a knife edge.
+    #[test]
+    fn mac_48_gb_with_a_10_gb_scout_gets_about_15_gb_of_ring() {
+        let ram = 48 * GIB;
+        let vault = shape(10 * MIB + 128 * KIB, 94 * 128, 10 * GIB);
+        let at_level = |level: u64| plan(ram * level / 100, ram, &vault, &auto());
+
+        let p = at_level(67);
+        assert_eq!(p.floor_bytes, 6 * GIB);
+        assert_eq!(p.slot_bytes, 10 * MIB + 128 * KIB);
+        assert!(p.subtractive_budget_bytes > p.quarter_avail_bytes);
+        assert_eq!(p.clamp, SlotClamp::None);
+        assert_eq!(p.slots, 1432);
+        eprintln!(
+            "48 GiB Mac at level 67: {} slots × {} bytes = {:.2} GB of ring",
+            p.slots,
+            p.slot_bytes,
+            p.ring_bytes as f64 / 1e9
+        );
+        assert!((14.5e9..=16e9).contains(&(p.ring_bytes as f64)), "{p:?}");
+
+        for level in 63..=70 {
+            let p = at_level(level);
+            let gb = p.ring_bytes as f64 / 1e9;
+            assert!((13.0..=17.0).contains(&gb), "level {level}: {gb:.2} GB");
+            assert!((1200..=1600).contains(&p.slots), "level {level}: {p:?}");
+        }
+    }
+
+    #[test]
+    fn shape_of_a_vault_names_its_first_largest_blob() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = SynthSpec {
+            n_layers: 3,
+            n_experts: 5,
+            blob_bytes: 40 * KIB,
+            dense_layers: vec![0],
+            seed: 7,
+            top_k: 2,
+        };
+        spec.write(dir.path(), &mut |_| {}).unwrap();
+        std::fs::write(dir.path().join("scout.weights"), vec![1u8; 4321]).unwrap();
+        std::fs::write(dir.path().join("not-a-scout"), vec![1u8; 99]).unwrap();
+        let vault = Vault::open(dir.path()).unwrap();
+        let s = VaultShape::of(&vault);
+        assert_eq!(s.n_entries, 10);
+        assert_eq!(s.scout_bytes, 4321);
+        assert_eq!(s.max_padded_size(), vault.max_padded_size());
+        let first = vault
+            .entries()
+            .iter()
+            .find(|e| e.padded_size == vault.max_padded_size())
+            .unwrap();
+        let largest = s.largest_blob.unwrap();
+        assert_eq!((largest.layer, largest.expert), (first.layer, first.expert));
+        assert_eq!(s.dir, vault.dir());
+    }
+
+    proptest! {
+        /// Any inputs give a plan that obeys SPEC §2.1, or an Argument error for
+        /// a too-small slot_mb; nothing panics or wraps.
+        #[test]
+        fn plan_obeys_the_formula(
+            avail in any::<u64>(),
+            ram in any::<u64>(),
+            padded in 1..=(1u64 << 40),
+            n_entries in 1..=u32::MAX,
+            scout in any::<u64>(),
+            ring_slots in prop_oneof![Just(0u32), any::<u32>()],
+            slot_mb in prop_oneof![Just(0u32), any::<u32>()],
+            scout_override in any::<Option<u64>>(),
+            overhead in prop_oneof![Just(0u64), any::<u64>()],
+        ) {
+            let config = BudgetConfig {
+                ring_slots,
+                slot_mb,
+                scout_bytes: scout_override,
+                engine_overhead_bytes: overhead,
+            };
+            let result = plan_ring(&snapshot(avail, ram), &shape(padded, n_entries, scout), &config);
+            let p = match result {
+                Err(err) => {
+                    prop_assert!(slot_mb != 0 && padded > u64::from(slot_mb) << 20);
+                    prop_assert_eq!(err.kind(), ErrorKind::Argument);
+                    return Ok(());
+                }
+                Ok(p) => p,
+            };
+            let floor = (ram / 8).max(4 * GIB);
+            let overhead = if overhead == 0 { 2 * GIB } else { overhead };
+            let scout = scout_override.unwrap_or(scout);
+            let subtractive = avail.saturating_sub(scout).saturating_sub(overhead).saturating_sub(floor);
+            prop_assert_eq!(p.floor_bytes, floor);
+            prop_assert_eq!(p.subtractive_budget_bytes, subtractive);
+            prop_assert_eq!(p.budget_bytes, subtractive.max(avail / 4));
+            prop_assert!(p.slot_bytes >= padded && p.slot_bytes % SLOT_ALIGN == 0);
+            prop_assert_eq!(p.budget_slots, p.budget_bytes / p.slot_bytes);
+            let wanted = if ring_slots == 0 {
+                p.budget_slots.clamp(64, 4096)
+            } else {
+                u64::from(ring_slots)
+            };
+            prop_assert_eq!(u64::from(p.slots), wanted.min(u64::from(n_entries)));
+            prop_assert_eq!(p.ring_bytes, u64::from(p.slots).saturating_mul(p.slot_bytes));
+        }
+    }
+}
+
+/// `smoe budget`, the real binary.
+mod budget_cli {
+    use super::*;
+
+    fn smoe(args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_smoe"))
+            .args(args)
+            .output()
+            .expect("the smoe binary runs")
+    }
+
+    fn text(bytes: &[u8]) -> String {
+        String::from_utf8_lossy(bytes).into_owned()
+    }
+
+    fn synth(dir: &Path, experts: &str, blob_kib: &str) -> PathBuf {
+        let vault = dir.join("vault");
+        let args = [
+            "synth",
+            vault.to_str().unwrap(),
+            "--layers",
+            "2",
+            "--experts",
+            experts,
+            "--blob-kib",
+            blob_kib,
+            "--seed",
+            "3",
+        ];
+        let out = smoe(&args);
+        assert!(out.status.success(), "synth failed: {}", text(&out.stderr));
+        vault
+    }
+
+    fn budget_json(args: &[&str]) -> Value {
+        let mut all = vec!["budget", "--json"];
+        all.extend_from_slice(args);
+        let out = smoe(&all);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn u64_of(v: &Value, key: &str) -> u64 {
+        v[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{key} is not a u64 in {v}"))
+    }
+
+    /// The exact key set, and every value consistent with SPEC §2.1.
+    fn check_json(v: &Value, vault: &Vault) {
+        let keys: BTreeSet<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        let want: BTreeSet<&str> = [
+            "avail_bytes",
+            "ram_bytes",
+            "scout_bytes",
+            "engine_overhead_bytes",
+            "floor_bytes",
+            "budget_bytes",
+            "slot_bytes",
+            "slots",
+            "sources",
+        ]
+        .into();
+        assert_eq!(keys, want);
+        let sources = v["sources"].as_object().unwrap();
+        let source_keys: BTreeSet<&str> = sources.keys().map(String::as_str).collect();
+        let want_sources: BTreeSet<&str> =
+            ["avail", "ram", "scout", "overhead", "slot", "slots"].into();
+        assert_eq!(source_keys, want_sources);
+        for (key, value) in sources {
+            assert!(
+                value.as_str().is_some_and(|s| !s.is_empty()),
+                "sources.{key} = {value}"
+            );
+        }
+
+        let (avail, ram) = (u64_of(v, "avail_bytes"), u64_of(v, "ram_bytes"));
+        let (scout, overhead) = (u64_of(v, "scout_bytes"), u64_of(v, "engine_overhead_bytes"));
+        let (slot, slots) = (u64_of(v, "slot_bytes"), u64_of(v, "slots"));
+        assert!(ram > 0 && avail <= ram, "{v}");
+        assert_eq!(u64_of(v, "floor_bytes"), (ram / 8).max(4 * GIB));
+        let subtractive = avail
+            .saturating_sub(scout)
+            .saturating_sub(overhead)
+            .saturating_sub(u64_of(v, "floor_bytes"));
+        let budget = u64_of(v, "budget_bytes");
+        assert_eq!(budget, subtractive.max(avail / 4));
+        assert!(slot >= vault.max_padded_size() && slot % SLOT_ALIGN == 0);
+        let n_entries = vault.entries().len() as u64;
+        assert_eq!(slots, (budget / slot).clamp(64, 4096).min(n_entries), "{v}");
+    }
+
+    #[test]
+    fn cli_json_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = synth(dir.path(), "6", "20");
+        std::fs::write(path.join("scout.gguf"), vec![0u8; 12345]).unwrap();
+        let vault = Vault::open(&path).unwrap();
+        let v = budget_json(&[path.to_str().unwrap()]);
+        check_json(&v, &vault);
+        assert_eq!(u64_of(&v, "scout_bytes"), 12345);
+        assert_eq!(u64_of(&v, "engine_overhead_bytes"), 2 * GIB);
+        assert_eq!(
+            u64_of(&v, "slot_bytes"),
+            vault.max_padded_size().next_multiple_of(SLOT_ALIGN)
+        );
+        // 12 tiny blobs: whatever this machine has, the entry count caps the ring.
+        assert_eq!(u64_of(&v, "slots"), 12);
+        let s = &v["sources"];
+        assert_eq!(s["scout"], format!("scout.* files in {}", path.display()));
+        assert_eq!(s["overhead"], "default 2 GiB");
+        assert_eq!(s["slots"], "auto, capped at the 12 entries");
+        assert!(s["slot"]
+            .as_str()
+            .unwrap()
+            .starts_with("largest padded blob (layer "));
+    }
+
+    #[test]
+    fn cli_json_overrides_reach_the_clamps() {
+        // 2 × 300 small blobs; 64 MiB slots and a scout that eats everything
+        // leave avail / 4 as the budget, so the count depends on this machine:
+        // check it against the formula, whatever it is.
+        let dir = tempfile::tempdir().unwrap();
+        let path = synth(dir.path(), "300", "4");
+        let vault = Vault::open(&path).unwrap();
+        let v = budget_json(&[
+            path.to_str().unwrap(),
+            "--slot-mb",
+            "64",
+            "--scout-bytes",
+            &u64::MAX.to_string(),
+            "--overhead-bytes",
+            "12345",
+        ]);
+        check_json(&v, &vault);
+        assert_eq!(u64_of(&v, "slot_bytes"), 64 * MIB);
+        assert_eq!(u64_of(&v, "scout_bytes"), u64::MAX);
+        assert_eq!(u64_of(&v, "engine_overhead_bytes"), 12345);
+        assert_eq!(u64_of(&v, "budget_bytes"), u64_of(&v, "avail_bytes") / 4);
+        let s = &v["sources"];
+        assert_eq!(
+            (&s["scout"], &s["overhead"], &s["slot"]),
+            (
+                &Value::from("config"),
+                &Value::from("config"),
+                &Value::from("config slot_mb")
+            )
+        );
+    }
+
+    #[test]
+    fn cli_human_lists_every_value_and_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = synth(dir.path(), "6", "20");
+        let out = smoe(&["budget", path.to_str().unwrap(), "--overhead-bytes", "7"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let stdout = text(&out.stdout);
+        for needle in [
+            "avail ",
+            "ram ",
+            "scout ",
+            "engine overhead ",
+            "floor ",
+            "subtractive ",
+            "avail / 4 ",
+            "budget ",
+            "slot ",
+            "slots ",
+            "ring ",
+            "7 bytes (7 B)  from config",
+            "from scout.* files in",
+            "from largest padded blob (layer ",
+            "capped at the 12 entries",
+        ] {
+            assert!(stdout.contains(needle), "{needle:?} not in\n{stdout}");
+        }
+    }
+
+    #[test]
+    fn cli_slot_mb_too_small_names_the_blob() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = synth(dir.path(), "2", "2000");
+        let vault = Vault::open(&path).unwrap();
+        let first = vault
+            .entries()
+            .iter()
+            .find(|e| e.padded_size == vault.max_padded_size())
+            .unwrap();
+        let out = smoe(&["budget", "--json", path.to_str().unwrap(), "--slot-mb", "1"]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(out.stdout.is_empty());
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        let needle = format!(
+        "smoe: slot_mb 1 (1048576 bytes) is smaller than the blob of layer {} expert {} ({} padded bytes)",
+        first.layer, first.expert, first.padded_size
+    );
+        assert_eq!(stderr.trim_end(), needle);
+    }
+
+    #[test]
+    fn cli_missing_vault_fails_cleanly() {
+        let out = smoe(&["budget", "/nonexistent/smoe-vault"]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.starts_with("smoe: ") && stderr.contains("/nonexistent/smoe-vault"));
+    }
+}

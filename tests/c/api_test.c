@@ -1,0 +1,460 @@
+/*
+ * The C API (SPEC §3) exercised from C, the way a host uses it.
+ *
+ * Usage: api_test <experts.smoe> <n_layers> <n_experts> <dense_layer>
+ *
+ * tests/c_api.rs writes a synthetic vault, compiles this file as C11 with
+ * -Wall -Wextra -Wpedantic -Werror, links it against libsmoe.a and runs it.
+ * Expected payload bytes are read straight from the vault file at the offset
+ * smoe_expert_info reports, so this program needs no knowledge of the
+ * synthetic generator. Every failed check prints its line and the library's
+ * last error; the exit status is the number of failures (capped), 0 = pass.
+ */
+
+#define _POSIX_C_SOURCE 200809L /* nanosleep */
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "smoe.h"
+
+static int failures = 0;
+
+#define CHECK(cond, ...)                                                   \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      fprintf(stderr, "api_test.c:%d: check failed: %s: ", __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                        \
+      fprintf(stderr, " (last error: \"%s\")\n", smoe_last_error());       \
+      failures++;                                                          \
+    }                                                                      \
+  } while (0)
+
+/* A status check: `call` must return `want`. */
+#define EXPECT(call, want)                                                 \
+  do {                                                                     \
+    smoe_status got_ = (call);                                             \
+    CHECK(got_ == (want), "%s returned %s, want %s", #call,                \
+          smoe_status_str(got_), smoe_status_str(want));                   \
+  } while (0)
+
+/* `call` must fail with SMOE_ERR_ARGUMENT naming `param` ("<param> is NULL"). */
+#define EXPECT_NULL_ARG(call, param)                                       \
+  do {                                                                     \
+    EXPECT(call, SMOE_ERR_ARGUMENT);                                       \
+    CHECK(strcmp(smoe_last_error(), param " is NULL") == 0,                \
+          "%s: last error does not name %s", #call, param);                \
+  } while (0)
+
+#define FATAL(...)                                                         \
+  do {                                                                     \
+    fprintf(stderr, "api_test.c:%d: fatal: ", __LINE__);                   \
+    fprintf(stderr, __VA_ARGS__);                                          \
+    fprintf(stderr, " (last error: \"%s\")\n", smoe_last_error());         \
+    exit(100);                                                             \
+  } while (0)
+
+static const char *vault_file;
+static uint32_t n_layers, n_experts, dense_layer;
+
+/* An expert layer (not the dense one). */
+static uint32_t expert_layer(uint32_t i) {
+  uint32_t layer = i % n_layers;
+  return layer == dense_layer ? (layer + 1) % n_layers : layer;
+}
+
+/* Whether `slot` holds exactly the bytes the vault file has for its expert. */
+static int payload_matches(smoe_streamer *s, const smoe_slot *slot) {
+  uint64_t size = 0, padded = 0, offset = 0;
+  if (smoe_expert_info(s, slot->layer, slot->expert, &size, &padded, &offset) != SMOE_OK) {
+    return 0;
+  }
+  if (size != slot->size || padded < size) {
+    fprintf(stderr, "size %llu, slot says %llu, padded %llu\n", (unsigned long long)size,
+            (unsigned long long)slot->size, (unsigned long long)padded);
+    return 0;
+  }
+  FILE *f = fopen(vault_file, "rb");
+  if (f == NULL) {
+    return 0;
+  }
+  unsigned char *expected = malloc((size_t)size);
+  int ok = expected != NULL && fseek(f, (long)offset, SEEK_SET) == 0 &&
+           fread(expected, 1, (size_t)size, f) == (size_t)size &&
+           memcmp(expected, slot->data, (size_t)size) == 0;
+  free(expected);
+  fclose(f);
+  return ok;
+}
+
+static smoe_stats get_stats(smoe_streamer *s) {
+  smoe_stats st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  EXPECT(smoe_get_stats(s, &st), SMOE_OK);
+  return st;
+}
+
+static void test_config_init(void) {
+  smoe_config cfg;
+  memset(&cfg, 0xa5, sizeof cfg);
+  smoe_config_init(&cfg);
+  CHECK(cfg.struct_size == sizeof(smoe_config), "struct_size %u", cfg.struct_size);
+  CHECK(cfg.ring_slots == 0 && cfg.slot_mb == 0 && cfg.workers == 0, "sizes");
+  CHECK(cfg.direct_io == 0, "direct_io %u", cfg.direct_io);
+  CHECK(cfg.prewarm == 1 && cfg.prewarm_slots == 0, "prewarm %u/%u", cfg.prewarm,
+        cfg.prewarm_slots);
+  CHECK(cfg.verify == 0, "verify %u", cfg.verify);
+  CHECK(cfg.scout_bytes == UINT64_MAX, "scout_bytes");
+  CHECK(cfg.engine_overhead_bytes == 0, "engine_overhead_bytes");
+  CHECK(cfg.freq_path == NULL, "freq_path");
+  smoe_config_init(NULL); /* a no-op */
+  CHECK(strcmp(smoe_last_error(), "cfg is NULL") == 0, "config_init(NULL) message");
+}
+
+static void test_open_defaults(void) {
+  smoe_streamer *s = NULL;
+  EXPECT(smoe_open(vault_file, NULL, &s), SMOE_OK);
+  if (s == NULL) {
+    FATAL("smoe_open with a NULL config failed");
+  }
+  smoe_stats st = get_stats(s);
+  CHECK(st.workers == 16, "default workers %llu", (unsigned long long)st.workers);
+  CHECK(st.ring_slots > 0, "ring_slots 0");
+  smoe_close(s);
+}
+
+/* Config struct_size rules (copy_struct_from_user). */
+static void test_config_sizes(void) {
+  struct {
+    smoe_config cfg;
+    uint64_t extra[2];
+  } larger;
+  smoe_streamer *s = NULL;
+  smoe_streamer *const sentinel = (smoe_streamer *)(uintptr_t)0x1234;
+
+  memset(&larger, 0, sizeof larger);
+  smoe_config_init(&larger.cfg);
+  larger.cfg.struct_size = 4;
+  s = sentinel;
+  EXPECT(smoe_open(vault_file, &larger.cfg, &s), SMOE_ERR_ARGUMENT);
+  CHECK(strstr(smoe_last_error(), "struct_size") != NULL, "message names struct_size");
+  CHECK(s == sentinel, "out written on error");
+  larger.cfg.struct_size = sizeof(smoe_config) - 8;
+  EXPECT(smoe_open(vault_file, &larger.cfg, &s), SMOE_ERR_ARGUMENT);
+  larger.cfg.struct_size = 1u << 20;
+  EXPECT(smoe_open(vault_file, &larger.cfg, &s), SMOE_ERR_ARGUMENT);
+
+  /* A newer caller's struct: accepted only while the unknown tail is zero. */
+  larger.cfg.struct_size = sizeof larger;
+  larger.cfg.workers = 1;
+  larger.cfg.ring_slots = 2;
+  larger.extra[1] = 1;
+  EXPECT(smoe_open(vault_file, &larger.cfg, &s), SMOE_ERR_ARGUMENT);
+  CHECK(strstr(smoe_last_error(), "not zero") != NULL, "message says the tail is not zero");
+  CHECK(s == sentinel, "out written on error");
+  larger.extra[1] = 0;
+  EXPECT(smoe_open(vault_file, &larger.cfg, &s), SMOE_OK);
+  if (s != sentinel && s != NULL) {
+    smoe_stats st = get_stats(s);
+    CHECK(st.workers == 1 && st.ring_slots == 2, "larger config not applied: %llu workers",
+          (unsigned long long)st.workers);
+    smoe_close(s);
+  }
+}
+
+/* Every value C can set that Rust cannot hold is refused, naming the field. */
+static void test_config_values(void) {
+  smoe_config cfg;
+  smoe_streamer *s = NULL;
+
+  smoe_config_init(&cfg);
+  cfg.direct_io = 3;
+  EXPECT(smoe_open(vault_file, &cfg, &s), SMOE_ERR_ARGUMENT);
+  CHECK(strstr(smoe_last_error(), "direct_io is 3") != NULL, "message names direct_io");
+
+  smoe_config_init(&cfg);
+  cfg.prewarm = 2;
+  EXPECT(smoe_open(vault_file, &cfg, &s), SMOE_ERR_ARGUMENT);
+  CHECK(strstr(smoe_last_error(), "prewarm is 2") != NULL, "message names prewarm");
+
+  smoe_config_init(&cfg);
+  cfg.verify = 7;
+  EXPECT(smoe_open(vault_file, &cfg, &s), SMOE_ERR_ARGUMENT);
+  CHECK(strstr(smoe_last_error(), "verify is 7") != NULL, "message names verify");
+
+  smoe_config_init(&cfg);
+  cfg.workers = 1000;
+  EXPECT(smoe_open(vault_file, &cfg, &s), SMOE_ERR_ARGUMENT);
+  CHECK(strstr(smoe_last_error(), "workers") != NULL, "message names workers");
+
+  EXPECT(smoe_open("/nonexistent/smoe-vault", NULL, &s), SMOE_ERR_IO);
+  CHECK(s == NULL, "out written on error");
+}
+
+/* NULL for every pointer parameter: SMOE_ERR_ARGUMENT naming it. */
+static void test_null_arguments(smoe_streamer *s, uint32_t layer) {
+  smoe_config cfg;
+  smoe_slot slot;
+  smoe_stats st;
+  void *base;
+  uint64_t a, b, c;
+  smoe_streamer *out;
+
+  smoe_config_init(&cfg);
+  memset(&slot, 0, sizeof slot);
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+
+  EXPECT_NULL_ARG(smoe_open(NULL, &cfg, &out), "vault_path");
+  EXPECT_NULL_ARG(smoe_open(vault_file, &cfg, NULL), "out");
+  EXPECT_NULL_ARG(smoe_prefetch(NULL, layer, 0, false), "s");
+  EXPECT_NULL_ARG(smoe_claim(NULL, layer, 0, &slot), "s");
+  EXPECT_NULL_ARG(smoe_claim(s, layer, 0, NULL), "out");
+  EXPECT_NULL_ARG(smoe_claim_wait(NULL, layer, 0, 1000, &slot), "s");
+  EXPECT_NULL_ARG(smoe_claim_wait(s, layer, 0, 1000, NULL), "out");
+  EXPECT_NULL_ARG(smoe_release(NULL, &slot), "s");
+  EXPECT_NULL_ARG(smoe_release(s, NULL), "slot");
+  EXPECT_NULL_ARG(smoe_flush_stats(NULL), "s");
+  EXPECT_NULL_ARG(smoe_get_stats(NULL, &st), "s");
+  EXPECT_NULL_ARG(smoe_get_stats(s, NULL), "out");
+  EXPECT_NULL_ARG(smoe_ring_region(NULL, &base, &a, &b), "s");
+  EXPECT_NULL_ARG(smoe_ring_region(s, NULL, &a, &b), "base");
+  EXPECT_NULL_ARG(smoe_ring_region(s, &base, NULL, &b), "bytes");
+  EXPECT_NULL_ARG(smoe_ring_region(s, &base, &a, NULL), "slot_bytes");
+  EXPECT_NULL_ARG(smoe_expert_info(NULL, layer, 0, &a, &b, &c), "s");
+  EXPECT_NULL_ARG(smoe_expert_info(s, layer, 0, NULL, &b, &c), "size");
+  EXPECT_NULL_ARG(smoe_expert_info(s, layer, 0, &a, NULL, &c), "padded_size");
+  EXPECT_NULL_ARG(smoe_expert_info(s, layer, 0, &a, &b, NULL), "offset");
+
+  const char *meta = smoe_vault_metadata(NULL);
+  CHECK(meta != NULL && meta[0] == '\0', "vault_metadata(NULL) is not \"\"");
+  CHECK(strcmp(smoe_last_error(), "s is NULL") == 0, "vault_metadata(NULL) message");
+  smoe_prewarm_pause(NULL, true);
+  CHECK(strcmp(smoe_last_error(), "s is NULL") == 0, "prewarm_pause(NULL) message");
+  smoe_close(NULL);
+}
+
+static void test_stats_sizes(smoe_streamer *s) {
+  struct {
+    smoe_stats st;
+    uint64_t extra[2];
+  } larger;
+  smoe_stats small;
+
+  memset(&small, 0x5a, sizeof small);
+  small.struct_size = 8;
+  EXPECT(smoe_get_stats(s, &small), SMOE_ERR_ARGUMENT);
+  CHECK(small.struct_size == 8 && small.claims == 0x5a5a5a5a5a5a5a5aull,
+        "written on error");
+
+  memset(&larger, 0xff, sizeof larger);
+  larger.st.struct_size = sizeof larger;
+  EXPECT(smoe_get_stats(s, &larger.st), SMOE_OK);
+  CHECK(larger.st.struct_size == sizeof(smoe_stats), "struct_size written back: %u",
+        larger.st.struct_size);
+  CHECK(larger.extra[0] == UINT64_MAX && larger.extra[1] == UINT64_MAX,
+        "wrote past sizeof(smoe_stats)");
+  CHECK(larger.st.ring_slots == 4, "ring_slots %llu", (unsigned long long)larger.st.ring_slots);
+}
+
+/* The main scenario on a 4-slot, 2-worker streamer. */
+static void test_streaming(smoe_streamer *s) {
+  void *base = NULL;
+  uint64_t ring_bytes = 0, slot_bytes = 0;
+  uint32_t layer = expert_layer(1);
+  smoe_slot slot, again, sentinel;
+
+  EXPECT(smoe_ring_region(s, &base, &ring_bytes, &slot_bytes), SMOE_OK);
+  CHECK(base != NULL && (uintptr_t)base % 16384 == 0, "ring base %p not 16 KiB aligned", base);
+  CHECK(slot_bytes > 0 && slot_bytes % 16384 == 0, "slot_bytes %llu",
+        (unsigned long long)slot_bytes);
+  CHECK(ring_bytes == 4 * slot_bytes, "ring bytes %llu", (unsigned long long)ring_bytes);
+
+  smoe_stats st = get_stats(s);
+  CHECK(st.struct_size == sizeof(smoe_stats), "struct_size %u", st.struct_size);
+  CHECK(st.ring_slots == 4 && st.workers == 2, "ring_slots %llu workers %llu",
+        (unsigned long long)st.ring_slots, (unsigned long long)st.workers);
+  CHECK(st.slot_bytes == slot_bytes, "slot_bytes");
+  CHECK(st.claims == 0 && st.hits == 0 && st.bytes_read == 0 && st.resident == 0,
+        "fresh streamer has counts");
+  CHECK(st.direct_io <= 1, "direct_io %llu", (unsigned long long)st.direct_io);
+
+  /* PENDING does not write `out`: a claim of a non-resident expert. */
+  memset(&sentinel, 0xa5, sizeof sentinel);
+  memcpy(&slot, &sentinel, sizeof slot);
+  EXPECT(smoe_claim(s, layer, 0, &slot), SMOE_PENDING);
+  CHECK(memcmp(&slot, &sentinel, sizeof slot) == 0, "out written on PENDING");
+
+  /* That claim queued a demand read: wait for it. */
+  EXPECT(smoe_claim_wait(s, layer, 0, 5000000000ull, &slot), SMOE_OK);
+  CHECK(slot.layer == layer && slot.expert == 0, "slot is %u/%u", slot.layer, slot.expert);
+  CHECK(!slot.hit, "a demand read was needed, yet hit");
+  CHECK(slot.slot_index < 4, "slot_index %u", slot.slot_index);
+  CHECK(slot.data == (const uint8_t *)base + (uint64_t)slot.slot_index * slot_bytes,
+        "data is not base + slot_index * slot_bytes");
+  CHECK((uintptr_t)slot.data % 16384 == 0, "data not aligned");
+  CHECK(payload_matches(s, &slot), "payload of %u/0 differs from the vault file", layer);
+  EXPECT(smoe_release(s, &slot), SMOE_OK);
+  EXPECT(smoe_release(s, &slot), SMOE_ERR_STALE);
+  CHECK(smoe_last_error()[0] != '\0', "STALE without a message");
+
+  st = get_stats(s);
+  uint64_t bytes_read = st.bytes_read;
+  CHECK(st.claims == 1 && st.hits == 0 && st.pending >= 1, "claims %llu hits %llu pending %llu",
+        (unsigned long long)st.claims, (unsigned long long)st.hits,
+        (unsigned long long)st.pending);
+  CHECK(bytes_read > 0 && st.reads_demand == 1 && st.resident == 1, "bytes_read %llu",
+        (unsigned long long)bytes_read);
+
+  /* Retained: a re-claim is a hit and reads nothing. */
+  EXPECT(smoe_claim(s, layer, 0, &again), SMOE_OK);
+  CHECK(again.hit, "re-claim is not a hit");
+  CHECK(again.data == slot.data && again.slot_index == slot.slot_index, "moved");
+  CHECK(payload_matches(s, &again), "retained payload differs");
+  st = get_stats(s);
+  CHECK(st.claims == 2 && st.hits == 1, "claims %llu hits %llu", (unsigned long long)st.claims,
+        (unsigned long long)st.hits);
+  CHECK(st.bytes_read == bytes_read, "bytes_read changed on a hit");
+  EXPECT(smoe_release(s, &again), SMOE_OK);
+
+  /* Speculation: prefetched data is a hit when claimed once it is loaded
+   * (claiming it while loading would promote the read to demand). */
+  EXPECT(smoe_prefetch(s, layer, 1, true), SMOE_OK);
+  for (int i = 0; i < 5000 && get_stats(s).resident < 2; i++) {
+    const struct timespec millisecond = {0, 1000000};
+    nanosleep(&millisecond, NULL);
+  }
+  EXPECT(smoe_claim_wait(s, layer, 1, 5000000000ull, &slot), SMOE_OK);
+  CHECK(slot.hit, "speculatively loaded expert is not a hit");
+  CHECK(payload_matches(s, &slot), "payload of %u/1 differs", layer);
+  EXPECT(smoe_release(s, &slot), SMOE_OK);
+  st = get_stats(s);
+  CHECK(st.reads_speculative == 1, "reads_speculative %llu",
+        (unsigned long long)st.reads_speculative);
+
+  /* Not in the vault. */
+  uint64_t a = 11, b = 22, c = 33;
+  EXPECT(smoe_prefetch(s, layer, n_experts, false), SMOE_ERR_NOT_FOUND);
+  EXPECT(smoe_claim(s, layer, n_experts, &slot), SMOE_ERR_NOT_FOUND);
+  EXPECT(smoe_claim(s, n_layers, 0, &slot), SMOE_ERR_NOT_FOUND);
+  EXPECT(smoe_claim(s, dense_layer, 0, &slot), SMOE_ERR_NOT_FOUND);
+  EXPECT(smoe_expert_info(s, layer, n_experts, &a, &b, &c), SMOE_ERR_NOT_FOUND);
+  CHECK(a == 11 && b == 22 && c == 33, "expert_info wrote on error");
+  CHECK(strstr(smoe_last_error(), "not in the vault") != NULL, "NOT_FOUND message");
+
+  /* Ring full: hold all four slots, then a fifth expert cannot load. */
+  smoe_slot held[4];
+  for (uint32_t i = 0; i < 4; i++) {
+    EXPECT(smoe_claim_wait(s, layer, i, 5000000000ull, &held[i]), SMOE_OK);
+  }
+  memcpy(&slot, &sentinel, sizeof slot);
+  EXPECT(smoe_claim(s, layer, 4, &slot), SMOE_ERR_RING_FULL);
+  EXPECT(smoe_prefetch(s, layer, 4, false), SMOE_ERR_RING_FULL);
+  CHECK(memcmp(&slot, &sentinel, sizeof slot) == 0, "out written on RING_FULL");
+  EXPECT(smoe_release(s, &held[2]), SMOE_OK);
+  EXPECT(smoe_claim_wait(s, layer, 4, 5000000000ull, &slot), SMOE_OK);
+  CHECK(slot.slot_index == held[2].slot_index, "did not take the released slot");
+  CHECK(payload_matches(s, &slot), "payload of %u/4 differs", layer);
+  st = get_stats(s);
+  CHECK(st.evictions >= 1, "no eviction counted");
+  /* held[2]'s slot was reloaded: its ticket is stale now. */
+  EXPECT(smoe_release(s, &held[2]), SMOE_ERR_STALE);
+  EXPECT(smoe_release(s, &slot), SMOE_OK);
+  for (uint32_t i = 0; i < 4; i++) {
+    if (i != 2) {
+      CHECK(payload_matches(s, &held[i]), "held payload %u changed", i);
+      EXPECT(smoe_release(s, &held[i]), SMOE_OK);
+    }
+  }
+
+  /* A timeout of 0 on a non-resident expert: PENDING, `out` untouched. */
+  uint32_t other = expert_layer(2);
+  memcpy(&slot, &sentinel, sizeof slot);
+  EXPECT(smoe_claim_wait(s, other, 5, 0, &slot), SMOE_PENDING);
+  CHECK(memcmp(&slot, &sentinel, sizeof slot) == 0, "out written on claim_wait PENDING");
+  EXPECT(smoe_claim_wait(s, other, 5, 5000000000ull, &slot), SMOE_OK);
+  CHECK(payload_matches(s, &slot), "payload of %u/5 differs", other);
+  EXPECT(smoe_release(s, &slot), SMOE_OK);
+
+  /* Not implemented yet, but callable. */
+  smoe_prewarm_pause(s, true);
+  smoe_prewarm_pause(s, false);
+  EXPECT(smoe_flush_stats(s), SMOE_OK);
+
+  const char *meta = smoe_vault_metadata(s);
+  CHECK(meta != NULL && meta[0] == '{', "metadata \"%s\" is not a JSON object",
+        meta ? meta : "(null)");
+  CHECK(meta == smoe_vault_metadata(s), "metadata pointer is not stable");
+}
+
+/* smoe_last_error is per thread. */
+static void *other_thread(void *arg) {
+  smoe_streamer *s = arg;
+  const char *start = smoe_last_error();
+  int ok = start[0] == '\0';
+  smoe_slot slot;
+  ok = ok && smoe_claim(s, n_layers, 0, &slot) == SMOE_ERR_NOT_FOUND;
+  ok = ok && strstr(smoe_last_error(), "not in the vault") != NULL;
+  return ok ? arg : NULL;
+}
+
+static void test_last_error_per_thread(smoe_streamer *s) {
+  EXPECT(smoe_release(s, NULL), SMOE_ERR_ARGUMENT);
+  pthread_t thread;
+  void *result = NULL;
+  CHECK(pthread_create(&thread, NULL, other_thread, s) == 0, "pthread_create");
+  CHECK(pthread_join(thread, &result) == 0, "pthread_join");
+  CHECK(result == s, "the other thread saw another thread's error or none of its own");
+  CHECK(strcmp(smoe_last_error(), "slot is NULL") == 0, "this thread's error was replaced");
+}
+
+int main(int argc, char **argv) {
+  if (argc != 5) {
+    fprintf(stderr, "usage: %s <experts.smoe> <n_layers> <n_experts> <dense_layer>\n", argv[0]);
+    return 2;
+  }
+  vault_file = argv[1];
+  n_layers = (uint32_t)strtoul(argv[2], NULL, 10);
+  n_experts = (uint32_t)strtoul(argv[3], NULL, 10);
+  dense_layer = (uint32_t)strtoul(argv[4], NULL, 10);
+  if (n_experts < 6 || n_layers < 3) {
+    FATAL("the vault needs at least 3 layers and 6 experts");
+  }
+
+  CHECK(smoe_abi_version() == SMOE_ABI_VERSION, "abi version %u", smoe_abi_version());
+  CHECK(smoe_last_error()[0] == '\0', "last error starts non-empty");
+
+  test_config_init();
+  test_open_defaults();
+  test_config_sizes();
+  test_config_values();
+
+  smoe_config cfg;
+  smoe_config_init(&cfg);
+  cfg.ring_slots = 4;
+  cfg.workers = 2;
+  cfg.freq_path = "";
+  smoe_streamer *s = NULL;
+  EXPECT(smoe_open(vault_file, &cfg, &s), SMOE_OK);
+  if (s == NULL) {
+    FATAL("smoe_open with ring_slots 4, workers 2 failed");
+  }
+  test_null_arguments(s, expert_layer(1));
+  test_stats_sizes(s);
+  test_streaming(s);
+  test_last_error_per_thread(s);
+  smoe_close(s);
+  smoe_close(NULL);
+
+  if (failures != 0) {
+    fprintf(stderr, "%d check(s) failed\n", failures);
+    return failures < 99 ? failures : 99;
+  }
+  puts("ok");
+  return 0;
+}

@@ -1,0 +1,237 @@
+//! The whole C API (SPEC §3) exercised from a real C program: `tests/c/
+//! api_test.c` is compiled as C11 with `-Wall -Wextra -Wpedantic -Werror`,
+//! linked against the `libsmoe.a` this `cargo test` built (plus the native
+//! libraries Rust's std needs), and run on a synthetic vault made here.
+//!
+//! The compiler is `$CC`, else `cc`; `clang`, when it is on the PATH, is
+//! tried too, because only clang sees the header's nullability macros.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use smoe::vault::synth::SynthSpec;
+
+const WARNINGS: [&str; 4] = ["-Wall", "-Wextra", "-Wpedantic", "-Werror"];
+
+/// The vault's shape, passed to the program on its command line.
+const LAYERS: u32 = 3;
+const EXPERTS: u32 = 6;
+const DENSE_LAYER: u32 = 0;
+
+fn manifest_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs `command`, failing the test with its output if it does not succeed.
+fn run(command: &mut Command) -> String {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("could not run {command:?}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success(),
+        "{command:?} failed ({}):\n{text}",
+        output.status
+    );
+    text
+}
+
+fn on_path(program: &str) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .output()
+        .is_ok_and(|output| output.status.success())
+}
+
+/// The C compilers to try: `$CC` or `cc`, and `clang` if present.
+fn c_compilers() -> Vec<String> {
+    let mut compilers = vec![env::var("CC").unwrap_or_else(|_| "cc".into())];
+    if on_path("clang") && !compilers.iter().any(|c| c == "clang") {
+        compilers.push("clang".into());
+    }
+    compilers
+}
+
+/// The staticlib cargo built alongside this test binary (the library target
+/// is built with every crate type of Cargo.toml into the same `deps` dir).
+fn staticlib() -> PathBuf {
+    let exe = env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [
+        deps.join("libsmoe.a"),
+        deps.parent().unwrap().join("libsmoe.a"),
+    ]
+    .into_iter()
+    .find(|path| path.is_file())
+    .unwrap_or_else(|| panic!("libsmoe.a not found next to {}", exe.display()))
+}
+
+/// What a C program linking the staticlib also needs (as the README says).
+fn native_static_libs() -> &'static [&'static str] {
+    if cfg!(target_os = "linux") {
+        &["-lpthread", "-ldl", "-lm"]
+    } else if cfg!(target_vendor = "apple") {
+        &["-lSystem"]
+    } else {
+        &[]
+    }
+}
+
+#[test]
+fn c_program_drives_the_whole_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = SynthSpec {
+        n_layers: LAYERS,
+        n_experts: EXPERTS,
+        blob_bytes: 20_000,
+        dense_layers: vec![DENSE_LAYER],
+        seed: 0xc0ffee,
+        top_k: 2,
+    };
+    let vault = spec.write(dir.path().join("vault"), &mut |_| {}).unwrap();
+    let source = manifest_dir().join("tests/c/api_test.c");
+    // A private copy: a concurrent `cargo build` may replace the original
+    // between finding it and linking it.
+    let library = dir.path().join("libsmoe.a");
+    std::fs::copy(staticlib(), &library).unwrap();
+
+    for compiler in c_compilers() {
+        let program = dir.path().join(format!("api_test_{compiler}"));
+        run(Command::new(&compiler)
+            .arg("-std=c11")
+            .args(WARNINGS)
+            .arg("-I")
+            .arg(manifest_dir().join("include"))
+            .arg(&source)
+            .arg(&library)
+            .args(native_static_libs())
+            .arg("-o")
+            .arg(&program));
+        let output = run(Command::new(&program)
+            .arg(&vault)
+            .arg(LAYERS.to_string())
+            .arg(EXPERTS.to_string())
+            .arg(DENSE_LAYER.to_string()));
+        assert_eq!(output.trim(), "ok", "{compiler}: {output}");
+    }
+}
+
+/// Every SPEC §3 prototype, as the header must declare it once the
+/// nullability macros and cbindgen's `struct`/`enum` tags (equivalent in C
+/// and C++) are taken out.
+#[test]
+fn header_declares_every_spec_function() {
+    let header = read_header();
+    let header = header
+        .replace("*SMOE_NULLABLE ", "*")
+        .replace("*SMOE_NONNULL ", "*")
+        .replace("struct ", "")
+        .replace("enum ", "");
+    let prototypes = [
+        "void smoe_config_init(smoe_config *cfg);",
+        "smoe_status smoe_open(const char *vault_path, const smoe_config *cfg, smoe_streamer **out);",
+        "void smoe_close(smoe_streamer *s);",
+        "smoe_status smoe_prefetch(smoe_streamer *s, uint32_t layer, uint32_t expert, bool speculative);",
+        "smoe_status smoe_claim(smoe_streamer *s, uint32_t layer, uint32_t expert, smoe_slot *out);",
+        "smoe_status smoe_claim_wait(smoe_streamer *s, uint32_t layer, uint32_t expert, uint64_t timeout_ns, smoe_slot *out);",
+        "smoe_status smoe_release(smoe_streamer *s, const smoe_slot *slot);",
+        "void smoe_prewarm_pause(smoe_streamer *s, bool busy);",
+        "smoe_status smoe_flush_stats(smoe_streamer *s);",
+        "smoe_status smoe_get_stats(const smoe_streamer *s, smoe_stats *out);",
+        "smoe_status smoe_ring_region(const smoe_streamer *s, void **base, uint64_t *bytes, uint64_t *slot_bytes);",
+        "smoe_status smoe_expert_info(const smoe_streamer *s, uint32_t layer, uint32_t expert, uint64_t *size, uint64_t *padded_size, uint64_t *offset);",
+        "const char *smoe_vault_metadata(const smoe_streamer *s);",
+        "const char *smoe_last_error(void);",
+        "const char *smoe_status_str(smoe_status st);",
+        "uint32_t smoe_abi_version(void);",
+    ];
+    for prototype in prototypes {
+        assert!(
+            header.lines().any(|line| line == prototype),
+            "include/smoe.h lacks {prototype:?}"
+        );
+    }
+}
+
+fn read_header() -> String {
+    std::fs::read_to_string(manifest_dir().join("include/smoe.h")).unwrap()
+}
+
+/// The field declarations of `typedef struct <name> { ... } <name>;`, in
+/// order, comments and nullability macros dropped.
+fn fields(header: &str, name: &str) -> Vec<String> {
+    let start = format!("typedef struct {name} {{");
+    let end = format!("}} {name};");
+    let body = header
+        .split_once(&start)
+        .and_then(|(_, rest)| rest.split_once(&end))
+        .unwrap_or_else(|| panic!("include/smoe.h does not define struct {name}"))
+        .0;
+    body.lines()
+        .map(str::trim)
+        .filter(|line| !line.starts_with('*') && !line.starts_with('/') && line.ends_with(';'))
+        .map(|line| line.replace("*SMOE_NULLABLE ", "*"))
+        .collect()
+}
+
+/// The opaque handle and the structs, field by field in the spec's order.
+#[test]
+fn header_declares_the_spec_structs() {
+    let header = read_header();
+    assert!(header.contains("\ntypedef struct smoe_streamer smoe_streamer;\n"));
+    assert_eq!(
+        fields(&header, "smoe_config"),
+        [
+            "uint32_t struct_size;",
+            "uint32_t ring_slots;",
+            "uint32_t slot_mb;",
+            "uint32_t workers;",
+            "uint32_t direct_io;",
+            "uint32_t prewarm;",
+            "uint32_t prewarm_slots;",
+            "uint32_t verify;",
+            "uint64_t scout_bytes;",
+            "uint64_t engine_overhead_bytes;",
+            "const char *freq_path;",
+        ]
+    );
+    assert_eq!(
+        fields(&header, "smoe_slot"),
+        [
+            "const uint8_t *data;",
+            "uint64_t size;",
+            "uint64_t ticket;",
+            "uint32_t slot_index;",
+            "uint32_t layer;",
+            "uint32_t expert;",
+            "bool hit;",
+        ]
+    );
+    let mut stats = vec!["uint32_t struct_size;".to_owned()];
+    stats.extend(
+        [
+            "claims",
+            "hits",
+            "pending",
+            "bytes_read",
+            "reads_demand",
+            "reads_speculative",
+            "reads_prewarm",
+            "evictions",
+            "io_errors",
+            "checksum_errors",
+            "resident",
+            "ring_slots",
+            "slot_bytes",
+            "workers",
+            "direct_io",
+        ]
+        .map(|field| format!("uint64_t {field};")),
+    );
+    assert_eq!(fields(&header, "smoe_stats"), stats);
+}
