@@ -115,8 +115,7 @@ typedef struct smoe_config {
    */
   uint32_t direct_io;
   /**
-   * 1 on (default), 0 off. Pre-warm is not implemented yet (see README):
-   * the value is checked and otherwise ignored.
+   * 1 on (default), 0 off: the pre-warm thread (SPEC §2).
    */
   uint32_t prewarm;
   /**
@@ -250,6 +249,16 @@ typedef struct smoe_stats {
    * 1 if every worker descriptor does direct I/O.
    */
   uint64_t direct_io;
+  /**
+   * Added after the SPEC's list: histogram files found at open but
+   * ignored (corrupt, truncated, another vault's or shape).
+   */
+  uint64_t freq_ignored;
+  /**
+   * Added after the SPEC's list: slots the pre-warm thread may fill
+   * (0 when it does not run).
+   */
+  uint64_t prewarm_slots;
 } smoe_stats;
 
 #ifdef __cplusplus
@@ -436,8 +445,9 @@ enum smoe_status smoe_claim_wait(struct smoe_streamer *SMOE_NULLABLE s, uint32_t
 enum smoe_status smoe_release(struct smoe_streamer *SMOE_NULLABLE s, const struct smoe_slot *SMOE_NULLABLE slot);
 
 /**
- * Tells the pre-warm thread the engine is `busy` (stop issuing reads) or
- * idle. Pre-warm is not implemented yet (see README): this does nothing.
+ * Tells the pre-warm thread the engine is `busy` (`true`: stop issuing
+ * reads; once this returns, at most the one read already issued may start)
+ * or idle (`false`: resume, re-warming what requests evicted meanwhile).
  *
  * # Returns
  * Nothing. A NULL `s` is a no-op that records "s is NULL" for
@@ -449,11 +459,14 @@ enum smoe_status smoe_release(struct smoe_streamer *SMOE_NULLABLE s, const struc
 void smoe_prewarm_pause(struct smoe_streamer *SMOE_NULLABLE s, bool busy);
 
 /**
- * Persists the claim histogram now. The histogram is not implemented yet
- * (see README): this only checks `s`.
+ * Persists the claim histogram now, atomically (temporary file, fsync,
+ * rename, directory fsync). It is also persisted by `smoe_close`.
  *
  * # Returns
- * - `SMOE_OK`: done (nothing to persist yet).
+ * - `SMOE_OK`: written, or persistence is off (`freq_path = ""`, or a
+ *   read-only vault directory: see `smoe_warnings`).
+ * - `SMOE_ERR_IO`: the file could not be written (path and OS error in
+ *   `smoe_last_error()`).
  * - `SMOE_ERR_ARGUMENT`: `s` is NULL.
  * - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
  *
@@ -533,6 +546,23 @@ enum smoe_status smoe_expert_info(const struct smoe_streamer *SMOE_NULLABLE s, u
  * be used after `smoe_close(s)`.
  */
 const char *SMOE_NONNULL smoe_vault_metadata(const struct smoe_streamer *SMOE_NULLABLE s);
+
+/**
+ * The warnings recorded at `smoe_open`, one per line: the fallback from
+ * direct to buffered I/O, a histogram file that was missing or ignored (and
+ * why), persistence disabled by a read-only directory.
+ *
+ * # Returns
+ * A NUL-terminated string, never NULL, owned by the streamer: `""` if there
+ * are none, or if `s` is NULL (which also records "s is NULL" for
+ * `smoe_last_error()`). It stays valid until `smoe_close(s)`.
+ *
+ * # Safety
+ * `s` is either NULL or a pointer returned by `smoe_open` and not yet
+ * closed. From Rust the `'static` lifetime is a lie: the reference must not
+ * be used after `smoe_close(s)`.
+ */
+const char *SMOE_NONNULL smoe_warnings(const struct smoe_streamer *SMOE_NULLABLE s);
 
 #ifdef __cplusplus
 }  // extern "C"

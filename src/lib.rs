@@ -17,9 +17,11 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+pub mod budget;
 mod error;
 #[cfg(not(loom))]
 pub mod ffi;
+pub mod popularity;
 pub(crate) mod queue;
 pub mod router;
 pub mod streamer;

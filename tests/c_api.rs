@@ -230,6 +230,9 @@ fn header_declares_the_spec_structs() {
             "slot_bytes",
             "workers",
             "direct_io",
+            // Added after the SPEC's list, at the end, as extensible structs grow.
+            "freq_ignored",
+            "prewarm_slots",
         ]
         .map(|field| format!("uint64_t {field};")),
     );

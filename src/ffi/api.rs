@@ -255,8 +255,9 @@ pub unsafe extern "C" fn smoe_release(
     })
 }
 
-/// Tells the pre-warm thread the engine is `busy` (stop issuing reads) or
-/// idle. Pre-warm is not implemented yet (see README): this does nothing.
+/// Tells the pre-warm thread the engine is `busy` (`true`: stop issuing
+/// reads; once this returns, at most the one read already issued may start)
+/// or idle (`false`: resume, re-warming what requests evicted meanwhile).
 ///
 /// # Returns
 /// Nothing. A NULL `s` is a no-op that records "s is NULL" for
@@ -270,16 +271,23 @@ pub unsafe extern "C" fn smoe_prewarm_pause(s: *mut smoe_streamer, busy: bool) {
         // SAFETY: the caller guarantees `s` is NULL or a live streamer.
         if let Err(err) = unsafe { try_ref(s.cast_const(), "s") } {
             set_last_error(&err);
+            return;
         }
-        let _ = busy;
+        // SAFETY: checked non-NULL above; the caller guarantees it is live.
+        if let Some(s) = unsafe { s.as_ref() } {
+            s.inner.prewarm_pause(busy);
+        }
     })
 }
 
-/// Persists the claim histogram now. The histogram is not implemented yet
-/// (see README): this only checks `s`.
+/// Persists the claim histogram now, atomically (temporary file, fsync,
+/// rename, directory fsync). It is also persisted by `smoe_close`.
 ///
 /// # Returns
-/// - `SMOE_OK`: done (nothing to persist yet).
+/// - `SMOE_OK`: written, or persistence is off (`freq_path = ""`, or a
+///   read-only vault directory: see `smoe_warnings`).
+/// - `SMOE_ERR_IO`: the file could not be written (path and OS error in
+///   `smoe_last_error()`).
 /// - `SMOE_ERR_ARGUMENT`: `s` is NULL.
 /// - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
 ///
@@ -289,7 +297,8 @@ pub unsafe extern "C" fn smoe_prewarm_pause(s: *mut smoe_streamer, busy: bool) {
 pub unsafe extern "C" fn smoe_flush_stats(s: *mut smoe_streamer) -> smoe_status {
     ffi_status("smoe_flush_stats", || {
         // SAFETY: the caller guarantees `s` is NULL or a live streamer.
-        unsafe { try_ref(s.cast_const(), "s") }?;
+        let s = unsafe { try_ref(s.cast_const(), "s") }?;
+        s.inner.flush_stats()?;
         Ok(smoe_status::SMOE_OK)
     })
 }
@@ -431,6 +440,35 @@ pub unsafe extern "C" fn smoe_vault_metadata(s: *const smoe_streamer) -> &'stati
             // changed after `smoe_open` and freed only by `smoe_close`; the
             // caller promises not to use the reference after that.
             Ok(s) => unsafe { &*s.meta.as_ptr() },
+            Err(err) => {
+                set_last_error(&err);
+                empty_c_str()
+            }
+        }
+    })
+}
+
+/// The warnings recorded at `smoe_open`, one per line: the fallback from
+/// direct to buffered I/O, a histogram file that was missing or ignored (and
+/// why), persistence disabled by a read-only directory.
+///
+/// # Returns
+/// A NUL-terminated string, never NULL, owned by the streamer: `""` if there
+/// are none, or if `s` is NULL (which also records "s is NULL" for
+/// `smoe_last_error()`). It stays valid until `smoe_close(s)`.
+///
+/// # Safety
+/// `s` is either NULL or a pointer returned by `smoe_open` and not yet
+/// closed. From Rust the `'static` lifetime is a lie: the reference must not
+/// be used after `smoe_close(s)`.
+#[no_mangle]
+pub unsafe extern "C" fn smoe_warnings(s: *const smoe_streamer) -> &'static c_char {
+    ffi_guard("smoe_warnings", || {
+        // SAFETY: the caller guarantees `s` is NULL or a live streamer.
+        match unsafe { try_ref(s, "s") } {
+            // SAFETY: `warnings` is a `CString` owned by the streamer, never
+            // changed after `smoe_open` and freed only by `smoe_close`.
+            Ok(s) => unsafe { &*s.warnings.as_ptr() },
             Err(err) => {
                 set_last_error(&err);
                 empty_c_str()

@@ -38,8 +38,7 @@ pub struct smoe_config {
     pub workers: u32,
     /// 0 auto (fall back to buffered, with a warning), 1 require, 2 off.
     pub direct_io: u32,
-    /// 1 on (default), 0 off. Pre-warm is not implemented yet (see README):
-    /// the value is checked and otherwise ignored.
+    /// 1 on (default), 0 off: the pre-warm thread (SPEC §2).
     pub prewarm: u32,
     /// Pre-warm budget in slots; 0 = slots − max(128, slots/4).
     pub prewarm_slots: u32,
@@ -116,6 +115,12 @@ pub struct smoe_stats {
     pub workers: u64,
     /// 1 if every worker descriptor does direct I/O.
     pub direct_io: u64,
+    /// Added after the SPEC's list: histogram files found at open but
+    /// ignored (corrupt, truncated, another vault's or shape).
+    pub freq_ignored: u64,
+    /// Added after the SPEC's list: slots the pre-warm thread may fill
+    /// (0 when it does not run).
+    pub prewarm_slots: u64,
 }
 
 /// An open streamer (opaque). Made by `smoe_open`, freed by `smoe_close`;
@@ -127,6 +132,8 @@ pub struct smoe_streamer {
     pub(crate) inner: Streamer,
     /// The vault's metadata JSON, NUL-terminated for `smoe_vault_metadata`.
     pub(crate) meta: CString,
+    /// The open-time warnings, one per line, for `smoe_warnings`.
+    pub(crate) warnings: CString,
 }
 
 // SPEC §3: every call but `smoe_close` may run on one streamer from many
@@ -140,7 +147,12 @@ impl smoe_streamer {
     /// Wraps an open streamer, keeping a C copy of its metadata.
     pub(crate) fn new(inner: Streamer) -> smoe_streamer {
         let meta = c_string_until_nul(inner.vault().meta());
-        smoe_streamer { inner, meta }
+        let warnings = c_string_until_nul(&inner.warnings().join("\n"));
+        smoe_streamer {
+            inner,
+            meta,
+            warnings,
+        }
     }
 }
 
@@ -153,8 +165,11 @@ fn c_string_until_nul(text: &str) -> CString {
 
 /// The v1 size of `smoe_config`, the smallest `struct_size` accepted.
 pub(crate) const CONFIG_SIZE_V1: usize = size_of::<smoe_config>();
-/// The v1 size of `smoe_stats`, the smallest `struct_size` accepted.
-pub(crate) const STATS_SIZE_V1: usize = size_of::<smoe_stats>();
+/// The v1 size of `smoe_stats`, the smallest `struct_size` accepted: the
+/// fields SPEC §3 lists, up to and including `direct_io`.
+pub(crate) const STATS_SIZE_V1: usize = std::mem::offset_of!(smoe_stats, direct_io) + 8;
+/// `sizeof(smoe_stats)` of this library: v1 plus the fields added since.
+pub(crate) const STATS_SIZE: usize = size_of::<smoe_stats>();
 /// The largest `struct_size` accepted for an input struct, as `openat2`
 /// refuses more than a page: a garbage size must not make the library scan
 /// far past the caller's struct for non-zero bytes.
@@ -329,7 +344,7 @@ impl smoe_stats {
         // SAFETY: the caller guarantees the first field is readable.
         let size = unsafe { out.cast::<u32>().as_ptr().read() };
         check_size_v1("out", "smoe_stats", size, STATS_SIZE_V1)?;
-        let written = (size as usize).min(STATS_SIZE_V1);
+        let written = (size as usize).min(STATS_SIZE);
         // Built in zeroed memory, field by field, so the padding after
         // `struct_size` is zero rather than whatever the stack held.
         let mut value = MaybeUninit::<smoe_stats>::zeroed();
@@ -351,6 +366,8 @@ impl smoe_stats {
         v.slot_bytes = stats.slot_bytes;
         v.workers = stats.workers;
         v.direct_io = stats.direct_io;
+        v.freq_ignored = stats.freq_ignored;
+        v.prewarm_slots = stats.prewarm_slots;
         // SAFETY: `written` bytes are in bounds of both the local value and
         // (by the caller's contract, `written ≤ struct_size`) of `*out`.
         unsafe {
@@ -548,21 +565,33 @@ mod tests {
             slot_bytes: 13,
             workers: 14,
             direct_io: 15,
+            freq_ignored: 16,
+            prewarm_slots: 17,
         };
         // SAFETY: all-0xff bytes are a valid `LargerStats` (integers only).
-        let mut out: LargerStats = unsafe { std::mem::transmute([0xffu8; STATS_SIZE_V1 + 16]) };
+        let mut out: LargerStats = unsafe { std::mem::transmute([0xffu8; STATS_SIZE + 16]) };
         out.stats.struct_size = size_of::<LargerStats>() as u32;
         // SAFETY: `out` is valid for its whole size.
         unsafe { smoe_stats::write(NonNull::from(&mut out.stats), &core) }.unwrap();
-        assert_eq!(out.stats.struct_size as usize, STATS_SIZE_V1);
+        assert_eq!(out.stats.struct_size as usize, STATS_SIZE);
         assert_eq!(
             (
                 out.stats.claims,
                 out.stats.checksum_errors,
-                out.stats.direct_io
+                out.stats.direct_io,
+                out.stats.prewarm_slots
             ),
-            (1, 10, 15)
+            (1, 10, 15, 17)
         );
+        // A v1 caller (the SPEC's fields only) gets exactly those.
+        // SAFETY: all-0xff bytes are a valid `LargerStats`.
+        let mut v1: LargerStats = unsafe { std::mem::transmute([0xffu8; STATS_SIZE + 16]) };
+        v1.stats.struct_size = STATS_SIZE_V1 as u32;
+        // SAFETY: `v1` is valid for its whole size.
+        unsafe { smoe_stats::write(NonNull::from(&mut v1.stats), &core) }.unwrap();
+        assert_eq!(v1.stats.struct_size as usize, STATS_SIZE_V1);
+        assert_eq!(v1.stats.direct_io, 15);
+        assert_eq!(v1.stats.freq_ignored, u64::MAX, "past a v1 caller's struct");
         assert_eq!(
             out.extra,
             [u64::MAX; 2],

@@ -5,6 +5,8 @@
 //! and only touch atomics (see `slots`); reads happen on the worker threads.
 //! Nothing here knows about C: the `ffi` module wraps this API.
 
+#[cfg(not(loom))]
+mod prewarm;
 mod ring;
 pub(crate) mod slots;
 #[cfg(not(loom))]
@@ -26,11 +28,13 @@ mod imp {
 
     use crossbeam_utils::CachePadded;
 
+    use super::prewarm;
     use super::ring::{Ring, RING_ALIGN};
-    use super::slots::{Claimed, Prefetched, SlotTable};
+    use super::slots::{Claimed, Origin, Prefetched, SlotTable};
     use super::worker;
     use crate::budget::RingPlan;
     use crate::error::{Error, ErrorKind, Result};
+    use crate::popularity::Histogram;
     use crate::sys::DirectIo;
     use crate::vault::{Entry, Vault};
 
@@ -61,9 +65,9 @@ mod imp {
         pub workers: u32,
         /// Direct I/O policy for the workers' descriptors.
         pub direct_io: DirectIo,
-        /// Run the pre-warm thread (not implemented yet; accepted and ignored).
+        /// Run the pre-warm thread (SPEC §2).
         pub prewarm: bool,
-        /// Pre-warm budget in slots; 0 = default.
+        /// Pre-warm budget in slots; 0 = slots − max(128, slots / 4).
         pub prewarm_slots: u32,
         /// Check each blob's xxh3 after reading it.
         pub verify: bool,
@@ -131,6 +135,10 @@ mod imp {
         pub workers: u64,
         /// 1 if every worker descriptor does direct I/O.
         pub direct_io: u64,
+        /// Histogram files found at open but ignored (corrupt, foreign, …).
+        pub freq_ignored: u64,
+        /// Slots the pre-warm thread may fill (0 when it does not run).
+        pub prewarm_slots: u64,
     }
 
     /// Counters updated from many threads; each on its own cache line.
@@ -164,6 +172,9 @@ mod imp {
         pub(crate) shutdown: AtomicBool,
         pub(crate) wake: worker::Wake,
         pub(crate) fail_reads: Vec<Range<u64>>,
+        /// Claim counts, persisted across sessions; drives pre-warm.
+        pub(crate) histogram: Histogram,
+        pub(crate) prewarm: prewarm::Control,
     }
 
     /// Streams expert blobs from a vault into a ring of slots. See the module
@@ -171,6 +182,7 @@ mod imp {
     pub struct Streamer {
         shared: Arc<Shared>,
         threads: Vec<JoinHandle<()>>,
+        prewarm_thread: Option<JoinHandle<()>>,
         workers: u32,
         direct_all: bool,
         warnings: Vec<String>,
@@ -325,7 +337,25 @@ mod imp {
                 ));
             }
 
+            let header = vault.header();
+            let (histogram, histogram_warnings) = Histogram::open(
+                vault.dir(),
+                header.vault_id,
+                header.n_layers,
+                header.n_experts,
+                config.freq_path.as_deref(),
+            );
+            warnings.extend(histogram_warnings);
+            let prewarm_budget = if !config.prewarm {
+                0
+            } else if config.prewarm_slots > 0 {
+                config.prewarm_slots.min(slots)
+            } else {
+                slots.saturating_sub(slots.div_ceil(4).max(128))
+            };
             let shared = Arc::new(Shared {
+                histogram,
+                prewarm: prewarm::Control::new(prewarm_budget),
                 table: SlotTable::new(slots, ids),
                 ring,
                 slot_bytes,
@@ -347,7 +377,10 @@ mod imp {
                 match spawned {
                     Ok(h) => threads.push(h),
                     Err(e) => {
-                        stop(&shared, &mut threads);
+                        shared
+                            .wake
+                            .set_threads(threads.iter().map(|h| h.thread().clone()).collect());
+                        stop(&shared, &mut threads, &mut None);
                         return Err(Error::new(
                             ErrorKind::Internal,
                             format!("could not start I/O worker {i}: {e}"),
@@ -358,9 +391,39 @@ mod imp {
             shared
                 .wake
                 .set_threads(threads.iter().map(|h| h.thread().clone()).collect());
+            let mut prewarm_thread = None;
+            if prewarm_budget > 0 {
+                let shared2 = shared.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("smoe-prewarm".into())
+                    .spawn(move || {
+                        let s = shared2.clone();
+                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            prewarm::run(s)
+                        }));
+                        if r.is_err() {
+                            // Release: later calls that Acquire `broken` fail cleanly.
+                            shared2.broken.store(true, Ordering::Release);
+                        }
+                    });
+                match spawned {
+                    Ok(h) => {
+                        shared.prewarm.set_thread(h.thread().clone());
+                        prewarm_thread = Some(h);
+                    }
+                    Err(e) => {
+                        stop(&shared, &mut threads, &mut None);
+                        return Err(Error::new(
+                            ErrorKind::Internal,
+                            format!("could not start the pre-warm thread: {e}"),
+                        ));
+                    }
+                }
+            }
             Ok(Streamer {
                 shared,
                 threads,
+                prewarm_thread,
                 workers,
                 direct_all,
                 warnings,
@@ -417,7 +480,11 @@ mod imp {
         pub fn prefetch(&self, layer: u32, expert: u32, priority: Priority) -> Result<()> {
             self.check_alive()?;
             let (id, _) = self.id_of(layer, expert)?;
-            match self.shared.table.prefetch(id, priority == Priority::Demand) {
+            let origin = match priority {
+                Priority::Demand => Origin::Demand,
+                Priority::Speculative => Origin::Speculative,
+            };
+            match self.shared.table.prefetch(id, origin) {
                 Prefetched::Queued { .. } => {
                     self.shared.wake.one();
                     Ok(())
@@ -445,6 +512,7 @@ mod imp {
             let c = &self.shared.counters;
             match self.shared.table.claim(id) {
                 Claimed::Ready { slot, ticket, hit } => {
+                    self.shared.histogram.bump(id);
                     c.claims.fetch_add(1, Ordering::Relaxed);
                     if hit {
                         c.hits.fetch_add(1, Ordering::Relaxed);
@@ -571,7 +639,29 @@ mod imp {
                 slot_bytes: self.shared.slot_bytes,
                 workers: u64::from(self.workers),
                 direct_io: u64::from(self.direct_all),
+                freq_ignored: self.shared.histogram.freq_ignored(),
+                prewarm_slots: u64::from(self.shared.prewarm.budget),
             }
+        }
+
+        /// Tells the pre-warm thread the engine is busy (`true`: once this
+        /// returns, at most the one read it already issued may start) or idle
+        /// (`false`: it resumes, re-warming what was evicted meanwhile).
+        pub fn prewarm_pause(&self, busy: bool) {
+            self.shared.prewarm.pause(busy);
+        }
+
+        /// Persists the claim histogram now (atomically: temporary file,
+        /// fsync, rename, directory fsync). A no-op when persistence is off.
+        pub fn flush_stats(&self) -> Result<()> {
+            self.check_alive()?;
+            self.shared.histogram.persist()
+        }
+
+        /// Claim counts per dense id (`layer × n_experts + expert`),
+        /// including earlier sessions'.
+        pub fn histogram(&self) -> Vec<u64> {
+            self.shared.histogram.snapshot()
         }
 
         /// The ring: base pointer, total bytes, bytes per slot.
@@ -626,18 +716,30 @@ mod imp {
         )
     }
 
-    fn stop(shared: &Shared, threads: &mut Vec<JoinHandle<()>>) {
+    fn stop(
+        shared: &Shared,
+        threads: &mut Vec<JoinHandle<()>>,
+        prewarm_thread: &mut Option<JoinHandle<()>>,
+    ) {
+        // Release: the threads Acquire it and return.
         shared.shutdown.store(true, Ordering::Release);
+        shared.prewarm.wake();
         shared.wake.all();
+        // Panics were already caught inside the threads.
+        if let Some(t) = prewarm_thread.take() {
+            let _ = t.join();
+        }
         for t in threads.drain(..) {
-            // A worker's panic was already caught inside it.
             let _ = t.join();
         }
     }
 
     impl Drop for Streamer {
         fn drop(&mut self) {
-            stop(&self.shared, &mut self.threads);
+            stop(&self.shared, &mut self.threads, &mut self.prewarm_thread);
+            // Nobody is left to report a failure to; `flush_stats` is the
+            // call that reports one.
+            let _ = self.shared.histogram.persist();
         }
     }
 

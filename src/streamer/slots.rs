@@ -13,17 +13,19 @@
 //! from the same instant:
 //!
 //! ```text
-//!  63        40 39        16 15      4  3   2  0
-//! +------------+------------+---------+---+-----+
-//! | expert id  | generation | refcount| D |state|
-//! +------------+------------+---------+---+-----+
+//!  63        40 39        16 15      5  4   3   2  0
+//! +------------+------------+---------+---+---+-----+
+//! | expert id  | generation | refcount| P | D |state|
+//! +------------+------------+---------+---+---+-----+
 //! ```
 //!
 //! - `state` (3 bits): EMPTY, QUEUED, READING, READY, CONSUMED.
 //! - `D` (1 bit): a demand read was needed for this load (it was queued as
 //!   demand, promoted by a demand prefetch, or a claim waited for it). The
 //!   first claim of the load reads it to set `hit`, and clears it.
-//! - `refcount` (12 bits): claims not yet released. Only READY/CONSUMED
+//! - `P` (1 bit): the load was queued by the pre-warm thread (it counts in
+//!   `reads_prewarm` unless `D` was set by then). Cleared with `D`.
+//! - `refcount` (11 bits): claims not yet released. Only READY/CONSUMED
 //!   slots have a nonzero refcount.
 //! - `generation` (24 bits): bumped each time the slot is taken for a new
 //!   load; tickets carry it, so a ticket from an earlier load is stale. Never
@@ -69,8 +71,10 @@ pub(crate) const CONSUMED: u64 = 4;
 
 const STATE_MASK: u64 = 0b111;
 const DEMAND: u64 = 1 << 3;
-const REF_SHIFT: u32 = 4;
-const REF_BITS: u32 = 12;
+const PREWARM: u64 = 1 << 4;
+const ORIGIN_BITS: u64 = DEMAND | PREWARM;
+const REF_SHIFT: u32 = 5;
+const REF_BITS: u32 = 11;
 const REF_ONE: u64 = 1 << REF_SHIFT;
 const REF_MASK: u64 = ((1 << REF_BITS) - 1) << REF_SHIFT;
 /// Most claims one slot can hold at once.
@@ -92,10 +96,14 @@ const RESERVED: u32 = u32::MAX - 1;
 pub(crate) struct Word(pub(crate) u64);
 
 impl Word {
-    fn new(state: u64, id: u32, generation: u32, demand: bool) -> Word {
+    fn new(state: u64, id: u32, generation: u32, origin: Origin) -> Word {
         Word(
             state
-                | if demand { DEMAND } else { 0 }
+                | match origin {
+                    Origin::Demand => DEMAND,
+                    Origin::Speculative => 0,
+                    Origin::Prewarm => PREWARM,
+                }
                 | (u64::from(generation) << GEN_SHIFT)
                 | (u64::from(id) << ID_SHIFT),
         )
@@ -105,6 +113,16 @@ impl Word {
     }
     pub(crate) fn demand(self) -> bool {
         self.0 & DEMAND != 0
+    }
+    /// Who the load is for: demand wins over pre-warm.
+    pub(crate) fn origin(self) -> Origin {
+        if self.0 & DEMAND != 0 {
+            Origin::Demand
+        } else if self.0 & PREWARM != 0 {
+            Origin::Prewarm
+        } else {
+            Origin::Speculative
+        }
     }
     pub(crate) fn refs(self) -> u64 {
         (self.0 & REF_MASK) >> REF_SHIFT
@@ -142,14 +160,25 @@ fn split_ticket(t: u64) -> (u32, u32) {
     (t as u32, (t >> 32) as u32)
 }
 
+/// Who asked for a load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// The engine needs it now (a demand prefetch, or a claim).
+    Demand,
+    /// A bet on a later layer or token.
+    Speculative,
+    /// The pre-warm thread.
+    Prewarm,
+}
+
 /// A read a worker must do: load `id` into `slot` for generation `generation`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ReadJob {
     pub(crate) slot: u32,
     pub(crate) generation: u32,
     pub(crate) id: u32,
-    /// The read was needed by demand (counts in `reads_demand`).
-    pub(crate) demand: bool,
+    /// Who the read is for (which `reads_*` counter it counts in).
+    pub(crate) origin: Origin,
 }
 
 /// The answer to a prefetch.
@@ -252,7 +281,8 @@ impl SlotTable {
 
     /// Makes sure `id` is resident or in flight; queues a read if not.
     /// Never waits.
-    pub(crate) fn prefetch(&self, id: u32, demand: bool) -> Prefetched {
+    pub(crate) fn prefetch(&self, id: u32, origin: Origin) -> Prefetched {
+        let demand = origin == Origin::Demand;
         let entry = &self.map[id as usize];
         loop {
             // Acquire: pairs with the Release store of a slot index below, so
@@ -281,7 +311,7 @@ impl SlotTable {
             {
                 continue;
             }
-            let Some((slot, generation, evicted)) = self.take_slot(id, demand) else {
+            let Some((slot, generation, evicted)) = self.take_slot(id, origin) else {
                 // Release: pairs with the Acquire load above.
                 entry.store(NONE, Ordering::Release);
                 return Prefetched::RingFull;
@@ -340,7 +370,7 @@ impl SlotTable {
             // Release: the slot is free again.
             let _ = cell.compare_exchange(
                 w.0,
-                w.with_state(EMPTY).0 & !DEMAND,
+                w.with_state(EMPTY).0 & !ORIGIN_BITS,
                 Ordering::Release,
                 Ordering::Relaxed,
             );
@@ -351,12 +381,12 @@ impl SlotTable {
 
     /// Takes a slot for `id`: a fresh one if any is left, else the least
     /// recently used idle one. Returns (slot, new generation, evicted).
-    fn take_slot(&self, id: u32, demand: bool) -> Option<(u32, u32, bool)> {
+    fn take_slot(&self, id: u32, origin: Origin) -> Option<(u32, u32, bool)> {
         let n = self.slots();
         if self.fresh.load(Ordering::Relaxed) < n {
             let i = self.fresh.fetch_add(1, Ordering::Relaxed);
             if i < n {
-                if let Some(t) = self.try_take(i, Word(EMPTY), id, demand) {
+                if let Some(t) = self.try_take(i, Word(EMPTY), id, origin) {
                     return Some(t);
                 }
             }
@@ -366,7 +396,7 @@ impl SlotTable {
         // are slots: the ring is busy beyond what a prefetch should wait for.
         for _ in 0..n.max(8) {
             let (i, w) = self.least_recently_used_idle()?;
-            if let Some(t) = self.try_take(i, w, id, demand) {
+            if let Some(t) = self.try_take(i, w, id, origin) {
                 return Some(t);
             }
         }
@@ -400,9 +430,9 @@ impl SlotTable {
     }
 
     /// Moves slot `i` from the idle word `seen` to QUEUED for `id`.
-    fn try_take(&self, i: u32, seen: Word, id: u32, demand: bool) -> Option<(u32, u32, bool)> {
+    fn try_take(&self, i: u32, seen: Word, id: u32, origin: Origin) -> Option<(u32, u32, bool)> {
         let generation = next_generation(seen.generation());
-        let new = Word::new(QUEUED, id, generation, demand);
+        let new = Word::new(QUEUED, id, generation, origin);
         // AcqRel: Acquire orders the last claimant's reads of the slot (its
         // Release in `release`) before the worker's writes; Release publishes
         // the new identity to whoever reads the word next.
@@ -453,7 +483,7 @@ impl SlotTable {
                             slot,
                             generation,
                             id: w.id(),
-                            demand: w.demand(),
+                            origin: w.origin(),
                         })
                     }
                     Err(now) => w = Word(now),
@@ -497,7 +527,7 @@ impl SlotTable {
         let cell = &self.words[job.slot as usize];
         let mut w = Word(cell.load(Ordering::Relaxed));
         loop {
-            let empty = Word(w.with_state(EMPTY).0 & !DEMAND);
+            let empty = Word(w.with_state(EMPTY).0 & !ORIGIN_BITS);
             // Release: the failed flag is set before the slot can be seen free.
             match cell.compare_exchange(w.0, empty.0, Ordering::Release, Ordering::Relaxed) {
                 Ok(_) => break,
@@ -528,7 +558,7 @@ impl SlotTable {
                 if self.failed[id as usize].swap(0, Ordering::AcqRel) != 0 {
                     return Claimed::Failed;
                 }
-                return match self.prefetch(id, true) {
+                return match self.prefetch(id, Origin::Demand) {
                     Prefetched::Queued { .. } | Prefetched::Present => Claimed::Pending,
                     Prefetched::ErrorPending => continue,
                     Prefetched::RingFull => Claimed::RingFull,
@@ -569,7 +599,7 @@ impl SlotTable {
                         if w.refs() == MAX_REFS {
                             return Claimed::TooManyClaims;
                         }
-                        let claimed = Word((w.with_state(CONSUMED).0 + REF_ONE) & !DEMAND);
+                        let claimed = Word((w.with_state(CONSUMED).0 + REF_ONE) & !ORIGIN_BITS);
                         // Acquire: the worker's Release of READY published the
                         // bytes; Relaxed is not enough for the failure load
                         // either, since we may retry with it.
@@ -646,8 +676,20 @@ impl SlotTable {
         (w.id() == id && matches!(w.state(), READY | CONSUMED)).then_some(m)
     }
 
+    /// Whether `id` is queued or being read (not yet loaded).
+    pub(crate) fn in_flight(&self, id: u32) -> bool {
+        let m = self.map[id as usize].load(Ordering::Acquire);
+        if m == RESERVED {
+            return true;
+        }
+        if m == NONE {
+            return false;
+        }
+        let w = self.word(m);
+        w.id() == id && matches!(w.state(), QUEUED | READING)
+    }
+
     /// Whether `id` is loaded or being loaded.
-    #[cfg(test)]
     pub(crate) fn present(&self, id: u32) -> bool {
         let m = self.map[id as usize].load(Ordering::Acquire);
         m == RESERVED || (m != NONE && self.word(m).holds(id))
@@ -669,7 +711,7 @@ mod tests {
 
     #[test]
     fn word_fields_round_trip() {
-        let w = Word::new(READY, (1 << 24) - 1, (1 << 24) - 1, true);
+        let w = Word::new(READY, (1 << 24) - 1, (1 << 24) - 1, Origin::Demand);
         assert_eq!(w.state(), READY);
         assert_eq!(w.id(), (1 << 24) - 1);
         assert_eq!(w.generation(), (1 << 24) - 1);
@@ -682,10 +724,14 @@ mod tests {
     fn prefetch_then_claim_then_retain() {
         let t = SlotTable::new(2, 10);
         assert_eq!(t.claim(3), Claimed::Pending, "claim queues a demand read");
-        assert_eq!(t.prefetch(3, true), Prefetched::Present, "no second read");
+        assert_eq!(
+            t.prefetch(3, Origin::Demand),
+            Prefetched::Present,
+            "no second read"
+        );
         let jobs = load_all(&t);
         assert_eq!(jobs.len(), 1);
-        assert!(jobs[0].demand);
+        assert_eq!(jobs[0].origin, Origin::Demand);
         let Claimed::Ready { ticket, hit, slot } = t.claim(3) else {
             panic!("not ready")
         };
@@ -703,8 +749,8 @@ mod tests {
     #[test]
     fn speculative_load_is_a_hit_and_promotion_is_not() {
         let t = SlotTable::new(4, 10);
-        t.prefetch(1, false);
-        t.prefetch(2, false);
+        t.prefetch(1, Origin::Speculative);
+        t.prefetch(2, Origin::Speculative);
         // A claim of 2 while it waits in the speculative queue promotes it.
         assert_eq!(t.claim(2), Claimed::Pending);
         let first = t.next_job().unwrap();
@@ -719,7 +765,7 @@ mod tests {
     fn lru_evicts_the_oldest_idle_slot() {
         let t = SlotTable::new(3, 10);
         for id in 0..3 {
-            t.prefetch(id, false);
+            t.prefetch(id, Origin::Speculative);
         }
         load_all(&t);
         // Claim 0 and 2 (refreshing them) and release; 1 is now the oldest.
@@ -730,7 +776,7 @@ mod tests {
             t.release(ticket).unwrap();
         }
         assert!(matches!(
-            t.prefetch(5, false),
+            t.prefetch(5, Origin::Speculative),
             Prefetched::Queued { evicted: true, .. }
         ));
         assert!(!t.present(1), "least recently used was evicted");
@@ -740,8 +786,8 @@ mod tests {
     #[test]
     fn ring_full_and_recovery() {
         let t = SlotTable::new(2, 10);
-        t.prefetch(0, true);
-        t.prefetch(1, true);
+        t.prefetch(0, Origin::Demand);
+        t.prefetch(1, Origin::Demand);
         load_all(&t);
         let Claimed::Ready { ticket: t0, .. } = t.claim(0) else {
             panic!()
@@ -749,12 +795,12 @@ mod tests {
         let Claimed::Ready { ticket: _t1, .. } = t.claim(1) else {
             panic!()
         };
-        assert_eq!(t.prefetch(2, true), Prefetched::RingFull);
+        assert_eq!(t.prefetch(2, Origin::Demand), Prefetched::RingFull);
         assert_eq!(t.claim(2), Claimed::RingFull);
         assert!(!t.present(2), "a refused prefetch leaves no trace");
         t.release(t0).unwrap();
         assert!(matches!(
-            t.prefetch(2, true),
+            t.prefetch(2, Origin::Demand),
             Prefetched::Queued { evicted: true, .. }
         ));
         assert_eq!(t.release(t0), Err(Stale), "slot was evicted and reloaded");
@@ -763,10 +809,10 @@ mod tests {
     #[test]
     fn failed_read_is_reported_once_then_retried() {
         let t = SlotTable::new(2, 10);
-        t.prefetch(4, true);
+        t.prefetch(4, Origin::Demand);
         let j = t.next_job().unwrap();
         t.finish_failed(j);
-        assert_eq!(t.prefetch(4, true), Prefetched::ErrorPending);
+        assert_eq!(t.prefetch(4, Origin::Demand), Prefetched::ErrorPending);
         assert_eq!(t.claim(4), Claimed::Failed);
         assert_eq!(
             t.claim(4),
@@ -783,7 +829,7 @@ mod tests {
         assert_eq!(t.release(0), Err(Stale));
         assert_eq!(t.release(ticket(1, 1)), Err(Stale), "never claimed");
         assert_eq!(t.release(ticket(99, 1)), Err(Stale), "no such slot");
-        t.prefetch(0, true);
+        t.prefetch(0, Origin::Demand);
         load_all(&t);
         assert_eq!(t.release(ticket(0, 1)), Err(Stale), "loaded, not claimed");
     }
@@ -841,8 +887,8 @@ mod loom_tests {
         loom::model(|| {
             let m = Model::new(2, 4);
             let m2 = m.clone();
-            let h = thread::spawn(move || m2.table.prefetch(1, false));
-            let a = m.table.prefetch(1, true);
+            let h = thread::spawn(move || m2.table.prefetch(1, Origin::Speculative));
+            let a = m.table.prefetch(1, Origin::Demand);
             let b = h.join().unwrap();
             let queued = [a, b]
                 .iter()
@@ -863,7 +909,7 @@ mod loom_tests {
             // One slot, two experts: loading 1 must evict 0, and only when
             // no claim holds 0.
             let m = Model::new(1, 2);
-            m.table.prefetch(0, true);
+            m.table.prefetch(0, Origin::Demand);
             assert!(m.work());
             let m2 = m.clone();
             let claimer = thread::spawn(move || {
@@ -873,7 +919,7 @@ mod loom_tests {
             let worker = thread::spawn(move || {
                 m3.work();
             });
-            let _ = m.table.prefetch(1, true);
+            let _ = m.table.prefetch(1, Origin::Demand);
             claimer.join().unwrap();
             worker.join().unwrap();
             while m.work() {}
@@ -889,7 +935,7 @@ mod loom_tests {
         loom::model(|| {
             let m = Model::new(2, 2);
             assert!(matches!(
-                m.table.prefetch(1, false),
+                m.table.prefetch(1, Origin::Speculative),
                 Prefetched::Queued { .. }
             ));
             let m2 = m.clone();
@@ -915,7 +961,7 @@ mod loom_tests {
     fn failed_read_is_reported_exactly_once() {
         loom::model(|| {
             let m = Model::new(1, 2);
-            m.table.prefetch(0, true);
+            m.table.prefetch(0, Origin::Demand);
             let job = m.table.next_job().unwrap();
             let m2 = m.clone();
             let claimer = thread::spawn(move || [m2.table.claim(0), m2.table.claim(0)]);
@@ -935,7 +981,7 @@ mod loom_tests {
     fn release_races_claim_of_the_same_slot() {
         loom::model(|| {
             let m = Model::new(1, 2);
-            m.table.prefetch(0, true);
+            m.table.prefetch(0, Origin::Demand);
             assert!(m.work());
             let Claimed::Ready { ticket, .. } = m.table.claim(0) else {
                 panic!()
@@ -943,7 +989,7 @@ mod loom_tests {
             let m2 = m.clone();
             let h = thread::spawn(move || m2.claim_check_release(0));
             m.table.release(ticket).unwrap();
-            let _ = m.table.prefetch(1, false);
+            let _ = m.table.prefetch(1, Origin::Speculative);
             let _ = h.join().unwrap();
             while m.work() {}
             assert_eq!(m.table.release(ticket), Err(Stale));

@@ -14,7 +14,7 @@ use std::thread::Thread;
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::slots::ReadJob;
+use super::slots::{Origin, ReadJob};
 use super::Shared;
 use crate::error::{Error, ErrorKind};
 
@@ -145,11 +145,12 @@ fn read_job(shared: &Shared, file: &File, job: ReadJob) {
         return;
     }
     c.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
-    if job.demand {
-        c.reads_demand.fetch_add(1, Ordering::Relaxed);
-    } else {
-        c.reads_speculative.fetch_add(1, Ordering::Relaxed);
+    match job.origin {
+        Origin::Demand => &c.reads_demand,
+        Origin::Speculative => &c.reads_speculative,
+        Origin::Prewarm => &c.reads_prewarm,
     }
+    .fetch_add(1, Ordering::Relaxed);
     if shared.verify && shared.vault.header().has_checksums() {
         let sum = xxh3_64(&buf[..entry.size as usize]);
         if sum != entry.xxh3 {

@@ -1,0 +1,145 @@
+//! The pre-warm thread (SPEC §2): while the engine is not busy, it brings the
+//! historically hottest experts into the ring, so the first tokens of a
+//! session find them resident.
+//!
+//! It takes experts hottest first (ties by ascending (layer, expert)), skips
+//! resident ones, and issues one speculative-queue read at a time: it waits
+//! for that read to land, then pauses 4 ms. It stops when the hottest
+//! `budget` experts are all resident or in flight. `pause(true)` makes it
+//! stop issuing; once that call returns, at most the one read already issued
+//! may still start. `pause(false)` resumes it, and it re-warms what requests
+//! have evicted since, within the same budget. It never claims (so it never
+//! takes a read error meant for the engine), and it is joined at close.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::Thread;
+use std::time::Duration;
+
+use super::slots::{Origin, Prefetched};
+use super::Shared;
+
+/// Pause between two pre-warm reads.
+pub(crate) const PACE: Duration = Duration::from_millis(4);
+
+/// The engine's side of the pre-warm thread.
+pub(crate) struct Control {
+    /// The engine is busy: issue nothing.
+    paused: AtomicBool,
+    /// The thread is between its last check of `paused` and the end of a
+    /// prefetch call; `pause(true)` waits for this to clear.
+    issuing: AtomicBool,
+    /// Experts to keep warm (the hottest `budget`).
+    pub(crate) budget: u32,
+    thread: OnceLock<Thread>,
+}
+
+impl Control {
+    pub(crate) fn new(budget: u32) -> Control {
+        Control {
+            paused: AtomicBool::new(false),
+            issuing: AtomicBool::new(false),
+            budget,
+            thread: OnceLock::new(),
+        }
+    }
+
+    pub(crate) fn set_thread(&self, t: Thread) {
+        let _ = self.thread.set(t);
+    }
+
+    pub(crate) fn wake(&self) {
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+    }
+
+    /// `busy = true`: stop issuing reads; returns once no new pre-warm read
+    /// can start other than one already issued. `false`: resume.
+    pub(crate) fn pause(&self, busy: bool) {
+        // SeqCst, with the SeqCst accesses in `issue`: either the thread sees
+        // `paused` before it prefetches, or we see its `issuing` flag and wait
+        // for that prefetch call to finish.
+        self.paused.store(busy, Ordering::SeqCst);
+        if busy {
+            let mut spins = 0u32;
+            while self.issuing.load(Ordering::SeqCst) {
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        } else {
+            self.wake();
+        }
+    }
+
+    pub(crate) fn paused(&self) -> bool {
+        self.paused.load(Ordering::SeqCst)
+    }
+}
+
+/// The thread's body. Returns at shutdown.
+pub(crate) fn run(shared: Arc<Shared>) {
+    let control = &shared.prewarm;
+    let stopping = || shared.shutdown.load(Ordering::Acquire);
+    while !stopping() {
+        if control.paused() {
+            std::thread::park();
+            continue;
+        }
+        warm_pass(&shared);
+        if stopping() {
+            return;
+        }
+        // Done (or paused, or the ring is busy): sleep until resumed or
+        // closed. A pass that was cut short by a full ring retries later.
+        std::thread::park_timeout(Duration::from_millis(250));
+    }
+}
+
+/// One pass over the hottest `budget` experts.
+fn warm_pass(shared: &Shared) {
+    let control = &shared.prewarm;
+    let targets = shared.histogram.hottest_first();
+    for &id in targets.iter().take(control.budget as usize) {
+        if shared.shutdown.load(Ordering::Acquire) || control.paused() {
+            return;
+        }
+        if shared.table.present(id) {
+            continue;
+        }
+        match issue(shared, id) {
+            Some(Prefetched::Queued { .. }) => {
+                shared.wake.one();
+                // One read at a time: wait for it to land (or fail, or be
+                // taken over), then pace.
+                while shared.table.in_flight(id) {
+                    if shared.shutdown.load(Ordering::Acquire) {
+                        return;
+                    }
+                    std::thread::park_timeout(Duration::from_millis(1));
+                }
+                std::thread::park_timeout(PACE);
+            }
+            Some(Prefetched::RingFull) => return,
+            Some(Prefetched::Present | Prefetched::ErrorPending) => {}
+            None => return, // paused
+        }
+    }
+}
+
+/// Prefetches `id` for pre-warm unless the engine paused us. None if paused.
+fn issue(shared: &Shared, id: u32) -> Option<Prefetched> {
+    let control = &shared.prewarm;
+    control.issuing.store(true, Ordering::SeqCst);
+    if control.paused.load(Ordering::SeqCst) {
+        control.issuing.store(false, Ordering::SeqCst);
+        return None;
+    }
+    let r = shared.table.prefetch(id, Origin::Prewarm);
+    control.issuing.store(false, Ordering::SeqCst);
+    Some(r)
+}
