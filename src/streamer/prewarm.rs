@@ -8,7 +8,9 @@
 //! `budget` experts are all resident or in flight. `pause(true)` makes it
 //! stop issuing; once that call returns, at most the one read already issued
 //! may still start. `pause(false)` resumes it, and it re-warms what requests
-//! have evicted since, within the same budget. It never claims (so it never
+//! have evicted since, within the same budget. Warming one expert never
+//! evicts another of the warm set (it stops when only those are idle). It
+//! never claims (so it never
 //! takes a read error meant for the engine), and it is joined at close.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -103,15 +105,21 @@ pub(crate) fn run(shared: Arc<Shared>) {
 /// One pass over the hottest `budget` experts.
 fn warm_pass(shared: &Shared) {
     let control = &shared.prewarm;
-    let targets = shared.histogram.hottest_first();
-    for &id in targets.iter().take(control.budget as usize) {
+    let mut targets = shared.histogram.hottest_first();
+    targets.truncate(control.budget as usize);
+    // Warming one target must never evict another.
+    let mut spare = vec![0u64; shared.histogram.len().div_ceil(64)];
+    for &id in &targets {
+        spare[id as usize / 64] |= 1 << (id % 64);
+    }
+    for &id in &targets {
         if shared.shutdown.load(Ordering::Acquire) || control.paused() {
             return;
         }
         if shared.table.present(id) {
             continue;
         }
-        match issue(shared, id) {
+        match issue(shared, id, &spare) {
             Some(Prefetched::Queued { .. }) => {
                 shared.wake.one();
                 // One read at a time: wait for it to land (or fail, or be
@@ -132,14 +140,16 @@ fn warm_pass(shared: &Shared) {
 }
 
 /// Prefetches `id` for pre-warm unless the engine paused us. None if paused.
-fn issue(shared: &Shared, id: u32) -> Option<Prefetched> {
+fn issue(shared: &Shared, id: u32, spare: &[u64]) -> Option<Prefetched> {
     let control = &shared.prewarm;
     control.issuing.store(true, Ordering::SeqCst);
     if control.paused.load(Ordering::SeqCst) {
         control.issuing.store(false, Ordering::SeqCst);
         return None;
     }
-    let r = shared.table.prefetch(id, Origin::Prewarm);
+    let r = shared
+        .table
+        .prefetch_sparing(id, Origin::Prewarm, Some(spare));
     control.issuing.store(false, Ordering::SeqCst);
     Some(r)
 }

@@ -282,6 +282,18 @@ impl SlotTable {
     /// Makes sure `id` is resident or in flight; queues a read if not.
     /// Never waits.
     pub(crate) fn prefetch(&self, id: u32, origin: Origin) -> Prefetched {
+        self.prefetch_sparing(id, origin, None)
+    }
+
+    /// [`SlotTable::prefetch`] that never evicts a slot holding an id whose
+    /// bit is set in `spare` (one bit per dense id): the pre-warm thread uses
+    /// it so that warming one expert never evicts another it keeps warm.
+    pub(crate) fn prefetch_sparing(
+        &self,
+        id: u32,
+        origin: Origin,
+        spare: Option<&[u64]>,
+    ) -> Prefetched {
         let demand = origin == Origin::Demand;
         let entry = &self.map[id as usize];
         loop {
@@ -311,7 +323,7 @@ impl SlotTable {
             {
                 continue;
             }
-            let Some((slot, generation, evicted)) = self.take_slot(id, origin) else {
+            let Some((slot, generation, evicted)) = self.take_slot(id, origin, spare) else {
                 // Release: pairs with the Acquire load above.
                 entry.store(NONE, Ordering::Release);
                 return Prefetched::RingFull;
@@ -381,7 +393,12 @@ impl SlotTable {
 
     /// Takes a slot for `id`: a fresh one if any is left, else the least
     /// recently used idle one. Returns (slot, new generation, evicted).
-    fn take_slot(&self, id: u32, origin: Origin) -> Option<(u32, u32, bool)> {
+    fn take_slot(
+        &self,
+        id: u32,
+        origin: Origin,
+        spare: Option<&[u64]>,
+    ) -> Option<(u32, u32, bool)> {
         let n = self.slots();
         if self.fresh.load(Ordering::Relaxed) < n {
             let i = self.fresh.fetch_add(1, Ordering::Relaxed);
@@ -395,7 +412,7 @@ impl SlotTable {
         // chose; a fresh scan sees that. Give up after as many rounds as there
         // are slots: the ring is busy beyond what a prefetch should wait for.
         for _ in 0..n.max(8) {
-            let (i, w) = self.least_recently_used_idle()?;
+            let (i, w) = self.least_recently_used_idle(spare)?;
             if let Some(t) = self.try_take(i, w, id, origin) {
                 return Some(t);
             }
@@ -405,7 +422,13 @@ impl SlotTable {
 
     /// The idle slot with the smallest tick (EMPTY counts as tick 0), by a
     /// scan of the packed words; ticks are read only for idle slots.
-    fn least_recently_used_idle(&self) -> Option<(u32, Word)> {
+    fn least_recently_used_idle(&self, spare: Option<&[u64]>) -> Option<(u32, Word)> {
+        let spared = |w: u64| {
+            spare.is_some_and(|bits| {
+                let id = Word(w).id() as usize;
+                bits.get(id / 64).is_some_and(|b| b & (1 << (id % 64)) != 0)
+            })
+        };
         let mut best: Option<(u32, Word)> = None;
         let mut best_tick = u64::MAX;
         for (i, (word, tick)) in self.words.iter().zip(self.ticks.iter()).enumerate() {
@@ -415,7 +438,7 @@ impl SlotTable {
             }
             let t = match w & STATE_MASK {
                 EMPTY => 0,
-                READY | CONSUMED => tick.load(Ordering::Relaxed),
+                READY | CONSUMED if !spared(w) => tick.load(Ordering::Relaxed),
                 _ => continue,
             };
             if t < best_tick {
