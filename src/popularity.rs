@@ -534,6 +534,14 @@ impl Histogram {
             .collect()
     }
 
+    /// The sum of every count (earlier sessions' included).
+    pub fn total(&self) -> u64 {
+        self.counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .fold(0u64, u64::wrapping_add)
+    }
+
     /// Dense ids with a count above zero, by count descending, ties by
     /// ascending id (that is, ascending (layer, expert)).
     pub fn hottest_first(&self) -> Vec<u32> {

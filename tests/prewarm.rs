@@ -220,7 +220,10 @@ fn pause_holds_then_resume_rewarms() {
     });
     std::thread::sleep(Duration::from_millis(300));
     let rewarmed = s.stats().reads_prewarm - before;
-    assert_eq!(rewarmed as usize, evicted, "re-warms exactly what was evicted");
+    assert_eq!(
+        rewarmed as usize, evicted,
+        "re-warms exactly what was evicted"
+    );
 }
 
 #[test]

@@ -275,8 +275,13 @@ impl SlotTable {
         self.ticks[slot as usize].load(Ordering::Relaxed)
     }
 
+    /// The LRU clock's next value. A load and a store, not a read-modify-
+    /// write: two threads may take the same tick, which only makes their
+    /// slots equally old, and no claim pays for a contended atomic add.
     fn next_tick(&self) -> u64 {
-        self.clock.fetch_add(1, Ordering::Relaxed)
+        let t = self.clock.load(Ordering::Relaxed) + 1;
+        self.clock.store(t, Ordering::Relaxed);
+        t
     }
 
     /// Makes sure `id` is resident or in flight; queues a read if not.

@@ -1,0 +1,269 @@
+// A Swift wrapper of smoe's C API (module CSMoE, include/smoe.h).
+//
+// The header marks every pointer SMOE_NULLABLE or SMOE_NONNULL (_Nullable /
+// _Nonnull under Clang), so the import is exact: `smoe_last_error()` returns a
+// non-optional `UnsafePointer<CChar>`, `smoe_slot.data` an optional
+// `UnsafePointer<UInt8>?`, the opaque `smoe_streamer *` an `OpaquePointer?`.
+// This file owns the only conversions: a failed call becomes a thrown
+// `SMoEError` carrying the status and `smoe_last_error()`; a claim becomes a
+// `Claim` object that releases itself when the last reference goes away.
+import CSMoE
+
+/// A failed smoe call: its status and the library's message for it
+/// (`smoe_last_error()`, read on the calling thread right after the call).
+public struct SMoEError: Error, Equatable, CustomStringConvertible {
+    public let status: Status
+    public let message: String
+
+    public init(status: Status, message: String) {
+        self.status = status
+        self.message = message
+    }
+
+    public var description: String { "\(status.name): \(message)" }
+
+    /// Throws the last error of this thread if `status` is not `SMOE_OK`.
+    /// `SMOE_PENDING` is not an error to the C API; callers that expect it
+    /// test for it before calling this.
+    public static func check(_ status: smoe_status) throws {
+        guard status != SMOE_OK else { return }
+        throw SMoEError(status: Status(status), message: String(cString: smoe_last_error()))
+    }
+
+    /// A `smoe_status` value, with the names `smoe_status_str` gives.
+    public struct Status: RawRepresentable, Hashable, CustomStringConvertible {
+        public let rawValue: Int32
+        public init(rawValue: Int32) { self.rawValue = rawValue }
+        public init(_ status: smoe_status) { rawValue = numericCast(status.rawValue) }
+
+        public static let ok = Status(SMOE_OK)
+        public static let pending = Status(SMOE_PENDING)
+        public static let argument = Status(SMOE_ERR_ARGUMENT)
+        public static let notFound = Status(SMOE_ERR_NOT_FOUND)
+        public static let io = Status(SMOE_ERR_IO)
+        public static let format = Status(SMOE_ERR_FORMAT)
+        public static let noMemory = Status(SMOE_ERR_NO_MEMORY)
+        public static let ringFull = Status(SMOE_ERR_RING_FULL)
+        public static let stale = Status(SMOE_ERR_STALE)
+        public static let unsupported = Status(SMOE_ERR_UNSUPPORTED)
+        public static let `internal` = Status(SMOE_ERR_INTERNAL)
+
+        /// The constant's name, e.g. "SMOE_ERR_NOT_FOUND".
+        public var name: String {
+            String(cString: smoe_status_str(smoe_status(rawValue: numericCast(rawValue))))
+        }
+
+        public var description: String { name }
+    }
+}
+
+/// An open vault with its ring and I/O workers (`smoe_streamer`). Every
+/// method may be called from any thread; `deinit` closes it, which a `Claim`
+/// delays by holding a strong reference to its streamer.
+public final class Streamer {
+    /// Settings for `smoe_open` (`smoe_config`); zero means "default".
+    public struct Config {
+        public enum DirectIO: UInt32 { case auto = 0, require = 1, off = 2 }
+
+        public var ringSlots: UInt32 = 0
+        public var slotMiB: UInt32 = 0
+        public var workers: UInt32 = 0
+        public var directIO: DirectIO = .auto
+        public var prewarm = true
+        public var prewarmSlots: UInt32 = 0
+        public var verify = false
+        /// `UInt64.max`: the size of the vault's `scout.*` files.
+        public var scoutBytes = UInt64.max
+        /// 0: 2 GiB.
+        public var engineOverheadBytes: UInt64 = 0
+        /// `nil`: `<vault>/expert_freq.bin`; `""`: do not persist.
+        public var freqPath: String?
+
+        public init() {}
+    }
+
+    /// The counters and sizes of `smoe_get_stats`.
+    public typealias Stats = smoe_stats
+
+    /// Where an expert lives in `experts.smoe` (`smoe_expert_info`).
+    public struct ExpertInfo: Equatable {
+        public let size: UInt64
+        public let paddedSize: UInt64
+        public let offset: UInt64
+    }
+
+    /// The whole ring (`smoe_ring_region`): slot `i` starts at
+    /// `base + i × slotBytes`. Valid while the streamer is open.
+    public struct RingRegion {
+        public let base: UnsafeMutableRawPointer
+        public let bytes: UInt64
+        public let slotBytes: UInt64
+    }
+
+    /// The `smoe_streamer *`; for calls this wrapper does not cover. Valid
+    /// as long as this object is alive.
+    public let handle: OpaquePointer
+
+    /// Opens `vault` (its directory or its `experts.smoe`).
+    public init(vault: String, config: Config = Config()) throws {
+        var cfg = smoe_config()
+        smoe_config_init(&cfg)
+        cfg.ring_slots = config.ringSlots
+        cfg.slot_mb = config.slotMiB
+        cfg.workers = config.workers
+        cfg.direct_io = config.directIO.rawValue
+        cfg.prewarm = config.prewarm ? 1 : 0
+        cfg.prewarm_slots = config.prewarmSlots
+        cfg.verify = config.verify ? 1 : 0
+        cfg.scout_bytes = config.scoutBytes
+        cfg.engine_overhead_bytes = config.engineOverheadBytes
+        var out: OpaquePointer?
+        // freq_path is read during smoe_open only, so a temporary C string
+        // is enough.
+        let status: smoe_status
+        if let freqPath = config.freqPath {
+            status = freqPath.withCString { path in
+                cfg.freq_path = path
+                return smoe_open(vault, &cfg, &out)
+            }
+        } else {
+            status = smoe_open(vault, &cfg, &out)
+        }
+        try SMoEError.check(status)
+        guard let out else {
+            throw SMoEError(status: .internal, message: "smoe_open returned SMOE_OK without a streamer")
+        }
+        handle = out
+    }
+
+    deinit {
+        smoe_close(handle)
+    }
+
+    /// Queues the read of (`layer`, `expert`) unless it is resident or in
+    /// flight. Never waits for I/O.
+    public func prefetch(layer: UInt32, expert: UInt32, speculative: Bool = false) throws {
+        try SMoEError.check(smoe_prefetch(handle, layer, expert, speculative))
+    }
+
+    /// Claims (`layer`, `expert`) if it is resident; `nil` if its read is
+    /// still pending (the read is queued). Never blocks.
+    public func claim(layer: UInt32, expert: UInt32) throws -> Claim? {
+        var slot = smoe_slot()
+        let status = smoe_claim(handle, layer, expert, &slot)
+        if status == SMOE_PENDING { return nil }
+        try SMoEError.check(status)
+        return Claim(streamer: self, slot: slot)
+    }
+
+    /// Claims (`layer`, `expert`), waiting up to `timeoutNanoseconds` for
+    /// its read; `nil` if the timeout passed first.
+    public func claim(layer: UInt32, expert: UInt32, timeoutNanoseconds: UInt64) throws -> Claim? {
+        var slot = smoe_slot()
+        let status = smoe_claim_wait(handle, layer, expert, timeoutNanoseconds, &slot)
+        if status == SMOE_PENDING { return nil }
+        try SMoEError.check(status)
+        return Claim(streamer: self, slot: slot)
+    }
+
+    /// The counters and sizes now (each counter exact, not one snapshot).
+    public func stats() throws -> Stats {
+        var stats = smoe_stats()
+        stats.struct_size = UInt32(MemoryLayout<smoe_stats>.size)
+        try SMoEError.check(smoe_get_stats(handle, &stats))
+        return stats
+    }
+
+    public func expertInfo(layer: UInt32, expert: UInt32) throws -> ExpertInfo {
+        var size: UInt64 = 0
+        var paddedSize: UInt64 = 0
+        var offset: UInt64 = 0
+        try SMoEError.check(smoe_expert_info(handle, layer, expert, &size, &paddedSize, &offset))
+        return ExpertInfo(size: size, paddedSize: paddedSize, offset: offset)
+    }
+
+    public func ringRegion() throws -> RingRegion {
+        var base: UnsafeMutableRawPointer?
+        var bytes: UInt64 = 0
+        var slotBytes: UInt64 = 0
+        try SMoEError.check(smoe_ring_region(handle, &base, &bytes, &slotBytes))
+        guard let base else {
+            throw SMoEError(status: .internal, message: "smoe_ring_region returned a NULL base")
+        }
+        return RingRegion(base: base, bytes: bytes, slotBytes: slotBytes)
+    }
+
+    /// Tells the pre-warm thread the engine is busy (stop) or idle (resume).
+    public func prewarmPause(_ busy: Bool) {
+        smoe_prewarm_pause(handle, busy)
+    }
+
+    /// Persists the claim histogram now.
+    public func flushStats() throws {
+        try SMoEError.check(smoe_flush_stats(handle))
+    }
+
+    /// The vault's metadata (a JSON object), "" if none.
+    public var metadata: String { String(cString: smoe_vault_metadata(handle)) }
+
+    /// The warnings of `smoe_open`, one per line, "" if none.
+    public var warnings: String { String(cString: smoe_warnings(handle)) }
+
+    /// `smoe_abi_version()` of the loaded library; `SMOE_ABI_VERSION` is the
+    /// header's.
+    public static var abiVersion: UInt32 { smoe_abi_version() }
+}
+
+/// One claimed expert (`smoe_slot`). Its bytes stay valid until it is
+/// released: by `release()`, or by `deinit` when the last reference goes
+/// away. It holds its streamer open. Use one `Claim` from one thread at a
+/// time (its release flag is not atomic); the streamer itself is shared.
+public final class Claim {
+    public let streamer: Streamer
+    public let slot: smoe_slot
+    public private(set) var isReleased = false
+
+    init(streamer: Streamer, slot: smoe_slot) {
+        self.streamer = streamer
+        self.slot = slot
+    }
+
+    deinit {
+        if !isReleased {
+            var slot = slot
+            _ = smoe_release(streamer.handle, &slot)
+        }
+    }
+
+    public var layer: UInt32 { slot.layer }
+    public var expert: UInt32 { slot.expert }
+    /// No demand read was needed (retained, speculated or pre-warmed).
+    public var hit: Bool { slot.hit }
+    public var slotIndex: UInt32 { slot.slot_index }
+    public var size: Int { Int(slot.size) }
+
+    /// The payload (16 KiB aligned), for reading while the claim is held.
+    /// Do not keep the buffer past `release()` or the claim's lifetime.
+    public func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) throws -> R) throws -> R {
+        guard !isReleased else { throw alreadyReleased() }
+        return try body(UnsafeRawBufferPointer(start: slot.data, count: size))
+    }
+
+    /// Releases the claim now, reporting the library's error. A second
+    /// release is refused here with `.stale`, without calling the library:
+    /// two claims of one slot may carry equal tickets, so passing the ticket
+    /// again could release another holder's claim.
+    public func release() throws {
+        guard !isReleased else { throw alreadyReleased() }
+        var slot = slot
+        let status = smoe_release(streamer.handle, &slot)
+        isReleased = true
+        try SMoEError.check(status)
+    }
+
+    private func alreadyReleased() -> SMoEError {
+        SMoEError(
+            status: .stale,
+            message: "layer \(layer) expert \(expert): ticket \(slot.ticket) already released by this Claim")
+    }
+}

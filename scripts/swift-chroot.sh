@@ -1,0 +1,248 @@
+#!/usr/bin/env bash
+# Builds and tests the Swift package examples-swift/ in a Debian 13 (trixie)
+# chroot, linking the library built on this host.
+#
+# Usage: scripts/swift-chroot.sh [setup|all]     (as root, from anywhere)
+#
+#   setup   only create (or reuse) the cached chroot
+#   all     (default) setup, then:
+#             cargo build --release                  on the host
+#             smoe synth                             a small vault, on the host
+#             swift build / swift test               in the chroot (dynamic link)
+#             the example executable on the vault    in the chroot (static link)
+#
+# Why a chroot: Debian 12 packages no Swift toolchain; Debian 13 ships
+# `swiftlang` (6.0.3). Trixie's glibc (2.41) is newer than bookworm's (2.36),
+# so the library and the `smoe` tool built on the host run inside the chroot
+# (the reverse would not). The chroot is made once with
+# `debootstrap --variant=minbase trixie` plus `apt-get install
+# --no-install-recommends swiftlang libc6-dev` (~3.2 GB) and cached OUTSIDE
+# the repository; later runs reuse it. A marker file records the package list
+# it was completed with: a partial chroot (an interrupted first run) or a
+# changed package list is detected and repaired.
+#
+# During the build the repository is bind-mounted read-only at its own path
+# inside the chroot (so absolute paths are the same on both sides), /proc is
+# mounted and /dev bind-mounted; a trap unmounts all three on any exit. The
+# Swift build directory lives in the chroot (/var/tmp/smoe-swift-build), so
+# nothing is written into the repository.
+#
+# Environment:
+#   SMOE_SWIFT_CHROOT   the cached chroot (default /var/cache/smoe-swift-chroot)
+#   SMOE_DEBIAN_MIRROR  Debian mirror for debootstrap (default: the
+#                       deb.debian.org-style URI in /etc/apt/sources.list*,
+#                       else http://deb.debian.org/debian)
+#
+# Installs on the host: debootstrap (apt-get), if missing. Needs root (chroot,
+# mount), network to the Debian mirror on the first run, ~3.5 GB of disk.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+REPO=$(pwd -P)
+if [ -d "$HOME/.cargo/bin" ]; then
+  export PATH="$HOME/.cargo/bin:$PATH"
+fi
+export DEBIAN_FRONTEND=noninteractive
+
+MODE=${1:-all}
+case "$MODE" in
+  setup | all) ;;
+  *)
+    echo "usage: $0 [setup|all]" >&2
+    exit 2
+    ;;
+esac
+
+CHROOT=${SMOE_SWIFT_CHROOT:-/var/cache/smoe-swift-chroot}
+SUITE=trixie
+# Everything the build needs in the chroot. swiftlang pulls in its clang and
+# linker; libc6-dev is only a recommendation of it, but linking needs crt1.o.
+CHROOT_PACKAGES=(swiftlang libc6-dev)
+READY="$CHROOT/.smoe-swift-ready"
+# Paths inside the chroot.
+BUILD_DIR=/var/tmp/smoe-swift-build
+VAULT_DIR=/var/tmp/smoe-swift-vault
+
+SCRIPT_START=$(date +%s)
+TIMINGS=()
+
+# step NAME COMMAND...: runs COMMAND, prints and records how long it took.
+step() {
+  local name=$1
+  shift
+  local start
+  start=$(date +%s)
+  echo
+  echo "=== swift ${name}"
+  "$@"
+  local seconds=$(($(date +%s) - start))
+  echo "=== swift ${name}: ok in ${seconds}s"
+  TIMINGS+=("$(printf '%-14s %5ds' "$name" "$seconds")")
+}
+
+die() {
+  echo "swift-chroot: $*" >&2
+  exit 1
+}
+
+[ "$(id -u)" -eq 0 ] || die "must run as root (debootstrap, chroot, mount)"
+
+# The mirror debootstrap fetches from: the Debian archive apt already uses.
+debian_mirror() {
+  if [ -n "${SMOE_DEBIAN_MIRROR:-}" ]; then
+    echo "$SMOE_DEBIAN_MIRROR"
+    return
+  fi
+  local uri
+  uri=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list \
+    /etc/apt/sources.list.d/*.sources 2>/dev/null | grep -v '^[[:space:]]*#' |
+    grep -oE 'https?://[^ ]+/debian/?( |$)' | head -n 1 | tr -d ' ' || true)
+  echo "${uri:-http://deb.debian.org/debian}"
+}
+
+# Mount points under the chroot, deepest first.
+chroot_mounts() {
+  awk -v root="$CHROOT" '$5 == root || index($5, root "/") == 1 { print $5 }' \
+    /proc/self/mountinfo | sort -r
+}
+
+unmount_all() {
+  local mount_point
+  for mount_point in $(chroot_mounts); do
+    umount "$mount_point" 2>/dev/null || umount -l "$mount_point" ||
+      echo "WARNING: could not unmount $mount_point" >&2
+  done
+}
+
+# Serializes runs sharing one chroot (two CI jobs on one machine).
+take_lock() {
+  mkdir -p "$(dirname "$CHROOT")"
+  exec 9>"$CHROOT.lock"
+  timeout 1800 flock 9 || die "could not lock $CHROOT.lock within 30 min"
+}
+
+install_debootstrap() {
+  if command -v debootstrap >/dev/null; then
+    echo "debootstrap: $(dpkg-query -W -f='${Version}' debootstrap 2>/dev/null || echo present)"
+    return
+  fi
+  timeout 600 apt-get update -qq </dev/null
+  timeout 600 apt-get install -y -qq --no-install-recommends debootstrap </dev/null
+}
+
+mount_chroot() {
+  mountpoint -q "$CHROOT/proc" || mount -t proc proc "$CHROOT/proc"
+  mountpoint -q "$CHROOT/dev" || mount --bind /dev "$CHROOT/dev"
+}
+
+# in_chroot SECONDS COMMAND...: runs COMMAND in the chroot with a clean
+# environment and no stdin, killed after SECONDS.
+in_chroot() {
+  local seconds=$1
+  shift
+  timeout --kill-after=30 "$seconds" chroot "$CHROOT" /usr/bin/env -i HOME=/root LANG=C.UTF-8 \
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    DEBIAN_FRONTEND=noninteractive "$@" </dev/null
+}
+
+create_chroot() {
+  if [ -f "$READY" ] && [ "$(cat "$READY")" = "${CHROOT_PACKAGES[*]}" ]; then
+    echo "reusing $CHROOT ($(du -sh --one-file-system "$CHROOT" | cut -f1))"
+    return
+  fi
+  if [ -d "$CHROOT" ] && [ ! -x "$CHROOT/usr/bin/apt-get" ]; then
+    # An interrupted debootstrap: start over.
+    unmount_all
+    [ -z "$(chroot_mounts)" ] || die "mounts remain under $CHROOT; not removing it"
+    echo "removing the incomplete chroot $CHROOT"
+    rm -rf --one-file-system "$CHROOT"
+  fi
+  if [ ! -d "$CHROOT" ]; then
+    local mirror
+    mirror=$(debian_mirror)
+    echo "debootstrap --variant=minbase $SUITE $CHROOT $mirror"
+    timeout 1200 debootstrap --variant=minbase "$SUITE" "$CHROOT" "$mirror" </dev/null ||
+      die "debootstrap failed (see $CHROOT/debootstrap/debootstrap.log)"
+  fi
+  cp /etc/resolv.conf "$CHROOT/etc/resolv.conf"
+  mount_chroot
+  in_chroot 600 apt-get update -qq
+  in_chroot 1800 apt-get install -y -qq --no-install-recommends "${CHROOT_PACKAGES[@]}"
+  in_chroot 300 apt-get clean
+  echo "${CHROOT_PACKAGES[*]}" >"$READY"
+  echo "chroot ready: $(du -sh --one-file-system "$CHROOT" | cut -f1)"
+}
+
+show_versions() {
+  in_chroot 60 swift --version 2>&1 | sed -n 1,2p
+  in_chroot 60 ldd --version | sed -n 1p
+}
+
+build_host() {
+  cargo build --release
+  ls -l target/release/libsmoe.a target/release/libsmoe.so target/release/smoe
+}
+
+# Bind-mounts the repository read-only at its own path inside the chroot.
+mount_repo() {
+  mkdir -p "$CHROOT$REPO"
+  if ! mountpoint -q "$CHROOT$REPO"; then
+    mount --bind "$REPO" "$CHROOT$REPO"
+    mount -o remount,bind,ro "$CHROOT$REPO"
+  fi
+}
+
+make_vault() {
+  rm -rf "${CHROOT:?}$VAULT_DIR"
+  target/release/smoe synth "$CHROOT$VAULT_DIR" --layers 4 --experts 16 --blob-kib 64
+}
+
+swift_build() {
+  in_chroot 1200 swift build --package-path "$REPO/examples-swift" \
+    --scratch-path "$BUILD_DIR/dynamic"
+}
+
+swift_test() {
+  in_chroot 900 env SMOE_BIN="$REPO/target/release/smoe" \
+    swift test --package-path "$REPO/examples-swift" --scratch-path "$BUILD_DIR/dynamic"
+}
+
+# The executable again, linked statically: SMOE_LIB_DIR points at a
+# directory that holds only libsmoe.a, so the linker cannot pick the .so.
+run_example() {
+  local static_lib=$CHROOT$BUILD_DIR/static-lib
+  mkdir -p "$static_lib"
+  cp "$REPO/target/release/libsmoe.a" "$static_lib/libsmoe.a"
+  in_chroot 1200 env SMOE_LIB_DIR="$BUILD_DIR/static-lib" SMOE_LINK=static \
+    swift build --package-path "$REPO/examples-swift" \
+    --scratch-path "$BUILD_DIR/static" --product smoe-swift-stream
+  local exe=$BUILD_DIR/static/debug/smoe-swift-stream
+  if in_chroot 60 ldd "$exe" | grep -q libsmoe; then
+    die "$exe is linked to libsmoe.so, not the static library"
+  fi
+  in_chroot 300 "$exe" "$VAULT_DIR"
+}
+
+take_lock
+trap unmount_all EXIT
+# Signals end the script through `exit`, so the EXIT trap unmounts.
+trap 'exit 129' HUP
+trap 'exit 130' INT
+trap 'exit 143' TERM
+step debootstrap install_debootstrap
+step chroot create_chroot
+mount_chroot
+step versions show_versions
+if [ "$MODE" = all ]; then
+  step host-build build_host
+  mount_repo
+  step vault make_vault
+  step build swift_build
+  step test swift_test
+  step example run_example
+fi
+
+echo
+echo "=== swift timings"
+printf '%s\n' "${TIMINGS[@]}"
+echo "total          $(($(date +%s) - SCRIPT_START))s"

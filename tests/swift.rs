@@ -1,0 +1,104 @@
+//! The Swift wrapper (`examples-swift/Sources/SMoE/Streamer.swift`) keeps up
+//! with the header: it calls every function `include/smoe.h` declares and
+//! sets every `smoe_config` field, so a new C function or config field
+//! without a Swift counterpart fails here, on any machine. Building and
+//! running the Swift package needs a Swift toolchain: `scripts/swift-chroot.sh`
+//! (run by `.ci/run`).
+
+use std::fs;
+use std::path::Path;
+
+fn read(relative: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(relative);
+    fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// The names of the functions the header declares: `smoe_name(` at the
+/// start of a declaration's name, after its return type.
+fn header_functions(header: &str) -> Vec<String> {
+    let mut names: Vec<String> = header
+        .lines()
+        .filter(|line| !line.starts_with(' ') && !line.starts_with('#') && line.ends_with(");"))
+        .filter_map(|line| {
+            let open = line.find('(')?;
+            let start = line[..open].rfind(|c: char| !(c.is_alphanumeric() || c == '_'))? + 1;
+            let name = &line[start..open];
+            name.starts_with("smoe_").then(|| name.to_owned())
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// The field names of `typedef struct smoe_config { ... } smoe_config;`.
+fn config_fields(header: &str) -> Vec<String> {
+    let body = header
+        .split("typedef struct smoe_config {")
+        .nth(1)
+        .and_then(|rest| rest.split("} smoe_config;").next())
+        .expect("smoe_config in smoe.h");
+    body.lines()
+        .map(str::trim)
+        .filter(|line| line.ends_with(';') && !line.starts_with('*') && !line.starts_with("/"))
+        .filter_map(|line| line.trim_end_matches(';').rsplit(' ').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn swift_wrapper_calls_every_header_function() {
+    let header = read("include/smoe.h");
+    let swift = read("examples-swift/Sources/SMoE/Streamer.swift");
+    let functions = header_functions(&header);
+    assert!(
+        functions.len() >= 17,
+        "parsed too few functions: {functions:?}"
+    );
+    let missing: Vec<&String> = functions
+        .iter()
+        .filter(|name| !swift.contains(&format!("{name}(")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "Streamer.swift does not call {missing:?}"
+    );
+}
+
+#[test]
+fn swift_wrapper_sets_every_config_field() {
+    let header = read("include/smoe.h");
+    let swift = read("examples-swift/Sources/SMoE/Streamer.swift");
+    let fields = config_fields(&header);
+    assert!(
+        fields.contains(&"freq_path".to_owned()),
+        "parsed {fields:?}"
+    );
+    let missing: Vec<&String> = fields
+        .iter()
+        .filter(|field| *field != "struct_size" && !swift.contains(&format!("cfg.{field} ")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "Streamer.swift does not set smoe_config {missing:?}"
+    );
+}
+
+#[test]
+fn swift_module_map_names_the_header() {
+    let module_map = read("examples-swift/Sources/CSMoE/module.modulemap");
+    assert!(module_map.contains("module CSMoE"));
+    let header = module_map
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("header \""))
+        .and_then(|rest| rest.split('"').next())
+        .expect("a header line");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples-swift/Sources/CSMoE")
+        .join(header);
+    assert!(
+        path.is_file(),
+        "the module map's header {} does not exist",
+        path.display()
+    );
+}
