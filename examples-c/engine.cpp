@@ -104,6 +104,21 @@ Routes make_routes(std::uint32_t tokens, const std::vector<bool> &moe,
   return routes;
 }
 
+// Joins a thread when leaving its scope, also when an exception unwinds it
+// (destroying a joinable std::thread would call std::terminate).
+class Joiner {
+ public:
+  explicit Joiner(std::thread &thread) : thread_(thread) {}
+  Joiner(const Joiner &) = delete;
+  Joiner &operator=(const Joiner &) = delete;
+  ~Joiner() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::thread &thread_;
+};
+
 // Demand-prefetches the active ranks, then speculates on the deeper ones.
 void prefetch_layer(smoe::streamer &s, const std::vector<std::uint32_t> &route,
                     std::uint32_t layer) {
@@ -176,6 +191,7 @@ int run(const std::string &vault, std::uint32_t n_layers, std::uint32_t n_expert
       // prefetches go out from another thread while this layer computes.
       std::exception_ptr ahead_error;
       std::thread ahead;
+      Joiner join_ahead(ahead);
       const bool last = i + 1 == moe_layers.size();
       if (!last || t + 1 < tokens) {
         const std::uint32_t next_layer = last ? moe_layers[0] : moe_layers[i + 1];
@@ -210,7 +226,7 @@ int run(const std::string &vault, std::uint32_t n_layers, std::uint32_t n_expert
         }
       }
       if (ahead.joinable()) ahead.join();
-      if (ahead_error) std::rethrow_exception(ahead_error);
+      if (ahead_error) std::rethrow_exception(ahead_error);  // e.g. RING_FULL
     }
   }
   const double seconds =

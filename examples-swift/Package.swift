@@ -30,7 +30,10 @@ var smoeLinker: [LinkerSetting] = [
     .unsafeFlags(["-L\(libDir)"]),
 ]
 if linkStatic {
-    smoeLinker += ["gcc_s", "util", "rt", "pthread", "m", "dl", "c"].map { .linkedLibrary($0) }
+    // Linux's list; on Apple platforms libSystem, always linked, has them.
+    smoeLinker += ["gcc_s", "util", "rt", "pthread", "m", "dl", "c"].map {
+        .linkedLibrary($0, .when(platforms: [.linux]))
+    }
 } else {
     smoeLinker.append(.unsafeFlags(["-Xlinker", "-rpath", "-Xlinker", libDir]))
 }

@@ -10,6 +10,7 @@
 #             smoe synth                             a small vault, on the host
 #             swift build / swift test               in the chroot (dynamic link)
 #             the example executable on the vault    in the chroot (static link)
+#             `import CSMoE` from scripts/install.sh's prefix, in the chroot
 #
 # Why a chroot: Debian 12 packages no Swift toolchain; Debian 13 ships
 # `swiftlang` (6.0.3). Trixie's glibc (2.41) is newer than bookworm's (2.36),
@@ -18,8 +19,9 @@
 # `debootstrap --variant=minbase trixie` plus `apt-get install
 # --no-install-recommends swiftlang libc6-dev` (~3.2 GB) and cached OUTSIDE
 # the repository; later runs reuse it. A marker file records the package list
-# it was completed with: a partial chroot (an interrupted first run) or a
-# changed package list is detected and repaired.
+# it was completed with, another that debootstrap finished: a partial chroot
+# (an interrupted first run) is removed and made again, a changed package
+# list is installed.
 #
 # During the build the repository is bind-mounted read-only at its own path
 # inside the chroot (so absolute paths are the same on both sides), /proc is
@@ -58,6 +60,8 @@ SUITE=trixie
 # Everything the build needs in the chroot. swiftlang pulls in its clang and
 # linker; libc6-dev is only a recommendation of it, but linking needs crt1.o.
 CHROOT_PACKAGES=(swiftlang libc6-dev)
+# Markers: debootstrap finished; the packages below are installed.
+DEBOOTSTRAPPED="$CHROOT/.smoe-debootstrap-done"
 READY="$CHROOT/.smoe-swift-ready"
 # Paths inside the chroot.
 BUILD_DIR=/var/tmp/smoe-swift-build
@@ -150,8 +154,8 @@ create_chroot() {
     echo "reusing $CHROOT ($(du -sh --one-file-system "$CHROOT" | cut -f1))"
     return
   fi
-  if [ -d "$CHROOT" ] && [ ! -x "$CHROOT/usr/bin/apt-get" ]; then
-    # An interrupted debootstrap: start over.
+  if [ -d "$CHROOT" ] && [ ! -f "$DEBOOTSTRAPPED" ] && [ ! -f "$READY" ]; then
+    # An interrupted or failed debootstrap: start over.
     unmount_all
     [ -z "$(chroot_mounts)" ] || die "mounts remain under $CHROOT; not removing it"
     echo "removing the incomplete chroot $CHROOT"
@@ -163,6 +167,7 @@ create_chroot() {
     echo "debootstrap --variant=minbase $SUITE $CHROOT $mirror"
     timeout 1200 debootstrap --variant=minbase "$SUITE" "$CHROOT" "$mirror" </dev/null ||
       die "debootstrap failed (see $CHROOT/debootstrap/debootstrap.log)"
+    touch "$DEBOOTSTRAPPED"
   fi
   cp /etc/resolv.conf "$CHROOT/etc/resolv.conf"
   mount_chroot
@@ -213,6 +218,9 @@ run_example() {
   local static_lib=$CHROOT$BUILD_DIR/static-lib
   mkdir -p "$static_lib"
   cp "$REPO/target/release/libsmoe.a" "$static_lib/libsmoe.a"
+  # SwiftPM does not track libsmoe.a as an input: remove the executable so
+  # it is linked again with the library just built.
+  rm -f "$CHROOT$BUILD_DIR/static/debug/smoe-swift-stream"
   in_chroot 1200 env SMOE_LIB_DIR="$BUILD_DIR/static-lib" SMOE_LINK=static \
     swift build --package-path "$REPO/examples-swift" \
     --scratch-path "$BUILD_DIR/static" --product smoe-swift-stream
@@ -221,6 +229,37 @@ run_example() {
     die "$exe is linked to libsmoe.so, not the static library"
   fi
   in_chroot 300 "$exe" "$VAULT_DIR"
+}
+
+# `import CSMoE` from an installed prefix (scripts/install.sh): Clang finds
+# PREFIX/include/module.modulemap through the include path, and its
+# `link "smoe"` links the library; only -I, -L and the rpath are given.
+check_installed() {
+  if [ ! -f scripts/install.sh ]; then
+    echo "scripts/install.sh not found: skipped"
+    return
+  fi
+  local prefix=$BUILD_DIR/prefix
+  local work=$BUILD_DIR/installed
+  rm -rf "${CHROOT:?}$prefix" "${CHROOT:?}$work"
+  mkdir -p "$CHROOT$work"
+  SMOE_SKIP_BUILD=1 bash scripts/install.sh "$CHROOT$prefix" >/dev/null
+  cat >"$CHROOT$work/main.swift" <<'SWIFT'
+import CSMoE
+
+var streamer: OpaquePointer?
+guard smoe_open(CommandLine.arguments[1], nil, &streamer) == SMOE_OK, let streamer else {
+    fatalError(String(cString: smoe_last_error()))
+}
+var slot = smoe_slot()
+precondition(smoe_claim_wait(streamer, 1, 2, 10_000_000_000, &slot) == SMOE_OK)
+print("installed CSMoE: ABI \(smoe_abi_version()), layer 1 expert 2: \(slot.size) bytes in slot \(slot.slot_index)")
+precondition(smoe_release(streamer, &slot) == SMOE_OK)
+smoe_close(streamer)
+SWIFT
+  in_chroot 600 swiftc -Xcc -I"$prefix/include" -L"$prefix/lib" \
+    -Xlinker -rpath -Xlinker "$prefix/lib" "$work/main.swift" -o "$work/installed-check"
+  in_chroot 60 "$work/installed-check" "$VAULT_DIR"
 }
 
 take_lock
@@ -240,6 +279,7 @@ if [ "$MODE" = all ]; then
   step build swift_build
   step test swift_test
   step example run_example
+  step installed check_installed
 fi
 
 echo

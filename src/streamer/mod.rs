@@ -114,7 +114,8 @@ mod imp {
         pub claims: u64,
         /// OK claims that needed no demand read (`hit`).
         pub hits: u64,
-        /// Claims answered pending.
+        /// Claims answered pending (`claim` returning None, `claim_wait`
+        /// timing out; the polls inside `claim_wait` do not count).
         pub pending: u64,
         /// Bytes read from the vault.
         pub bytes_read: u64,
@@ -522,6 +523,16 @@ mod imp {
         /// [`Streamer::claim`] for callers that keep the claim past a Rust
         /// scope (the C API): release with [`Streamer::release_ticket`].
         pub fn claim_ticket(&self, layer: u32, expert: u32) -> Result<Option<SlotInfo>> {
+            let claimed = self.try_claim(layer, expert)?;
+            if claimed.is_none() {
+                self.shared.counters.pending.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(claimed)
+        }
+
+        /// One claim attempt; pending is counted by the caller, so the polls
+        /// inside `claim_wait` count once, and only if it times out.
+        fn try_claim(&self, layer: u32, expert: u32) -> Result<Option<SlotInfo>> {
             self.check_alive()?;
             let (id, entry) = self.id_of(layer, expert)?;
             let c = &self.shared.counters;
@@ -548,7 +559,6 @@ mod imp {
                     }))
                 }
                 Claimed::Pending => {
-                    c.pending.fetch_add(1, Ordering::Relaxed);
                     self.shared.wake.one();
                     Ok(None)
                 }
@@ -601,11 +611,12 @@ mod imp {
             let start = Instant::now();
             let mut round = 0u32;
             loop {
-                if let Some(info) = self.claim_ticket(layer, expert)? {
+                if let Some(info) = self.try_claim(layer, expert)? {
                     return Ok(Some(info));
                 }
                 let elapsed = start.elapsed();
                 if elapsed >= timeout {
+                    self.shared.counters.pending.fetch_add(1, Ordering::Relaxed);
                     return Ok(None);
                 }
                 round += 1;

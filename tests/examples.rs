@@ -1,0 +1,268 @@
+//! The C and C++ examples in `examples-c/` build warning-free and run
+//! (`make -C examples-c run`, against the libraries and the `smoe` tool this
+//! `cargo test` built), and the static-link flags that the README, the
+//! examples' Makefile and `scripts/install.sh` document are the ones rustc
+//! reports for the staticlib.
+
+use std::collections::BTreeSet;
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+fn manifest_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The directory holding the libsmoe.a and shared library built with this
+/// test: `cargo test` compiles the library with every crate type of
+/// Cargo.toml into `deps/`, next to this test binary (only `cargo build`
+/// copies them up to `target/release`).
+fn lib_dir() -> PathBuf {
+    let exe = env::current_exe().unwrap();
+    let deps = exe.parent().unwrap().to_path_buf();
+    for dir in [deps.clone(), deps.parent().unwrap().to_path_buf()] {
+        if dir.join("libsmoe.a").is_file() {
+            return dir;
+        }
+    }
+    panic!(
+        "libsmoe.a not found in {deps:?} or its parent; Cargo.toml lists crate-type \"staticlib\""
+    );
+}
+
+/// True when a missing tool must fail the test rather than skip it.
+fn in_ci() -> bool {
+    env::var_os("CI").is_some_and(|v| !v.is_empty())
+}
+
+fn on_path(program: &str) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+/// Runs `command` with its output captured, killing it after `limit`.
+/// Returns (success, stdout + stderr).
+fn run_with_timeout(command: &mut Command, limit: Duration) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let out_path = dir.path().join("output");
+    let out = fs::File::create(&out_path).unwrap();
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap_or_else(|e| panic!("could not run {command:?}: {e}"));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        thread::sleep(Duration::from_millis(50));
+    };
+    let output = fs::read_to_string(&out_path).unwrap_or_default();
+    match status {
+        Some(status) => (status.success(), format!("{status}\n{output}")),
+        None => (false, format!("killed after {limit:?}\n{output}")),
+    }
+}
+
+/// `make -C examples-c TARGET` with the paths of this build.
+fn make(target: &str, build: &Path, extra: &[(&str, &str)]) -> Command {
+    let mut command = Command::new("make");
+    command
+        .arg("-C")
+        .arg(manifest_dir().join("examples-c"))
+        .arg(target)
+        .arg(format!("SMOE_LIB_DIR={}", lib_dir().display()))
+        .arg(format!("BUILD={}", build.display()));
+    if let Some(bin) = option_env!("CARGO_BIN_EXE_smoe") {
+        command.arg(format!("SMOE_BIN={bin}"));
+    }
+    for (name, value) in extra {
+        command.arg(format!("{name}={value}"));
+    }
+    command
+}
+
+#[test]
+fn examples_build_and_run() {
+    if option_env!("CARGO_BIN_EXE_smoe").is_none() {
+        eprintln!("skipped: the smoe tool is not built (feature \"cli\" off)");
+        return;
+    }
+    if !on_path("make") {
+        assert!(!in_ci(), "make is not installed; CI must install it");
+        eprintln!("skipped: make is not installed");
+        return;
+    }
+    let build = tempfile::tempdir().unwrap();
+    let (ok, output) = run_with_timeout(
+        &mut make("run", build.path(), &[]),
+        Duration::from_secs(300),
+    );
+    assert!(ok, "make -C examples-c run failed:\n{output}");
+    for expected in [
+        "stream: layer 1, 8 experts checked byte for byte, twice",
+        "0 mismatches",
+        "errors: every bad input was reported, none crashed",
+    ] {
+        assert!(output.contains(expected), "no {expected:?} in:\n{output}");
+    }
+    // Both stream programs ran: the static and the shared (rpath) one.
+    assert_eq!(
+        output.matches("checked byte for byte").count(),
+        2,
+        "{output}"
+    );
+}
+
+/// clang checks the header's nullability annotations and is stricter in
+/// places; the examples must build warning-free with it too.
+#[test]
+fn examples_build_with_clang() {
+    if !on_path("make") || !on_path("clang") || !on_path("clang++") {
+        eprintln!("skipped: make, clang or clang++ is not installed");
+        return;
+    }
+    let build = tempfile::tempdir().unwrap();
+    let (ok, output) = run_with_timeout(
+        &mut make("all", build.path(), &[("CC", "clang"), ("CXX", "clang++")]),
+        Duration::from_secs(300),
+    );
+    assert!(
+        ok,
+        "make -C examples-c all CC=clang CXX=clang++ failed:\n{output}"
+    );
+}
+
+/// The `-l`/`-framework` flags in `text`, as a set.
+fn link_flags(text: &str) -> BTreeSet<String> {
+    let mut flags = BTreeSet::new();
+    // Quotes, backquotes and `=` delimit words too: `LIBS="-lc -lm"`.
+    let mut words = text
+        .split(|c: char| c.is_whitespace() || "\"'`=".contains(c))
+        .filter(|word| !word.is_empty());
+    while let Some(word) = words.next() {
+        if word == "-framework" {
+            if let Some(name) = words.next() {
+                flags.insert(format!("-framework {name}"));
+            }
+        } else if word.starts_with("-l") && word.len() > 2 {
+            flags.insert(word.to_string());
+        }
+    }
+    flags
+}
+
+/// What rustc says a program linking libsmoe.a needs, from
+/// `cargo rustc --release --lib --crate-type staticlib -- --print
+/// native-static-libs`, built in a target directory of its own so it neither
+/// waits for nor invalidates the build running this test.
+fn native_static_libs() -> String {
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let target_dir = lib_dir()
+        .ancestors()
+        .find(|dir| dir.file_name().is_some_and(|name| name == "target"))
+        .map(|target| target.join("native-static-libs"))
+        .unwrap_or_else(|| env::temp_dir().join("smoe-native-static-libs"));
+    let mut command = Command::new(cargo);
+    command
+        .current_dir(manifest_dir())
+        .args([
+            "rustc",
+            "--release",
+            "--lib",
+            "--crate-type",
+            "staticlib",
+            "--target-dir",
+        ])
+        .arg(&target_dir)
+        .args(["--", "--print", "native-static-libs"]);
+    let (ok, output) = run_with_timeout(&mut command, Duration::from_secs(900));
+    assert!(ok, "{command:?} failed:\n{output}");
+    output
+        .lines()
+        .find_map(|line| {
+            line.split_once("native-static-libs:")
+                .map(|(_, libs)| libs.trim())
+        })
+        .unwrap_or_else(|| panic!("no native-static-libs line from {command:?}:\n{output}"))
+        .to_string()
+}
+
+/// Lines inside the ``` fenced blocks of `markdown`.
+fn fenced_lines(markdown: &str) -> Vec<&str> {
+    let mut inside = false;
+    let mut lines = Vec::new();
+    for line in markdown.lines() {
+        if line.trim_start().starts_with("```") {
+            inside = !inside;
+        } else if inside {
+            lines.push(line);
+        }
+    }
+    lines
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn documented_static_libs_match_rustc() {
+    let libs = native_static_libs();
+    let want = link_flags(&libs);
+    assert!(!want.is_empty(), "rustc printed no libraries: {libs:?}");
+
+    // README: every fenced line that links libsmoe.a by hand (not through
+    // pkg-config) names exactly these.
+    let readme = fs::read_to_string(manifest_dir().join("README.md")).unwrap();
+    let static_lines: Vec<&str> = fenced_lines(&readme)
+        .into_iter()
+        .filter(|line| line.contains("libsmoe.a") && !line.contains("pkg-config"))
+        .collect();
+    assert!(
+        !static_lines.is_empty(),
+        "README.md has no fenced line linking libsmoe.a; add one, e.g.\n\
+         cc -std=c11 app.c -I include target/release/libsmoe.a {libs}"
+    );
+    for line in static_lines {
+        assert_eq!(
+            link_flags(line),
+            want,
+            "README.md line {line:?}; rustc says {libs:?}"
+        );
+    }
+
+    // The examples' Makefile and the install script (Linux branch).
+    let makefile = fs::read_to_string(manifest_dir().join("examples-c/Makefile")).unwrap();
+    let install = fs::read_to_string(manifest_dir().join("scripts/install.sh")).unwrap();
+    for (file, marker, text) in [
+        ("examples-c/Makefile", "NATIVE_STATIC_LIBS ?=", &makefile),
+        (
+            "scripts/install.sh",
+            "DEFAULT_NATIVE_STATIC_LIBS=",
+            &install,
+        ),
+    ] {
+        // The Linux line: the macOS one links libSystem.
+        let line = text
+            .lines()
+            .find(|line| line.contains(marker) && !line.contains("-lSystem"))
+            .unwrap_or_else(|| panic!("{file}: no line with {marker:?}"));
+        assert_eq!(
+            link_flags(line),
+            want,
+            "{file} line {line:?}; rustc says {libs:?}"
+        );
+    }
+}

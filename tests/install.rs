@@ -1,0 +1,195 @@
+//! `scripts/install.sh PREFIX` installs a library a C program can use
+//! through pkg-config: shared (`pkg-config --cflags --libs smoe`, found at run
+//! time through LD_LIBRARY_PATH) and static (`pkg-config --static --cflags
+//! --libs smoe`, which adds Libs.private: the native libraries of Rust's std).
+//!
+//! The script installs the libraries this `cargo test` built
+//! (SMOE_SKIP_BUILD=1, SMOE_LIB_DIR = their directory), so it runs no cargo.
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn manifest_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Where `cargo test` put libsmoe.a and the shared library: `deps/`, next to
+/// this test binary.
+fn lib_dir() -> PathBuf {
+    let exe = env::current_exe().unwrap();
+    let deps = exe.parent().unwrap().to_path_buf();
+    for dir in [deps.clone(), deps.parent().unwrap().to_path_buf()] {
+        if dir.join("libsmoe.a").is_file() {
+            return dir;
+        }
+    }
+    panic!("libsmoe.a not found in {deps:?} or its parent");
+}
+
+fn shared_lib_name() -> &'static str {
+    if cfg!(target_vendor = "apple") {
+        "libsmoe.dylib"
+    } else {
+        "libsmoe.so"
+    }
+}
+
+/// Runs `command`; fails the test with its output unless it succeeds.
+fn run(command: &mut Command) -> String {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("could not run {command:?}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success(),
+        "{command:?} failed ({}):\n{text}",
+        output.status
+    );
+    text
+}
+
+fn pkg_config_present() -> bool {
+    Command::new("pkg-config")
+        .arg("--version")
+        .output()
+        .is_ok_and(|output| output.status.success())
+}
+
+/// Installs into a fresh prefix; returns the temporary directory holding it.
+fn install() -> tempfile::TempDir {
+    let prefix = tempfile::tempdir().unwrap();
+    run(Command::new("bash")
+        .arg(manifest_dir().join("scripts/install.sh"))
+        .arg(prefix.path())
+        .env("SMOE_SKIP_BUILD", "1")
+        .env("SMOE_LIB_DIR", lib_dir()));
+    prefix
+}
+
+const PROGRAM: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#include "smoe.h"
+
+int main(void) {
+    smoe_streamer *s = NULL;
+    smoe_status st = smoe_open("/nonexistent/smoe-install-test", NULL, &s);
+    if (smoe_abi_version() != SMOE_ABI_VERSION || st != SMOE_ERR_IO || s != NULL ||
+        strstr(smoe_last_error(), "/nonexistent/smoe-install-test") == NULL) {
+        fprintf(stderr, "unexpected: %s: %s\n", smoe_status_str(st), smoe_last_error());
+        return 1;
+    }
+    puts("ok");
+    return 0;
+}
+"#;
+
+#[test]
+fn installs_the_files() {
+    let prefix = install();
+    let p = prefix.path();
+    for file in [
+        "lib/libsmoe.a".to_string(),
+        format!("lib/{}", shared_lib_name()),
+        "include/smoe.h".into(),
+        "include/smoe.hpp".into(),
+        "include/module.modulemap".into(),
+        "lib/pkgconfig/smoe.pc".into(),
+    ] {
+        assert!(p.join(&file).is_file(), "{file} not installed");
+    }
+    let modulemap = fs::read_to_string(p.join("include/module.modulemap")).unwrap();
+    assert!(modulemap.contains("module CSMoE"), "{modulemap}");
+    assert!(modulemap.contains("header \"smoe.h\""), "{modulemap}");
+    let pc = fs::read_to_string(p.join("lib/pkgconfig/smoe.pc")).unwrap();
+    for line in [
+        format!("Version: {}", env!("CARGO_PKG_VERSION")),
+        "Libs: -L${libdir} -lsmoe".into(),
+        "Cflags: -I${includedir}".into(),
+    ] {
+        assert!(
+            pc.lines().any(|l| l == line),
+            "smoe.pc has no line {line:?}:\n{pc}"
+        );
+    }
+    assert!(
+        pc.lines().any(|l| l.starts_with("Libs.private: -l")),
+        "{pc}"
+    );
+}
+
+#[test]
+fn pkg_config_links_shared_and_static() {
+    if !pkg_config_present() {
+        assert!(
+            env::var_os("CI").is_none_or(|v| v.is_empty()),
+            "pkg-config is not installed: CI must install it (APT_PACKAGES in .ci/run)"
+        );
+        eprintln!("skipped: pkg-config is not installed");
+        return;
+    }
+    let prefix = install();
+    let pkgconfig_dir = prefix.path().join("lib/pkgconfig");
+    let pkg_config = |args: &[&str]| -> Vec<String> {
+        run(Command::new("pkg-config")
+            .args(args)
+            .arg("smoe")
+            .env("PKG_CONFIG_PATH", &pkgconfig_dir))
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+    };
+    let compiler = env::var("CC").unwrap_or_else(|_| "cc".into());
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("app.c");
+    fs::write(&source, PROGRAM).unwrap();
+    let compile = |output: &Path, flags: &[String]| {
+        run(Command::new(&compiler)
+            .args(["-std=c11", "-Wall", "-Wextra", "-Wpedantic", "-Werror"])
+            .arg(&source)
+            .arg("-o")
+            .arg(output)
+            .args(flags));
+    };
+
+    // Shared: the loader finds libsmoe through LD_LIBRARY_PATH.
+    let shared = dir.path().join("app-shared");
+    compile(&shared, &pkg_config(&["--cflags", "--libs"]));
+    let lib_path = prefix.path().join("lib");
+    let output = run(Command::new(&shared)
+        .env("LD_LIBRARY_PATH", &lib_path)
+        .env("DYLD_LIBRARY_PATH", &lib_path));
+    assert_eq!(output.trim(), "ok");
+
+    // Static: --static adds Libs.private. With both libsmoe.a and the shared
+    // library in libdir a linker prefers the shared one for -lsmoe, so name
+    // the archive (what docs/using-from-c.md tells users to do).
+    let archive = prefix.path().join("lib/libsmoe.a").display().to_string();
+    let static_flags: Vec<String> = pkg_config(&["--static", "--cflags", "--libs"])
+        .into_iter()
+        .map(|flag| {
+            if flag == "-lsmoe" {
+                archive.clone()
+            } else {
+                flag
+            }
+        })
+        .collect();
+    assert!(
+        static_flags.contains(&"-lpthread".to_string()) || cfg!(not(target_os = "linux")),
+        "pkg-config --static gave no native libs: {static_flags:?}"
+    );
+    let fully_static = dir.path().join("app-static");
+    compile(&fully_static, &static_flags);
+    // No LD_LIBRARY_PATH and no rpath: it runs only if libsmoe is inside.
+    let output = run(Command::new(&fully_static)
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("DYLD_LIBRARY_PATH"));
+    assert_eq!(output.trim(), "ok");
+}
