@@ -472,3 +472,29 @@ fn close_with_reads_in_flight_joins_cleanly() {
         drop(s); // joins every worker, mid-read or parked
     }
 }
+
+#[test]
+fn a_panicking_worker_fails_the_streamer_not_the_process() {
+    let v = common::vault(1, 4, 20_000, &[]);
+    let s = Streamer::open(
+        &v.file,
+        Config {
+            panic_in_worker: true,
+            ..config(4)
+        },
+    )
+    .unwrap();
+    // The read's worker panics; the claim then reports the broken streamer.
+    let err = s
+        .claim_wait(0, 1, Duration::from_secs(2))
+        .err()
+        .or_else(|| s.claim(0, 1).err())
+        .expect("a claim after the panic must fail");
+    assert_eq!(err.kind(), ErrorKind::Internal, "{err}");
+    assert!(err.to_string().contains("panicked"), "{err}");
+    assert_eq!(
+        s.prefetch(0, 2, Priority::Demand).unwrap_err().kind(),
+        ErrorKind::Internal
+    );
+    drop(s); // joins the surviving workers
+}

@@ -82,6 +82,10 @@ mod imp {
         /// a bad region of a drive would.
         #[doc(hidden)]
         pub fail_reads: Vec<Range<u64>>,
+        /// Test hook: the first read job panics inside its worker, as a bug
+        /// would, to check that the panic is caught and reported.
+        #[doc(hidden)]
+        pub panic_in_worker: bool,
         /// Benchmark hook: count claims in the histogram (default true).
         /// Off only to measure what counting costs.
         #[doc(hidden)]
@@ -102,6 +106,7 @@ mod imp {
                 engine_overhead_bytes: 0,
                 freq_path: None,
                 fail_reads: Vec::new(),
+                panic_in_worker: false,
                 count_claims: true,
             }
         }
@@ -181,6 +186,7 @@ mod imp {
         pub(crate) shutdown: AtomicBool,
         pub(crate) wake: worker::Wake,
         pub(crate) fail_reads: Vec<Range<u64>>,
+        pub(crate) panic_in_worker: bool,
         /// Claim counts, persisted across sessions; drives pre-warm.
         pub(crate) histogram: Histogram,
         pub(crate) count_claims: bool,
@@ -382,6 +388,7 @@ mod imp {
                 shutdown: AtomicBool::new(false),
                 wake: worker::Wake::new(workers),
                 fail_reads: config.fail_reads.clone(),
+                panic_in_worker: config.panic_in_worker,
                 vault,
             });
             let mut threads = Vec::with_capacity(workers as usize);

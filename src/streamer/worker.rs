@@ -108,6 +108,9 @@ fn work(shared: &Shared, me: u32, file: &File) {
 }
 
 fn read_job(shared: &Shared, file: &File, job: ReadJob) {
+    if shared.panic_in_worker {
+        panic!("injected panic in an I/O worker (test hook)");
+    }
     let entry = *shared
         .vault
         .entry_by_id(job.id)
