@@ -148,11 +148,12 @@ fn staticlib() -> Option<PathBuf> {
         .find(|path| path.is_file())
 }
 
-/// What a C program linking the staticlib also needs (the README documents
-/// the same): the native libraries Rust's std uses.
+/// What a C program linking the staticlib also needs: the native libraries
+/// Rust's std uses, as the README lists them (tests/examples.rs checks that
+/// list against rustc's `--print native-static-libs`).
 fn native_static_libs() -> Vec<&'static OsStr> {
     let libs: &[&str] = if cfg!(target_os = "linux") {
-        &["-lpthread", "-ldl", "-lm"]
+        &["-lgcc_s", "-lutil", "-lrt", "-lpthread", "-lm", "-ldl", "-lc"]
     } else if cfg!(target_vendor = "apple") {
         &["-lSystem"]
     } else {

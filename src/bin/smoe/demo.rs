@@ -131,13 +131,13 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
     let st = &report.stats;
     let (mean, p99) = report.wait_mean_p99();
     for w in &report.warnings {
-        out(&format!("warning: {w}\n"))?;
+        out(&format!("note: {w}\n"))?;
     }
     out(&format!(
         "stream: {} tokens × {} MoE layers × top-{TOP_K} through a ring of {} slots × {} \
          (40% of the experts), {} workers, {}\n\
          coverage: {:.1}% of claims were hits ({} of {}); keep probability 0.45, Zipf popularity\n\
-         read: {} in {:.2} s = {} ({} demand, {} speculative reads; {} evictions)\n\
+         read: {} in {:.2} s = {} ({} demand, {} speculative, {} pre-warm reads; {} evictions)\n\
          wait for experts per token: mean {:.2} ms, p99 {:.2} ms\n\
          checked: every streamed byte ({}) against the generator\n",
         report.tokens,
@@ -158,6 +158,7 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
         gb_per_s(st.bytes_read, report.seconds),
         st.reads_demand,
         st.reads_speculative,
+        st.reads_prewarm,
         st.evictions,
         mean.as_secs_f64() * 1e3,
         p99.as_secs_f64() * 1e3,

@@ -97,6 +97,8 @@ pub fn decode(
         zipf: 1.0,
         seed: opts.router_seed,
     })?;
+    // The engine is busy from here on: no pre-warm reads compete with demand.
+    s.prewarm_pause(true);
     let mut previous: Vec<(u32, Vec<u32>)> = Vec::new();
     let mut waits = Vec::with_capacity(opts.tokens as usize);
     let mut bytes_checked = 0u64;
