@@ -153,7 +153,15 @@ fn staticlib() -> Option<PathBuf> {
 /// list against rustc's `--print native-static-libs`).
 fn native_static_libs() -> Vec<&'static OsStr> {
     let libs: &[&str] = if cfg!(target_os = "linux") {
-        &["-lgcc_s", "-lutil", "-lrt", "-lpthread", "-lm", "-ldl", "-lc"]
+        &[
+            "-lgcc_s",
+            "-lutil",
+            "-lrt",
+            "-lpthread",
+            "-lm",
+            "-ldl",
+            "-lc",
+        ]
     } else if cfg!(target_vendor = "apple") {
         &["-lSystem"]
     } else {

@@ -169,7 +169,7 @@ fn pkg_config_links_shared_and_static() {
 
     // Static: --static adds Libs.private. With both libsmoe.a and the shared
     // library in libdir a linker prefers the shared one for -lsmoe, so name
-    // the archive (what docs/using-from-c.md tells users to do).
+    // the archive (what the README tells users to do).
     let archive = prefix.path().join("lib/libsmoe.a").display().to_string();
     let static_flags: Vec<String> = pkg_config(&["--static", "--cflags", "--libs"])
         .into_iter()
