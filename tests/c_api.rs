@@ -6,81 +6,18 @@
 //! The compiler is `$CC`, else `cc`; `clang`, when it is on the PATH, is
 //! tried too, because only clang sees the header's nullability macros.
 
-use std::env;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use smoe::vault::synth::SynthSpec;
 
-const WARNINGS: [&str; 4] = ["-Wall", "-Wextra", "-Wpedantic", "-Werror"];
+mod native;
+
+use native::{c_compilers, manifest_dir, run, WARNINGS};
 
 /// The vault's shape, passed to the program on its command line.
 const LAYERS: u32 = 3;
 const EXPERTS: u32 = 6;
 const DENSE_LAYER: u32 = 0;
-
-fn manifest_dir() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// Runs `command`, failing the test with its output if it does not succeed.
-fn run(command: &mut Command) -> String {
-    let output = command
-        .output()
-        .unwrap_or_else(|e| panic!("could not run {command:?}: {e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        output.status.success(),
-        "{command:?} failed ({}):\n{text}",
-        output.status
-    );
-    text
-}
-
-fn on_path(program: &str) -> bool {
-    Command::new(program)
-        .arg("--version")
-        .output()
-        .is_ok_and(|output| output.status.success())
-}
-
-/// The C compilers to try: `$CC` or `cc`, and `clang` if present.
-fn c_compilers() -> Vec<String> {
-    let mut compilers = vec![env::var("CC").unwrap_or_else(|_| "cc".into())];
-    if on_path("clang") && !compilers.iter().any(|c| c == "clang") {
-        compilers.push("clang".into());
-    }
-    compilers
-}
-
-/// The staticlib cargo built alongside this test binary (the library target
-/// is built with every crate type of Cargo.toml into the same `deps` dir).
-fn staticlib() -> PathBuf {
-    let exe = env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    [
-        deps.join("libsmoe.a"),
-        deps.parent().unwrap().join("libsmoe.a"),
-    ]
-    .into_iter()
-    .find(|path| path.is_file())
-    .unwrap_or_else(|| panic!("libsmoe.a not found next to {}", exe.display()))
-}
-
-/// What a C program linking the staticlib also needs (as the README says).
-fn native_static_libs() -> &'static [&'static str] {
-    if cfg!(target_os = "linux") {
-        &["-lpthread", "-ldl", "-lm"]
-    } else if cfg!(target_vendor = "apple") {
-        &["-lSystem"]
-    } else {
-        &[]
-    }
-}
 
 #[test]
 fn c_program_drives_the_whole_api() {
@@ -98,7 +35,7 @@ fn c_program_drives_the_whole_api() {
     // A private copy: a concurrent `cargo build` may replace the original
     // between finding it and linking it.
     let library = dir.path().join("libsmoe.a");
-    std::fs::copy(staticlib(), &library).unwrap();
+    std::fs::copy(native::lib_dir().join("libsmoe.a"), &library).unwrap();
 
     for compiler in c_compilers() {
         let program = dir.path().join(format!("api_test_{compiler}"));
@@ -109,7 +46,7 @@ fn c_program_drives_the_whole_api() {
             .arg(manifest_dir().join("include"))
             .arg(&source)
             .arg(&library)
-            .args(native_static_libs())
+            .args(native::native_static_libs())
             .arg("-o")
             .arg(&program));
         let output = run(Command::new(&program)

@@ -6,59 +6,14 @@
 //! the PATH, is tried too, because only clang sees the nullability macros.
 
 use std::env;
-use std::ffi::OsStr;
 use std::fs;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const WARNINGS: [&str; 4] = ["-Wall", "-Wextra", "-Wpedantic", "-Werror"];
+mod native;
 
-fn include_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("include")
-}
-
-/// Runs `command`, failing the test with its output if it does not succeed.
-fn run(command: &mut Command) -> String {
-    let output = command
-        .output()
-        .unwrap_or_else(|e| panic!("could not run {command:?}: {e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        output.status.success(),
-        "{command:?} failed ({}):\n{text}",
-        output.status
-    );
-    text
-}
-
-fn on_path(program: &str) -> bool {
-    Command::new(program)
-        .arg("--version")
-        .output()
-        .is_ok_and(|output| output.status.success())
-}
-
-/// The C compilers to try: `$CC` or `cc`, and `clang` if present.
-fn c_compilers() -> Vec<String> {
-    let mut compilers = vec![env::var("CC").unwrap_or_else(|_| "cc".into())];
-    if on_path("clang") && !compilers.iter().any(|c| c == "clang") {
-        compilers.push("clang".into());
-    }
-    compilers
-}
-
-/// The C++ compilers to try: `$CXX` or `c++`, and `clang++` if present.
-fn cxx_compilers() -> Vec<String> {
-    let mut compilers = vec![env::var("CXX").unwrap_or_else(|_| "c++".into())];
-    if on_path("clang++") && !compilers.iter().any(|c| c == "clang++") {
-        compilers.push("clang++".into());
-    }
-    compilers
-}
+use native::{
+    c_compilers, cxx_compilers, include_dir, native_static_libs, run, staticlib, WARNINGS,
+};
 
 /// One source file per translation unit; each includes the header twice and
 /// uses every declaration, so an unguarded or conflicting header fails.
@@ -130,44 +85,6 @@ fn header_compiles_as_cxx17() {
     for compiler in cxx_compilers() {
         compile_units(&compiler, "c++17", "cpp");
     }
-}
-
-/// The staticlib cargo built alongside this test: the library target is
-/// compiled once with every crate type of Cargo.toml, into the same `deps`
-/// directory as this test binary.
-fn staticlib() -> Option<PathBuf> {
-    let exe = env::current_exe().ok()?;
-    let deps = exe.parent()?;
-    let name = if cfg!(windows) {
-        "smoe.lib"
-    } else {
-        "libsmoe.a"
-    };
-    [deps.join(name), deps.parent()?.join(name)]
-        .into_iter()
-        .find(|path| path.is_file())
-}
-
-/// What a C program linking the staticlib also needs: the native libraries
-/// Rust's std uses, as the README lists them (tests/examples.rs checks that
-/// list against rustc's `--print native-static-libs`).
-fn native_static_libs() -> Vec<&'static OsStr> {
-    let libs: &[&str] = if cfg!(target_os = "linux") {
-        &[
-            "-lgcc_s",
-            "-lutil",
-            "-lrt",
-            "-lpthread",
-            "-lm",
-            "-ldl",
-            "-lc",
-        ]
-    } else if cfg!(target_vendor = "apple") {
-        &["-lSystem"]
-    } else {
-        &[]
-    };
-    libs.iter().map(OsStr::new).collect()
 }
 
 const PROGRAM: &str = r#"

@@ -7,45 +7,14 @@
 use std::collections::BTreeSet;
 use std::env;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-fn manifest_dir() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+mod native;
 
-/// The directory holding the libsmoe.a and shared library built with this
-/// test: `cargo test` compiles the library with every crate type of
-/// Cargo.toml into `deps/`, next to this test binary (only `cargo build`
-/// copies them up to `target/release`).
-fn lib_dir() -> PathBuf {
-    let exe = env::current_exe().unwrap();
-    let deps = exe.parent().unwrap().to_path_buf();
-    for dir in [deps.clone(), deps.parent().unwrap().to_path_buf()] {
-        if dir.join("libsmoe.a").is_file() {
-            return dir;
-        }
-    }
-    panic!(
-        "libsmoe.a not found in {deps:?} or its parent; Cargo.toml lists crate-type \"staticlib\""
-    );
-}
-
-/// True when a missing tool must fail the test rather than skip it.
-fn in_ci() -> bool {
-    env::var_os("CI").is_some_and(|v| !v.is_empty())
-}
-
-fn on_path(program: &str) -> bool {
-    Command::new(program)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success())
-}
+use native::{in_ci, lib_dir, manifest_dir, on_path};
 
 /// Runs `command` with its output captured, killing it after `limit`.
 /// Returns (success, stdout + stderr).

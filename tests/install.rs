@@ -6,60 +6,13 @@
 //! The script installs the libraries this `cargo test` built
 //! (SMOE_SKIP_BUILD=1, SMOE_LIB_DIR = their directory), so it runs no cargo.
 
-use std::env;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-fn manifest_dir() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+mod native;
 
-/// Where `cargo test` put libsmoe.a and the shared library: `deps/`, next to
-/// this test binary.
-fn lib_dir() -> PathBuf {
-    let exe = env::current_exe().unwrap();
-    let deps = exe.parent().unwrap().to_path_buf();
-    for dir in [deps.clone(), deps.parent().unwrap().to_path_buf()] {
-        if dir.join("libsmoe.a").is_file() {
-            return dir;
-        }
-    }
-    panic!("libsmoe.a not found in {deps:?} or its parent");
-}
-
-fn shared_lib_name() -> &'static str {
-    if cfg!(target_vendor = "apple") {
-        "libsmoe.dylib"
-    } else {
-        "libsmoe.so"
-    }
-}
-
-/// Runs `command`; fails the test with its output unless it succeeds.
-fn run(command: &mut Command) -> String {
-    let output = command
-        .output()
-        .unwrap_or_else(|e| panic!("could not run {command:?}: {e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        output.status.success(),
-        "{command:?} failed ({}):\n{text}",
-        output.status
-    );
-    text
-}
-
-fn pkg_config_present() -> bool {
-    Command::new("pkg-config")
-        .arg("--version")
-        .output()
-        .is_ok_and(|output| output.status.success())
-}
+use native::{lib_dir, manifest_dir, run, shared_lib_name};
 
 /// Installs into a fresh prefix; returns the temporary directory holding it.
 fn install() -> tempfile::TempDir {
@@ -126,9 +79,9 @@ fn installs_the_files() {
 
 #[test]
 fn pkg_config_links_shared_and_static() {
-    if !pkg_config_present() {
+    if !native::on_path("pkg-config") {
         assert!(
-            env::var_os("CI").is_none_or(|v| v.is_empty()),
+            !native::in_ci(),
             "pkg-config is not installed: CI must install it (APT_PACKAGES in .ci/run)"
         );
         eprintln!("skipped: pkg-config is not installed");
@@ -145,13 +98,14 @@ fn pkg_config_links_shared_and_static() {
         .map(str::to_string)
         .collect()
     };
-    let compiler = env::var("CC").unwrap_or_else(|_| "cc".into());
+    let compiler = native::default_c_compiler();
     let dir = tempfile::tempdir().unwrap();
     let source = dir.path().join("app.c");
     fs::write(&source, PROGRAM).unwrap();
     let compile = |output: &Path, flags: &[String]| {
         run(Command::new(&compiler)
-            .args(["-std=c11", "-Wall", "-Wextra", "-Wpedantic", "-Werror"])
+            .arg("-std=c11")
+            .args(native::WARNINGS)
             .arg(&source)
             .arg("-o")
             .arg(output)
