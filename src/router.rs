@@ -156,6 +156,8 @@ impl SyntheticRouter {
 /// order (rank 0 first).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TraceRow {
+    /// Line of the trace file the row came from (1 is the header).
+    pub line: usize,
     /// Token number.
     pub token: u64,
     /// Layer id.
@@ -228,6 +230,7 @@ pub fn parse_trace(text: &str) -> Result<Vec<TraceRow>> {
             experts.push(e);
         }
         rows.push(TraceRow {
+            line: line_no,
             token,
             layer,
             experts,
@@ -323,5 +326,44 @@ mod tests {
             let err = parse_trace(bad).unwrap_err().to_string();
             assert!(err.contains(needle), "{bad:?}: {err}");
         }
+    }
+}
+
+/// Groups trace rows into tokens (consecutive rows with one token number),
+/// each a list of `(layer, experts)` in execution order; `top_k` keeps the
+/// first ranks of each row (0 = all).
+pub fn trace_tokens(rows: &[TraceRow], top_k: usize) -> Vec<Vec<(u32, Vec<u32>)>> {
+    let mut tokens: Vec<Vec<(u32, Vec<u32>)>> = Vec::new();
+    let mut current: Option<u64> = None;
+    for row in rows {
+        if current != Some(row.token) {
+            tokens.push(Vec::new());
+            current = Some(row.token);
+        }
+        let k = if top_k == 0 {
+            row.experts.len()
+        } else {
+            top_k.min(row.experts.len())
+        };
+        if let Some(t) = tokens.last_mut() {
+            t.push((row.layer, row.experts[..k].to_vec()));
+        }
+    }
+    tokens
+}
+
+#[cfg(test)]
+mod trace_tests {
+    use super::*;
+
+    #[test]
+    fn rows_group_into_tokens_and_keep_top_k() {
+        let rows = parse_trace("token,layer,r0,r1,r2\n0,0,1,2,3\n0,1,4,5,6\n1,0,7,1,2\n").unwrap();
+        assert_eq!(rows[2].line, 4);
+        let t = trace_tokens(&rows, 2);
+        assert_eq!(t.len(), 2);
+        assert_eq!(t[0], vec![(0, vec![1, 2]), (1, vec![4, 5])]);
+        assert_eq!(t[1], vec![(0, vec![7, 1])]);
+        assert_eq!(trace_tokens(&rows, 0)[1][0].1, vec![7, 1, 2]);
     }
 }

@@ -397,3 +397,60 @@ fn demo_small() {
     let kept = kept[0].as_ref().unwrap().path();
     assert!(Vault::open(&kept).is_ok());
 }
+
+#[test]
+fn bench_replays_a_trace_and_rejects_bad_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = synth(dir.path(), &[]);
+    let v = vault.to_str().unwrap();
+    // Two tokens over layers 1..=3 (layer 0 is dense), top-2 of 3 ranks;
+    // token 1 repeats token 0, so with a ring holding both tokens' experts
+    // its 6 claims are hits.
+    let trace = dir.path().join("trace.csv");
+    std::fs::write(
+        &trace,
+        "token,layer,r0,r1,r2\n0,1,0,1,5\n0,2,2,3,5\n0,3,4,5,0\n1,1,0,1,5\n1,2,2,3,5\n1,3,4,5,0\n",
+    )
+    .unwrap();
+    let out = smoe(&[
+        "bench",
+        v,
+        "--trace",
+        trace.to_str().unwrap(),
+        "--top-k",
+        "2",
+        "--ring-slots",
+        "12",
+        "--check-seed",
+        "42",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["tokens"], 2);
+    assert_eq!(json["claims"], 12);
+    assert_eq!(json["hits"], 6, "{json}");
+
+    let bad = dir.path().join("bad.csv");
+    for (content, needles) in [
+        (
+            "token,layer,r0\n0,0,1\n",
+            &["layer 0 expert 1 is not in the vault"][..],
+        ),
+        ("token,layer,r0\n0,9,1\n", &["layer 9 expert 1"][..]),
+        (
+            "token,layer,r0\n0,1,x\n",
+            &["trace line 2", "r0 is \"x\""][..],
+        ),
+        ("layer,token,r0\n", &["trace line 1", "header"][..]),
+    ] {
+        std::fs::write(&bad, content).unwrap();
+        let out = smoe(&["bench", v, "--trace", bad.to_str().unwrap()]);
+        assert_fails(&out, needles);
+    }
+    let missing = smoe(&["bench", v, "--trace", "/nonexistent/trace.csv"]);
+    assert_fails(
+        &missing,
+        &["/nonexistent/trace.csv", "No such file or directory"],
+    );
+}

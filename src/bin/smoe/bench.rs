@@ -59,6 +59,14 @@ pub struct BenchArgs {
     /// Payload seed of a synthetic vault: check every streamed byte.
     #[arg(long)]
     pub check_seed: Option<u64>,
+    /// Also bet on the next layer: speculatively prefetch the experts the
+    /// previous token used there.
+    #[arg(long)]
+    pub speculate: bool,
+    /// Replay a routing trace (SPEC §4 CSV) instead of the synthetic router
+    /// (decode mode): the first --top-k ranks of each row are demanded.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -103,6 +111,16 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
             }
         }
         Mode::Decode => {
+            let trace = match &args.trace {
+                None => None,
+                Some(path) => {
+                    let text = std::fs::read_to_string(path)
+                        .map_err(|e| smoe::Error::io("cannot read trace", path, &e))?;
+                    let rows =
+                        smoe::router::parse_trace(&text).map_err(|e| e.context(path.display()))?;
+                    Some(smoe::router::trace_tokens(&rows, args.top_k as usize))
+                }
+            };
             let opts = DecodeOptions {
                 tokens: args.tokens,
                 ring_slots: args.ring_slots,
@@ -111,8 +129,9 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
                 top_k: args.top_k,
                 keep: args.keep,
                 router_seed: 42,
-                speculate: true,
+                speculate: args.speculate,
                 payload_seed: args.check_seed,
+                trace,
             };
             let r = decode(&args.vault, &opts, &mut |_| {})?;
             let st = &r.stats;

@@ -124,6 +124,7 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
         router_seed: 42,
         speculate: true,
         payload_seed: Some(spec.seed),
+        trace: None,
     };
     let bar = progress::count_bar(u64::from(args.tokens), "decode");
     let report = decode(&path, &opts, &mut |_| bar.inc(1))?;

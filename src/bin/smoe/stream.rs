@@ -32,6 +32,9 @@ pub struct DecodeOptions {
     pub speculate: bool,
     /// When the vault is synthetic: its payload seed, to check every byte.
     pub payload_seed: Option<u64>,
+    /// Replay these tokens (from a routing trace) instead of the synthetic
+    /// router: per token, `(layer, experts)` in execution order.
+    pub trace: Option<Vec<Vec<(u32, Vec<u32>)>>>,
 }
 
 /// What a decode measured.
@@ -92,19 +95,39 @@ pub fn decode(
     let mut router = SyntheticRouter::new(RouterConfig {
         layers,
         n_experts: v.n_experts(),
-        top_k: opts.top_k,
+        top_k: opts.top_k.min(v.n_experts()),
         keep: opts.keep,
         zipf: 1.0,
         seed: opts.router_seed,
     })?;
+    if let Some(trace) = &opts.trace {
+        for (t, token) in trace.iter().enumerate() {
+            for (layer, experts) in token {
+                if let Some(&e) = experts.iter().find(|&&e| v.entry(*layer, e).is_none()) {
+                    return Err(Failure::Message(format!(
+                        "trace token {t}: layer {layer} expert {e} is not in the vault ({} layers × {} experts)",
+                        v.n_layers(),
+                        v.n_experts()
+                    )));
+                }
+            }
+        }
+    }
+    let tokens = opts
+        .trace
+        .as_ref()
+        .map_or(opts.tokens, |t| t.len().min(u32::MAX as usize) as u32);
     // The engine is busy from here on: no pre-warm reads compete with demand.
     s.prewarm_pause(true);
     let mut previous: Vec<(u32, Vec<u32>)> = Vec::new();
-    let mut waits = Vec::with_capacity(opts.tokens as usize);
+    let mut waits = Vec::with_capacity(tokens as usize);
     let mut bytes_checked = 0u64;
     let start = Instant::now();
-    for t in 0..opts.tokens {
-        let token = router.next_token();
+    for t in 0..tokens {
+        let token = match &opts.trace {
+            Some(trace) => trace[t as usize].clone(),
+            None => router.next_token(),
+        };
         let mut wait = Duration::ZERO;
         for (i, (layer, experts)) in token.iter().enumerate() {
             for &e in experts {
@@ -142,7 +165,7 @@ pub fn decode(
     }
     let seconds = start.elapsed().as_secs_f64();
     Ok(DecodeReport {
-        tokens: opts.tokens,
+        tokens,
         layers: n_layers,
         seconds,
         waits,
