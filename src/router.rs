@@ -329,11 +329,14 @@ mod tests {
     }
 }
 
+/// Tokens of a trace: per token, `(layer, experts)` in execution order.
+pub type TraceTokens = Vec<Vec<(u32, Vec<u32>)>>;
+
 /// Groups trace rows into tokens (consecutive rows with one token number),
 /// each a list of `(layer, experts)` in execution order; `top_k` keeps the
 /// first ranks of each row (0 = all).
-pub fn trace_tokens(rows: &[TraceRow], top_k: usize) -> Vec<Vec<(u32, Vec<u32>)>> {
-    let mut tokens: Vec<Vec<(u32, Vec<u32>)>> = Vec::new();
+pub fn trace_tokens(rows: &[TraceRow], top_k: usize) -> TraceTokens {
+    let mut tokens: TraceTokens = Vec::new();
     let mut current: Option<u64> = None;
     for row in rows {
         if current != Some(row.token) {

@@ -34,7 +34,7 @@ pub struct DecodeOptions {
     pub payload_seed: Option<u64>,
     /// Replay these tokens (from a routing trace) instead of the synthetic
     /// router: per token, `(layer, experts)` in execution order.
-    pub trace: Option<Vec<Vec<(u32, Vec<u32>)>>>,
+    pub trace: Option<smoe::router::TraceTokens>,
 }
 
 /// What a decode measured.
