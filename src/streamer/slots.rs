@@ -45,6 +45,10 @@
 //! CONSUMED --claim (refcount+1) / release (refcount−1)--------> CONSUMED
 //! ```
 //!
+//! The LRU tick of a slot is refreshed when its load completes, when it is
+//! claimed, and when a prefetch finds it already loaded (see the README's
+//! changelog for why the last one was added to SPEC §2).
+//!
 //! A slot with refcount > 0 is never taken, so its bytes never change while a
 //! claim holds them. CONSUMED with refcount 0 means *retained*: its identity
 //! stays in the map and a later claim is a hit with no read.
@@ -362,6 +366,14 @@ impl SlotTable {
         loop {
             if !w.holds(id) {
                 return false;
+            }
+            if matches!(w.state(), READY | CONSUMED) {
+                // Asked for again: recently used. Without this, prefetching a
+                // layer's experts (one resident, one not) could evict the
+                // resident one to make room for the other, just before both
+                // are claimed.
+                self.ticks[slot as usize].store(self.next_tick(), Ordering::Relaxed);
+                return true;
             }
             if !demand || w.demand() || w.state() != QUEUED {
                 return true;
@@ -809,6 +821,22 @@ mod tests {
         ));
         assert!(!t.present(1), "least recently used was evicted");
         assert!(t.present(0) && t.present(2) && t.present(5));
+    }
+
+    #[test]
+    fn prefetching_a_resident_expert_makes_it_recent() {
+        let t = SlotTable::new(2, 10);
+        t.prefetch(0, Origin::Demand);
+        t.prefetch(1, Origin::Demand);
+        load_all(&t);
+        // 0 is the older; a layer's prefetch asks for 0 (resident) and 2.
+        assert_eq!(t.prefetch(0, Origin::Demand), Prefetched::Present);
+        assert!(matches!(
+            t.prefetch(2, Origin::Demand),
+            Prefetched::Queued { evicted: true, .. }
+        ));
+        assert!(t.present(0), "the expert just asked for was kept");
+        assert!(!t.present(1), "the least recently used was evicted");
     }
 
     #[test]
