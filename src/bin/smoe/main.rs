@@ -81,6 +81,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::BrokenPipe) => ExitCode::SUCCESS,
+        Err(Failure::Reported) => ExitCode::FAILURE,
         Err(Failure::Usage(message)) => Cli::command()
             .error(clap::error::ErrorKind::ValueValidation, message)
             .exit(),

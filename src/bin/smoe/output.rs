@@ -13,6 +13,8 @@ pub enum Failure {
     Usage(String),
     /// stdout was closed by the reader; exit 0 without another word.
     BrokenPipe,
+    /// The problems were already printed (one stderr line each): exit 1.
+    Reported,
 }
 
 impl From<smoe::Error> for Failure {

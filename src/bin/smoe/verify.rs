@@ -94,7 +94,12 @@ pub fn pass(
         };
         if !problems.is_empty() {
             stats.bad_blobs += 1;
-            bar.suspend(|| problems.iter().for_each(|p| error_line(p)));
+            let file = vault.path().display().to_string();
+            bar.suspend(|| {
+                problems
+                    .iter()
+                    .for_each(|p| error_line(&format!("{file}: {p}")))
+            });
         }
         stats.blobs += 1;
         stats.bytes += entry.padded_size;
@@ -127,17 +132,13 @@ pub fn run(path: &Path) -> Result<(), Failure> {
         if stats.bad_blobs == 0 {
             "every blob is intact".to_owned()
         } else {
-            format!("{} bad", stats.bad_blobs)
+            format!("{} of {} blobs bad", stats.bad_blobs, stats.blobs)
         }
     ))?;
     if stats.bad_blobs == 0 {
         Ok(())
     } else {
-        Err(Failure::Message(format!(
-            "{}: {} of {} blobs are bad",
-            vault.path().display(),
-            stats.bad_blobs,
-            stats.blobs
-        )))
+        // Each bad blob already has its stderr line; the count is on stdout.
+        Err(Failure::Reported)
     }
 }
