@@ -241,3 +241,32 @@ fn close_in_the_middle_of_prewarm() {
         );
     }
 }
+
+#[test]
+fn histogram_counting_experts_the_vault_lacks_is_harmless() {
+    // Layer 0 is dense: it has no blobs. A histogram file (untrusted input)
+    // with a valid checksum may still count ids there; pre-warm must skip
+    // them instead of failing the streamer.
+    let v = common::vault(4, 64, 3000, &[0]);
+    let vault = smoe::vault::Vault::open(&v.file).unwrap();
+    let header = vault.header();
+    let mut counts = vec![0u64; 4 * 64];
+    for (id, count) in counts.iter_mut().enumerate() {
+        *count = if id < 64 { 1000 } else { (id % 5) as u64 };
+    }
+    smoe::popularity::save(
+        &v.dir.path().join("expert_freq.bin"),
+        &header.vault_id,
+        4,
+        64,
+        &counts,
+    )
+    .unwrap();
+    let s = Streamer::open(&v.file, config(200, 20)).unwrap();
+    wait_until("20 pre-warm reads of real experts", || {
+        s.stats().reads_prewarm >= 20
+    });
+    let c = s.claim_wait(1, 4, WAIT).unwrap().expect("still streaming");
+    v.check(1, 4, &c);
+    assert_eq!(s.stats().io_errors, 0);
+}

@@ -565,8 +565,10 @@ mod imp {
                         hit,
                     }))
                 }
-                Claimed::Pending => {
-                    self.shared.wake.one();
+                Claimed::Pending { queued } => {
+                    if queued {
+                        self.shared.wake.one();
+                    }
                     Ok(None)
                 }
                 Claimed::Failed => {

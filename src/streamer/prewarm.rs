@@ -105,7 +105,10 @@ pub(crate) fn run(shared: Arc<Shared>) {
 /// One pass over the hottest `budget` experts.
 fn warm_pass(shared: &Shared) {
     let control = &shared.prewarm;
+    // A histogram file may count ids the vault has no blob for (it is
+    // untrusted input): only real experts are targets.
     let mut targets = shared.histogram.hottest_first();
+    targets.retain(|&id| shared.vault.entry_by_id(id).is_some());
     targets.truncate(control.budget as usize);
     // Warming one target must never evict another.
     let mut spare = vec![0u64; shared.histogram.len().div_ceil(64)];

@@ -91,9 +91,9 @@ const ID_SHIFT: u32 = 40;
 pub(crate) const MAX_IDS: u64 = 1 << 24;
 
 /// `map` entry: no slot.
-const NONE: u32 = u32::MAX;
+const NONE: u64 = u64::MAX;
 /// `map` entry: a prefetch is choosing a slot for this id.
-const RESERVED: u32 = u32::MAX - 1;
+const RESERVED: u64 = u64::MAX - 1;
 
 /// The fields of a state word.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,8 +204,9 @@ pub(crate) enum Prefetched {
 pub(crate) enum Claimed {
     /// The slot is the caller's until it releases `ticket`.
     Ready { slot: u32, ticket: u64, hit: bool },
-    /// Loading (or just queued by this claim).
-    Pending,
+    /// Loading; `queued` when this claim queued the read (so a worker must
+    /// be woken).
+    Pending { queued: bool },
     /// The last read of this expert failed; the error is now forgotten.
     Failed,
     /// Every slot is claimed or loading, so no read could be queued.
@@ -229,8 +230,11 @@ pub(crate) struct SlotTable {
     /// Per slot: the LRU tick of its last load or claim. Only a hint for
     /// choosing a victim; correctness never depends on it.
     ticks: Box<[AtomicU64]>,
-    /// Dense id → slot, RESERVED or NONE (a hint; see the module doc).
-    map: Box<[AtomicU32]>,
+    /// Dense id → `ticket(slot, generation)` of the load that holds it,
+    /// RESERVED or NONE (a hint; see the module doc). The generation makes
+    /// every clearing compare-exchange exact: an entry for a later load of
+    /// the same slot is never cleared by a thread that saw an earlier one.
+    map: Box<[AtomicU64]>,
     /// Per dense id: 1 when its last read failed and no claim has reported
     /// it yet.
     failed: Box<[AtomicU8]>,
@@ -256,7 +260,7 @@ impl SlotTable {
         SlotTable {
             words: (0..slots).map(|_| AtomicU64::new(EMPTY)).collect(),
             ticks: (0..slots).map(|_| AtomicU64::new(0)).collect(),
-            map: (0..ids).map(|_| AtomicU32::new(NONE)).collect(),
+            map: (0..ids).map(|_| AtomicU64::new(NONE)).collect(),
             failed: (0..ids).map(|_| AtomicU8::new(0)).collect(),
             clock: CachePadded::new(AtomicU64::new(1)),
             fresh: CachePadded::new(AtomicU32::new(0)),
@@ -279,13 +283,11 @@ impl SlotTable {
         self.ticks[slot as usize].load(Ordering::Relaxed)
     }
 
-    /// The LRU clock's next value. A load and a store, not a read-modify-
-    /// write: two threads may take the same tick, which only makes their
-    /// slots equally old, and no claim pays for a contended atomic add.
+    /// The LRU clock's next value: an atomic add, so the clock never runs
+    /// backwards (a load and a separate store could: a preempted thread would
+    /// store a stale value and make recently used slots look old).
     fn next_tick(&self) -> u64 {
-        let t = self.clock.load(Ordering::Relaxed) + 1;
-        self.clock.store(t, Ordering::Relaxed);
-        t
+        self.clock.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// Makes sure `id` is resident or in flight; queues a read if not.
@@ -313,7 +315,8 @@ impl SlotTable {
                 return Prefetched::Present;
             }
             if m != NONE {
-                if self.ensure_demand_if_queued(m, id, demand) {
+                let (slot, generation) = split_ticket(m);
+                if self.ensure_demand_if_queued(slot, generation, id, demand) {
                     return Prefetched::Present;
                 }
                 // Stale hint: the slot was taken for another expert (or its
@@ -339,8 +342,8 @@ impl SlotTable {
             };
             // Release: publishes the slot's new word (written by take_slot)
             // to anyone who finds `slot` through the map.
-            entry.store(slot, Ordering::Release);
             let item = ticket(slot, generation);
+            entry.store(item, Ordering::Release);
             let queue = if demand {
                 &self.demand
             } else {
@@ -359,12 +362,12 @@ impl SlotTable {
     /// True when `slot` holds `id` (loading or loaded). With `demand`, a read
     /// still waiting in the speculative queue is promoted: marked demand and
     /// pushed onto the demand queue, where a worker will find it first.
-    fn ensure_demand_if_queued(&self, slot: u32, id: u32, demand: bool) -> bool {
+    fn ensure_demand_if_queued(&self, slot: u32, generation: u32, id: u32, demand: bool) -> bool {
         let cell = &self.words[slot as usize];
         // Acquire: see the word's latest transition before deciding.
         let mut w = Word(cell.load(Ordering::Acquire));
         loop {
-            if !w.holds(id) {
+            if !w.holds(id) || w.generation() != generation {
                 return false;
             }
             if matches!(w.state(), READY | CONSUMED) {
@@ -395,17 +398,27 @@ impl SlotTable {
     fn abandon(&self, slot: u32, generation: u32, id: u32) {
         let cell = &self.words[slot as usize];
         let w = Word(cell.load(Ordering::Acquire));
-        if w.state() == QUEUED && w.generation() == generation {
-            // Release: the slot is free again.
-            let _ = cell.compare_exchange(
-                w.0,
-                w.with_state(EMPTY).0 & !ORIGIN_BITS,
-                Ordering::Release,
+        // Release: the slot is free again. If a worker took the read
+        // meanwhile (it was pushed to no queue, so only via a promotion),
+        // the load goes on and its map entry stays.
+        let freed = w.state() == QUEUED
+            && w.generation() == generation
+            && cell
+                .compare_exchange(
+                    w.0,
+                    w.with_state(EMPTY).0 & !ORIGIN_BITS,
+                    Ordering::Release,
+                    Ordering::Relaxed,
+                )
+                .is_ok();
+        if freed {
+            let _ = self.map[id as usize].compare_exchange(
+                ticket(slot, generation),
+                NONE,
+                Ordering::AcqRel,
                 Ordering::Relaxed,
             );
         }
-        let _ =
-            self.map[id as usize].compare_exchange(slot, NONE, Ordering::AcqRel, Ordering::Relaxed);
     }
 
     /// Takes a slot for `id`: a fresh one if any is left, else the least
@@ -487,7 +500,7 @@ impl SlotTable {
         if evicted || seen.generation() != 0 {
             // The old identity's map entry may still point here; clear it.
             let _ = self.map[seen.id() as usize].compare_exchange(
-                i,
+                ticket(i, seen.generation()),
                 NONE,
                 Ordering::AcqRel,
                 Ordering::Relaxed,
@@ -575,7 +588,7 @@ impl SlotTable {
             }
         }
         let _ = self.map[job.id as usize].compare_exchange(
-            job.slot,
+            ticket(job.slot, job.generation),
             NONE,
             Ordering::AcqRel,
             Ordering::Relaxed,
@@ -590,7 +603,7 @@ impl SlotTable {
             // Acquire: pairs with the Release store of the slot index.
             let m = entry.load(Ordering::Acquire);
             if m == RESERVED {
-                return Claimed::Pending;
+                return Claimed::Pending { queued: false };
             }
             if m == NONE {
                 // AcqRel: take the error (and see the message stored before
@@ -599,23 +612,25 @@ impl SlotTable {
                     return Claimed::Failed;
                 }
                 return match self.prefetch(id, Origin::Demand) {
-                    Prefetched::Queued { .. } | Prefetched::Present => Claimed::Pending,
+                    Prefetched::Queued { .. } => Claimed::Pending { queued: true },
+                    Prefetched::Present => Claimed::Pending { queued: false },
                     Prefetched::ErrorPending => continue,
                     Prefetched::RingFull => Claimed::RingFull,
                 };
             }
-            let cell = &self.words[m as usize];
+            let (slot, generation) = split_ticket(m);
+            let cell = &self.words[slot as usize];
             // Acquire: if READY/CONSUMED, the slot's bytes are visible.
             let mut w = Word(cell.load(Ordering::Acquire));
             loop {
-                if !w.holds(id) {
+                if !w.holds(id) || w.generation() != generation {
                     let _ = entry.compare_exchange(m, NONE, Ordering::AcqRel, Ordering::Relaxed);
                     break; // re-read the map
                 }
                 match w.state() {
                     QUEUED | READING => {
                         if w.demand() {
-                            return Claimed::Pending;
+                            return Claimed::Pending { queued: false };
                         }
                         // The caller is waiting: mark the read demand and, if
                         // no worker has it yet, put it at the head of the line.
@@ -627,10 +642,12 @@ impl SlotTable {
                             Ordering::Acquire,
                         ) {
                             Ok(_) => {
+                                // No wake-up needed: the read is still in a
+                                // queue whose push woke a worker.
                                 if w.state() == QUEUED {
-                                    let _ = self.demand.push(ticket(m, w.generation()));
+                                    let _ = self.demand.push(ticket(slot, w.generation()));
                                 }
-                                return Claimed::Pending;
+                                return Claimed::Pending { queued: false };
                             }
                             Err(now) => w = Word(now),
                         }
@@ -650,11 +667,12 @@ impl SlotTable {
                             Ordering::Acquire,
                         ) {
                             Ok(_) => {
-                                self.ticks[m as usize].store(self.next_tick(), Ordering::Relaxed);
+                                self.ticks[slot as usize]
+                                    .store(self.next_tick(), Ordering::Relaxed);
                                 let hit = !(w.state() == READY && w.demand());
                                 return Claimed::Ready {
-                                    slot: m,
-                                    ticket: ticket(m, w.generation()),
+                                    slot,
+                                    ticket: m,
                                     hit,
                                 };
                             }
@@ -708,31 +726,33 @@ impl SlotTable {
 
     /// The slot holding `id`'s data, if it is loaded (READY or CONSUMED).
     pub(crate) fn resident_slot(&self, id: u32) -> Option<u32> {
+        let (slot, w) = self.current(id)?;
+        matches!(w.state(), READY | CONSUMED).then_some(slot)
+    }
+
+    /// The slot and word of `id`'s current load, if the map names one and
+    /// the word still holds it (same id and generation, not EMPTY).
+    fn current(&self, id: u32) -> Option<(u32, Word)> {
         let m = self.map[id as usize].load(Ordering::Acquire);
         if m >= RESERVED {
             return None;
         }
-        let w = self.word(m);
-        (w.id() == id && matches!(w.state(), READY | CONSUMED)).then_some(m)
+        let (slot, generation) = split_ticket(m);
+        let w = self.word(slot);
+        (w.holds(id) && w.generation() == generation).then_some((slot, w))
     }
 
     /// Whether `id` is queued or being read (not yet loaded).
     pub(crate) fn in_flight(&self, id: u32) -> bool {
-        let m = self.map[id as usize].load(Ordering::Acquire);
-        if m == RESERVED {
-            return true;
-        }
-        if m == NONE {
-            return false;
-        }
-        let w = self.word(m);
-        w.id() == id && matches!(w.state(), QUEUED | READING)
+        self.map[id as usize].load(Ordering::Acquire) == RESERVED
+            || self
+                .current(id)
+                .is_some_and(|(_, w)| matches!(w.state(), QUEUED | READING))
     }
 
     /// Whether `id` is loaded or being loaded.
     pub(crate) fn present(&self, id: u32) -> bool {
-        let m = self.map[id as usize].load(Ordering::Acquire);
-        m == RESERVED || (m != NONE && self.word(m).holds(id))
+        self.map[id as usize].load(Ordering::Acquire) == RESERVED || self.current(id).is_some()
     }
 }
 
@@ -763,7 +783,11 @@ mod tests {
     #[test]
     fn prefetch_then_claim_then_retain() {
         let t = SlotTable::new(2, 10);
-        assert_eq!(t.claim(3), Claimed::Pending, "claim queues a demand read");
+        assert_eq!(
+            t.claim(3),
+            Claimed::Pending { queued: true },
+            "claim queues a demand read"
+        );
         assert_eq!(
             t.prefetch(3, Origin::Demand),
             Prefetched::Present,
@@ -792,7 +816,11 @@ mod tests {
         t.prefetch(1, Origin::Speculative);
         t.prefetch(2, Origin::Speculative);
         // A claim of 2 while it waits in the speculative queue promotes it.
-        assert_eq!(t.claim(2), Claimed::Pending);
+        assert_eq!(
+            t.claim(2),
+            Claimed::Pending { queued: false },
+            "promoted, not queued"
+        );
         let first = t.next_job().unwrap();
         assert_eq!(first.id, 2, "promoted read goes first");
         t.finish_ok(first);
@@ -872,7 +900,7 @@ mod tests {
         assert_eq!(t.claim(4), Claimed::Failed);
         assert_eq!(
             t.claim(4),
-            Claimed::Pending,
+            Claimed::Pending { queued: true },
             "error forgotten, read retried"
         );
         assert_eq!(load_all(&t).len(), 1);

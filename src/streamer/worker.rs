@@ -111,10 +111,20 @@ fn read_job(shared: &Shared, file: &File, job: ReadJob) {
     if shared.panic_in_worker {
         panic!("injected panic in an I/O worker (test hook)");
     }
-    let entry = *shared
-        .vault
-        .entry_by_id(job.id)
-        .expect("the slot table only queues ids the vault has");
+    let Some(&entry) = shared.vault.entry_by_id(job.id) else {
+        // Every caller checks ids against the vault before queueing; should
+        // one slip through, fail its read rather than the worker.
+        let (layer, expert) = (
+            job.id / shared.vault.n_experts(),
+            job.id % shared.vault.n_experts(),
+        );
+        let err = Error::new(
+            ErrorKind::NotFound,
+            format!("layer {layer} expert {expert} is not in the vault"),
+        );
+        fail(shared, job, err);
+        return;
+    };
     let len = entry.padded_size as usize;
     // SAFETY: the job puts the slot in READING, which gives this worker the
     // slot's bytes exclusively until `finish_*`; `padded_size ≤ slot_bytes`
