@@ -143,7 +143,7 @@ fn evicting_prefetch(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    config = Criterion::default().measurement_time(Duration::from_secs(4)).warm_up_time(Duration::from_secs(3));
     targets = hot_paths, evicting_prefetch
 }
 criterion_main!(benches);
