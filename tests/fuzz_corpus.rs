@@ -9,41 +9,13 @@
 use std::path::{Path, PathBuf};
 
 use smoe::vault::{Vault, VaultWriter, WriterOptions};
-use xxhash_rust::xxh3::xxh3_64;
 
 fn corpus_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fuzz/vault_parse")
 }
 
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
-}
-
-/// The fuzz target's `reseal`: the three checksums recomputed over whatever
-/// the (possibly damaged) fields point at.
-fn reseal(data: &[u8]) -> Option<Vec<u8>> {
-    if data.len() < 128 {
-        return None;
-    }
-    let mut b = data.to_vec();
-    let region = |offset: u64, len: u64| -> Option<&[u8]> {
-        let start = usize::try_from(offset).ok()?;
-        let end = start.checked_add(usize::try_from(len).ok()?)?;
-        data.get(start..end)
-    };
-    if let Some(table) = region(u64_at(data, 32), u64_at(data, 40)) {
-        b[96..104].copy_from_slice(&xxh3_64(table).to_le_bytes());
-    }
-    let meta_bytes = u64_at(data, 56);
-    if meta_bytes != 0 {
-        if let Some(meta) = region(u64_at(data, 48), meta_bytes) {
-            b[104..112].copy_from_slice(&xxh3_64(meta).to_le_bytes());
-        }
-    }
-    let sum = xxh3_64(&b[..120]);
-    b[120..128].copy_from_slice(&sum.to_le_bytes());
-    Some(b)
-}
+// `reseal` and `u64_at`, the fuzz target's own (one copy for both).
+include!("../fuzz/reseal.rs");
 
 fn corpus_files() -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(corpus_dir())
