@@ -38,6 +38,10 @@ mod imp {
     use crate::sys::DirectIo;
     use crate::vault::{Entry, Vault};
 
+    // A ring has at most one slot per vault entry, so the slot table's
+    // ticket field (20 bits) holds every slot index.
+    const _: () = assert!(super::slots::MAX_SLOTS >= crate::vault::MAX_EXPERT_IDS);
+
     /// Default number of I/O workers.
     pub const DEFAULT_WORKERS: u32 = 16;
     /// Most I/O workers a streamer runs.
@@ -648,12 +652,11 @@ mod imp {
         /// slot was evicted and reloaded.
         pub fn release_ticket(&self, ticket: u64) -> Result<()> {
             self.shared.table.release(ticket).map(|_| ()).map_err(|_| {
+                let (slot, generation) = super::slots::split_ticket(ticket);
                 Error::new(
                     ErrorKind::Stale,
                     format!(
-                        "ticket {ticket:#x} (slot {}, generation {}) is not held: never claimed, already released, or its slot was reloaded",
-                        ticket as u32,
-                        ticket >> 32
+                        "ticket {ticket:#x} (slot {slot}, generation {generation}) is not held: never claimed, already released, or its slot was reloaded",
                     ),
                 )
             })
@@ -745,7 +748,7 @@ mod imp {
                         super::slots::READY | super::slots::CONSUMED
                     )
                 })
-                .map(|s| (t.tick(s), t.word(s).id()))
+                .map(|s| (t.tick(s), t.slot_id(s)))
                 .collect();
             v.sort_unstable();
             v.into_iter().map(|(_, id)| (id / n, id % n)).collect()

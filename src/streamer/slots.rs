@@ -13,10 +13,10 @@
 //! from the same instant:
 //!
 //! ```text
-//!  63        40 39        16 15      5  4   3   2  0
-//! +------------+------------+---------+---+---+-----+
-//! | expert id  | generation | refcount| P | D |state|
-//! +------------+------------+---------+---+---+-----+
+//!  63  60 59                      16 15      5  4   3   2  0
+//! +------+-------------------------+---------+---+---+-----+
+//! |  0   |       generation        | refcount| P | D |state|
+//! +------+-------------------------+---------+---+---+-----+
 //! ```
 //!
 //! - `state` (3 bits): EMPTY, QUEUED, READING, READY, CONSUMED.
@@ -27,10 +27,23 @@
 //!   `reads_prewarm` unless `D` was set by then). Cleared with `D`.
 //! - `refcount` (11 bits): claims not yet released. Only READY/CONSUMED
 //!   slots have a nonzero refcount.
-//! - `generation` (24 bits): bumped each time the slot is taken for a new
-//!   load; tickets carry it, so a ticket from an earlier load is stale. Never
-//!   0 for a loaded slot, so no ticket is 0.
-//! - `expert id` (24 bits): the dense id the slot holds or is loading.
+//! - `generation` (44 bits): bumped each time the slot is taken for a new
+//!   load, running through `1..=GEN_MAX` and then back to 1. A ticket is
+//!   `generation << 20 | slot`, so a ticket from an earlier load is stale
+//!   until the slot has been reloaded `GEN_MAX` = 2^44 − 2 times: 17.6
+//!   trillion loads, over five centuries at a thousand reloads of that one
+//!   slot per second. (The generation was 24 bits until the hardening pass;
+//!   a 1-slot ring wrapped it in a minute, after which a released ticket
+//!   could drop the refcount of a live claim.) Never 0 for a loaded slot and
+//!   never all ones, so no ticket is 0 and none collides with the map's
+//!   NONE/RESERVED markers.
+//!
+//! The expert a slot holds is not in the word: the generation identifies
+//! the load, and the identity map's entry for an expert names the
+//! (slot, generation) that was taken for it, so "the slot's word has the
+//! generation the map entry names" means "the slot holds that expert".
+//! `ids[slot]` keeps the id for the worker (which reads it) and for
+//! eviction (which clears the old id's map entry).
 //!
 //! Legal transitions (anything else is a bug):
 //!
@@ -56,9 +69,10 @@
 //! # The identity map
 //!
 //! `map[id]` is a hint: NONE, RESERVED (a thread is choosing a slot for `id`;
-//! everyone else treats `id` as in flight), or a slot index. The state word is
-//! the truth: a map entry pointing at a slot whose word holds another id (or
-//! EMPTY) is stale and is cleared by whoever sees it. Only the thread that
+//! everyone else treats `id` as in flight), or the ticket (slot, generation)
+//! of the load taken for `id`. The state word is the truth: a map entry
+//! naming a slot whose word has another generation (or is EMPTY) is stale
+//! and is cleared by whoever sees it. Only the thread that
 //! moved the map entry from NONE to RESERVED may store a slot index into it, so
 //! an expert never has two slots and is never read twice at once.
 
@@ -84,11 +98,17 @@ const REF_MASK: u64 = ((1 << REF_BITS) - 1) << REF_SHIFT;
 /// Most claims one slot can hold at once.
 pub(crate) const MAX_REFS: u64 = (1 << REF_BITS) - 1;
 const GEN_SHIFT: u32 = 16;
-const GEN_BITS: u32 = 24;
+const GEN_BITS: u32 = 44;
 const GEN_MASK: u64 = ((1 << GEN_BITS) - 1) << GEN_SHIFT;
-const ID_SHIFT: u32 = 40;
-/// Dense ids must be below this (the vault reader's `MAX_EXPERT_IDS`).
-pub(crate) const MAX_IDS: u64 = 1 << 24;
+/// The last generation before the count starts again at 1 (all ones is
+/// never used, see the module doc).
+pub(crate) const GEN_MAX: u64 = (1 << GEN_BITS) - 2;
+/// Bits of a ticket that hold the slot index.
+const TICKET_SLOT_BITS: u32 = 20;
+/// Most slots a table may have: ticket slot fields are 20 bits. The vault
+/// format's limit on expert ids (`MAX_EXPERT_IDS`) is the same, and a ring
+/// never has more slots than the vault has entries.
+pub(crate) const MAX_SLOTS: u64 = 1 << TICKET_SLOT_BITS;
 
 /// `map` entry: no slot.
 const NONE: u64 = u64::MAX;
@@ -100,7 +120,8 @@ const RESERVED: u64 = u64::MAX - 1;
 pub(crate) struct Word(pub(crate) u64);
 
 impl Word {
-    fn new(state: u64, id: u32, generation: u32, origin: Origin) -> Word {
+    fn new(state: u64, generation: u64, origin: Origin) -> Word {
+        debug_assert!((1..=GEN_MAX).contains(&generation));
         Word(
             state
                 | match origin {
@@ -108,8 +129,7 @@ impl Word {
                     Origin::Speculative => 0,
                     Origin::Prewarm => PREWARM,
                 }
-                | (u64::from(generation) << GEN_SHIFT)
-                | (u64::from(id) << ID_SHIFT),
+                | (generation << GEN_SHIFT),
         )
     }
     pub(crate) fn state(self) -> u64 {
@@ -131,37 +151,37 @@ impl Word {
     pub(crate) fn refs(self) -> u64 {
         (self.0 & REF_MASK) >> REF_SHIFT
     }
-    pub(crate) fn generation(self) -> u32 {
-        ((self.0 & GEN_MASK) >> GEN_SHIFT) as u32
-    }
-    pub(crate) fn id(self) -> u32 {
-        (self.0 >> ID_SHIFT) as u32
+    pub(crate) fn generation(self) -> u64 {
+        (self.0 & GEN_MASK) >> GEN_SHIFT
     }
     fn with_state(self, state: u64) -> Word {
         Word((self.0 & !STATE_MASK) | state)
     }
-    /// Holds an expert's identity (loading or loaded).
-    fn holds(self, id: u32) -> bool {
-        self.state() != EMPTY && self.id() == id
+    /// Holds the load of this generation (loading or loaded). A map entry
+    /// naming (slot, generation) was stored for one id only, so this is
+    /// "holds that id".
+    fn holds(self, generation: u64) -> bool {
+        self.state() != EMPTY && self.generation() == generation
     }
 }
 
-fn next_generation(g: u32) -> u32 {
-    let n = (g + 1) & ((1 << GEN_BITS) - 1);
-    if n == 0 {
+fn next_generation(g: u64) -> u64 {
+    if g >= GEN_MAX {
         1
     } else {
-        n
+        g + 1
     }
 }
 
-/// A ticket: (generation << 32) | slot. Identifies one claimable load.
-pub(crate) fn ticket(slot: u32, generation: u32) -> u64 {
-    (u64::from(generation) << 32) | u64::from(slot)
+/// A ticket: `generation << 20 | slot`. Identifies one claimable load.
+pub(crate) fn ticket(slot: u32, generation: u64) -> u64 {
+    debug_assert!(u64::from(slot) < MAX_SLOTS && generation <= GEN_MAX);
+    (generation << TICKET_SLOT_BITS) | u64::from(slot)
 }
 
-fn split_ticket(t: u64) -> (u32, u32) {
-    (t as u32, (t >> 32) as u32)
+/// The (slot, generation) of a ticket.
+pub(crate) fn split_ticket(t: u64) -> (u32, u64) {
+    ((t & (MAX_SLOTS - 1)) as u32, t >> TICKET_SLOT_BITS)
 }
 
 /// Who asked for a load.
@@ -179,7 +199,7 @@ pub(crate) enum Origin {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ReadJob {
     pub(crate) slot: u32,
-    pub(crate) generation: u32,
+    pub(crate) generation: u64,
     pub(crate) id: u32,
     /// Who the read is for (which `reads_*` counter it counts in).
     pub(crate) origin: Origin,
@@ -227,6 +247,13 @@ pub(crate) struct SlotTable {
     /// One state word per slot; layout in the module doc. Packed (not
     /// cache-padded) so the eviction scan reads 8 bytes per slot.
     words: Box<[AtomicU64]>,
+    /// Per slot: the dense id of its current (or last) load. Written only by
+    /// the thread whose take moved the slot to QUEUED, before it publishes
+    /// the load's ticket (map store, queue push, both Release), so a worker
+    /// that popped the ticket reads the right id; eviction reads it to clear
+    /// the old id's map entry, with a compare-exchange on that exact ticket,
+    /// so a stale read there changes nothing.
+    ids: Box<[AtomicU32]>,
     /// Per slot: the LRU tick of its last load or claim. Only a hint for
     /// choosing a victim; correctness never depends on it.
     ticks: Box<[AtomicU64]>,
@@ -252,13 +279,22 @@ pub(crate) struct SlotTable {
 impl SlotTable {
     /// A table of `slots` EMPTY slots for `ids` dense expert ids.
     pub(crate) fn new(slots: u32, ids: u32) -> SlotTable {
-        assert!(slots > 0 && u64::from(ids) <= MAX_IDS);
+        Self::with_first_generation(slots, ids, 0)
+    }
+
+    /// A table whose slots start at `generation` instead of 0, so tests
+    /// reach the generation's wrap point without 2^44 loads.
+    pub(crate) fn with_first_generation(slots: u32, ids: u32, generation: u64) -> SlotTable {
+        assert!(slots > 0 && u64::from(slots) <= MAX_SLOTS && generation <= GEN_MAX);
         // Each (slot, generation) is pushed at most once per queue, and a
         // slot's stale entries are skipped when popped; 4 × slots leaves room
         // for stale entries of earlier generations.
         let cap = (slots as usize * 4).next_power_of_two().max(64);
         SlotTable {
-            words: (0..slots).map(|_| AtomicU64::new(EMPTY)).collect(),
+            words: (0..slots)
+                .map(|_| AtomicU64::new(EMPTY | (generation << GEN_SHIFT)))
+                .collect(),
+            ids: (0..slots).map(|_| AtomicU32::new(0)).collect(),
             ticks: (0..slots).map(|_| AtomicU64::new(0)).collect(),
             map: (0..ids).map(|_| AtomicU64::new(NONE)).collect(),
             failed: (0..ids).map(|_| AtomicU8::new(0)).collect(),
@@ -277,6 +313,11 @@ impl SlotTable {
     /// The current state word of `slot` (for stats and tests).
     pub(crate) fn word(&self, slot: u32) -> Word {
         Word(self.words[slot as usize].load(Ordering::Acquire))
+    }
+
+    /// The dense id of `slot`'s current or last load (for diagnostics).
+    pub(crate) fn slot_id(&self, slot: u32) -> u32 {
+        self.ids[slot as usize].load(Ordering::Relaxed)
     }
 
     pub(crate) fn tick(&self, slot: u32) -> u64 {
@@ -316,7 +357,7 @@ impl SlotTable {
             }
             if m != NONE {
                 let (slot, generation) = split_ticket(m);
-                if self.ensure_demand_if_queued(slot, generation, id, demand) {
+                if self.ensure_demand_if_queued(slot, generation, demand) {
                     return Prefetched::Present;
                 }
                 // Stale hint: the slot was taken for another expert (or its
@@ -362,12 +403,12 @@ impl SlotTable {
     /// True when `slot` holds `id` (loading or loaded). With `demand`, a read
     /// still waiting in the speculative queue is promoted: marked demand and
     /// pushed onto the demand queue, where a worker will find it first.
-    fn ensure_demand_if_queued(&self, slot: u32, generation: u32, id: u32, demand: bool) -> bool {
+    fn ensure_demand_if_queued(&self, slot: u32, generation: u64, demand: bool) -> bool {
         let cell = &self.words[slot as usize];
         // Acquire: see the word's latest transition before deciding.
         let mut w = Word(cell.load(Ordering::Acquire));
         loop {
-            if !w.holds(id) || w.generation() != generation {
+            if !w.holds(generation) {
                 return false;
             }
             if matches!(w.state(), READY | CONSUMED) {
@@ -395,7 +436,7 @@ impl SlotTable {
     }
 
     /// Undo a take whose queue push failed: the slot goes back to EMPTY.
-    fn abandon(&self, slot: u32, generation: u32, id: u32) {
+    fn abandon(&self, slot: u32, generation: u64, id: u32) {
         let cell = &self.words[slot as usize];
         let w = Word(cell.load(Ordering::Acquire));
         // Release: the slot is free again. If a worker took the read
@@ -428,13 +469,18 @@ impl SlotTable {
         id: u32,
         origin: Origin,
         spare: Option<&[u64]>,
-    ) -> Option<(u32, u32, bool)> {
+    ) -> Option<(u32, u64, bool)> {
         let n = self.slots();
         if self.fresh.load(Ordering::Relaxed) < n {
             let i = self.fresh.fetch_add(1, Ordering::Relaxed);
             if i < n {
-                if let Some(t) = self.try_take(i, Word(EMPTY), id, origin) {
-                    return Some(t);
+                // Untouched unless a scan took it first (EMPTY looks oldest
+                // to the scan); the take's compare-exchange checks the word.
+                let seen = Word(self.words[i as usize].load(Ordering::Relaxed));
+                if seen.state() == EMPTY {
+                    if let Some(t) = self.try_take(i, seen, id, origin) {
+                        return Some(t);
+                    }
                 }
             }
         }
@@ -453,9 +499,12 @@ impl SlotTable {
     /// The idle slot with the smallest tick (EMPTY counts as tick 0), by a
     /// scan of the packed words; ticks are read only for idle slots.
     fn least_recently_used_idle(&self, spare: Option<&[u64]>) -> Option<(u32, Word)> {
-        let spared = |w: u64| {
+        // The id of an idle slot is read after its word; a stale id (a take
+        // racing the scan) only affects this choice, and the take's
+        // compare-exchange on the word seen here fails if the slot changed.
+        let spared = |i: usize| {
             spare.is_some_and(|bits| {
-                let id = Word(w).id() as usize;
+                let id = self.ids[i].load(Ordering::Relaxed) as usize;
                 bits.get(id / 64).is_some_and(|b| b & (1 << (id % 64)) != 0)
             })
         };
@@ -468,7 +517,7 @@ impl SlotTable {
             }
             let t = match w & STATE_MASK {
                 EMPTY => 0,
-                READY | CONSUMED if !spared(w) => tick.load(Ordering::Relaxed),
+                READY | CONSUMED if !spared(i) => tick.load(Ordering::Relaxed),
                 _ => continue,
             };
             if t < best_tick {
@@ -483,9 +532,9 @@ impl SlotTable {
     }
 
     /// Moves slot `i` from the idle word `seen` to QUEUED for `id`.
-    fn try_take(&self, i: u32, seen: Word, id: u32, origin: Origin) -> Option<(u32, u32, bool)> {
+    fn try_take(&self, i: u32, seen: Word, id: u32, origin: Origin) -> Option<(u32, u64, bool)> {
         let generation = next_generation(seen.generation());
-        let new = Word::new(QUEUED, id, generation, origin);
+        let new = Word::new(QUEUED, generation, origin);
         // AcqRel: Acquire orders the last claimant's reads of the slot (its
         // Release in `release`) before the worker's writes; Release publishes
         // the new identity to whoever reads the word next.
@@ -493,13 +542,15 @@ impl SlotTable {
             .compare_exchange(seen.0, new.0, Ordering::AcqRel, Ordering::Relaxed)
             .ok()?;
         self.ticks[i as usize].store(self.next_tick(), Ordering::Relaxed);
+        // The slot is ours (QUEUED, refcount 0): nobody else writes its id.
+        let old_id = self.ids[i as usize].swap(id, Ordering::Relaxed);
         let evicted = seen.state() != EMPTY;
         if evicted {
             self.evictions.fetch_add(1, Ordering::Relaxed);
-        }
-        if evicted || seen.generation() != 0 {
-            // The old identity's map entry may still point here; clear it.
-            let _ = self.map[seen.id() as usize].compare_exchange(
+            // The old load's map entry may still name this slot; clear it.
+            // (A failed or abandoned load cleared its own entry.) The ticket
+            // is unique to that load, so a stale `old_id` clears nothing.
+            let _ = self.map[old_id as usize].compare_exchange(
                 ticket(i, seen.generation()),
                 NONE,
                 Ordering::AcqRel,
@@ -532,12 +583,15 @@ impl SlotTable {
                     Ordering::Acquire,
                 ) {
                     Ok(_) => {
+                        // The id was stored before the ticket was pushed:
+                        // this pop (Acquire) ordered that store before us.
+                        let id = self.ids[slot as usize].load(Ordering::Relaxed);
                         return Some(ReadJob {
                             slot,
                             generation,
-                            id: w.id(),
+                            id,
                             origin: w.origin(),
-                        })
+                        });
                     }
                     Err(now) => w = Word(now),
                 }
@@ -623,7 +677,7 @@ impl SlotTable {
             // Acquire: if READY/CONSUMED, the slot's bytes are visible.
             let mut w = Word(cell.load(Ordering::Acquire));
             loop {
-                if !w.holds(id) || w.generation() != generation {
+                if !w.holds(generation) {
                     let _ = entry.compare_exchange(m, NONE, Ordering::AcqRel, Ordering::Relaxed);
                     break; // re-read the map
                 }
@@ -739,7 +793,7 @@ impl SlotTable {
         }
         let (slot, generation) = split_ticket(m);
         let w = self.word(slot);
-        (w.holds(id) && w.generation() == generation).then_some((slot, w))
+        w.holds(generation).then_some((slot, w))
     }
 
     /// Whether `id` is queued or being read (not yet loaded).
@@ -771,13 +825,77 @@ mod tests {
 
     #[test]
     fn word_fields_round_trip() {
-        let w = Word::new(READY, (1 << 24) - 1, (1 << 24) - 1, Origin::Demand);
+        let w = Word::new(READY, GEN_MAX, Origin::Demand);
         assert_eq!(w.state(), READY);
-        assert_eq!(w.id(), (1 << 24) - 1);
-        assert_eq!(w.generation(), (1 << 24) - 1);
+        assert_eq!(w.generation(), GEN_MAX);
         assert!(w.demand());
         assert_eq!(w.refs(), 0);
-        assert_eq!(next_generation((1 << 24) - 1), 1);
+        assert_eq!(w.0 >> 60, 0, "the top four bits stay clear");
+        let claimed = Word(w.with_state(CONSUMED).0 + REF_ONE * MAX_REFS);
+        assert_eq!(claimed.refs(), MAX_REFS);
+        assert_eq!(claimed.generation(), GEN_MAX, "a full refcount spills nowhere");
+        assert_eq!(next_generation(GEN_MAX), 1);
+        assert_eq!(next_generation((1 << 24) - 1), 1 << 24, "24 bits no longer wrap");
+        let last = MAX_SLOTS as u32 - 1;
+        assert_eq!(split_ticket(ticket(last, GEN_MAX)), (last, GEN_MAX));
+        assert!(ticket(last, GEN_MAX) < RESERVED, "no ticket is a map marker");
+        assert_eq!(split_ticket(ticket(0, 1)), (0, 1));
+    }
+
+    /// Loads `id` into a 1-slot table (evicting whatever it held), claims
+    /// it and returns the ticket, still held.
+    fn reload_and_claim(t: &SlotTable, id: u32) -> u64 {
+        assert!(matches!(t.prefetch(id, Origin::Demand), Prefetched::Queued { .. }));
+        assert_eq!(load_all(t).len(), 1);
+        let Claimed::Ready { ticket, hit, .. } = t.claim(id) else {
+            panic!("{id} not ready after its read")
+        };
+        assert!(!hit);
+        ticket
+    }
+
+    /// The hardening reproducer without its 2^24 reads: the first load's
+    /// ticket, released, must not release the claim of load 2^24 + 1 (the
+    /// load that reused its generation when the generation was 24 bits).
+    #[test]
+    fn a_released_ticket_stays_stale_across_the_old_24_bit_wrap() {
+        // The slot's first load had generation 1; its ticket was released
+        // long ago. Fast-forward: the slot's last load had generation
+        // 2^24 − 2, so the next loads are 2^24 − 1, 2^24, ... (with 24 bits:
+        // 2^24 − 1, then 1 again, where `first` became valid).
+        let first = ticket(0, 1);
+        let t = SlotTable::with_first_generation(1, 2, (1 << 24) - 2);
+        for load in 0..4u32 {
+            let held = reload_and_claim(&t, load % 2);
+            assert_ne!(held, first);
+            assert_eq!(t.release(first), Err(Stale), "load {load}");
+            assert_eq!(t.word(0).refs(), 1, "the live claim kept its reference");
+            t.release(held).unwrap();
+        }
+        assert_eq!(t.word(0).generation(), (1 << 24) + 2);
+    }
+
+    /// At the real wrap point (2^44 − 2 reloads away) the generation starts
+    /// again at 1, skipping 0 (no ticket is 0) and all ones (no ticket is a
+    /// map marker); tickets of neighbouring loads stay distinct and stale.
+    #[test]
+    fn generation_wraps_to_one_after_gen_max() {
+        let t = SlotTable::with_first_generation(1, 3, GEN_MAX - 2);
+        let mut previous = Vec::new();
+        for load in 0..5u32 {
+            let held = reload_and_claim(&t, load % 3);
+            let generation = split_ticket(held).1;
+            assert!((1..=GEN_MAX).contains(&generation), "{generation}");
+            assert!(held != 0 && held < RESERVED);
+            for &old in &previous {
+                assert_eq!(t.release(old), Err(Stale), "load {load}");
+            }
+            assert_eq!(t.word(0).refs(), 1);
+            t.release(held).unwrap();
+            previous.push(held);
+        }
+        let generations: Vec<u64> = previous.iter().map(|&p| split_ticket(p).1).collect();
+        assert_eq!(generations, [GEN_MAX - 1, GEN_MAX, 1, 2, 3]);
     }
 
     #[test]
@@ -1058,6 +1176,39 @@ mod loom_tests {
                 .filter(|c| **c == Claimed::Failed)
                 .count();
             assert_eq!(failed, 1, "{answers:?} then {third:?}");
+        });
+    }
+
+    #[test]
+    fn release_and_reload_across_the_generation_wrap() {
+        loom::model(|| {
+            // The slot's generation is one below its wrap point: loading 0
+            // takes GEN_MAX, and reloading it after 1 wraps round to 1.
+            let m = Arc::new(Model {
+                table: SlotTable::with_first_generation(1, 2, GEN_MAX - 1),
+                data: vec![UnsafeCell::new(u32::MAX)],
+            });
+            m.table.prefetch(0, Origin::Demand);
+            assert!(m.work());
+            let Claimed::Ready { ticket: old, .. } = m.table.claim(0) else {
+                panic!()
+            };
+            assert_eq!(split_ticket(old).1, GEN_MAX);
+            let m2 = m.clone();
+            let h = thread::spawn(move || {
+                let _ = m2.table.prefetch(1, Origin::Demand);
+                while m2.work() {}
+                m2.claim_check_release(1);
+            });
+            m.table.release(old).unwrap();
+            h.join().unwrap();
+            let _ = m.table.prefetch(0, Origin::Demand);
+            while m.work() {}
+            // Whatever ran first, the old ticket is stale now and every
+            // resident expert's bytes are its own.
+            assert_eq!(m.table.release(old), Err(Stale));
+            m.claim_check_release(0);
+            m.claim_check_release(1);
         });
     }
 
