@@ -6,13 +6,26 @@
 //!   [`Histogram::hottest_first`] for the pre-warm thread;
 //! - the file format: [`encode`], [`load`] and the atomic [`save`];
 //! - the persistence policy ([`Persistence`]): where the file lives, or why
-//!   it is not written.
+//!   it is not written;
+//! - the rule for which file it may replace: a missing file, or a regular
+//!   file whose header (as far as the file goes) is a histogram of this
+//!   vault, damaged or not. Anything else found at the path (another file, a
+//!   histogram of another vault, a device, FIFO, socket or directory, the
+//!   vault file or a link to it) is protected: persistence is off until
+//!   close, with a warning naming the path and what it is. The check is
+//!   repeated just before each rename, so a file placed there after open is
+//!   not clobbered either;
+//! - removing the temporary files a killed writer left next to the file
+//!   ([`Histogram::open`]; see `remove_leftover_temp_files` for which).
 //!
 //! What it must never do:
 //! - put a lock or a shared counter on the claim path: [`Histogram::bump`] is
 //!   one `Relaxed` `fetch_add` on that expert's own counter;
 //! - fail `smoe_open`: a missing, damaged or foreign file, or a read-only
 //!   directory, becomes a warning and counts that start at zero;
+//! - replace, or even open, a file that is not its own: a FIFO would block
+//!   the open forever, a device may act on being opened, and anything else
+//!   is someone's data;
 //! - trust the file: its expected length is known from the vault's shape and
 //!   is compared before anything is read or allocated, and every field is
 //!   checked against the vault's;
@@ -28,14 +41,17 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind as IoErrorKind, Read, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::error::{Error, Result};
-use crate::vault::{hex, FREQ_FILE, MAX_EXPERT_IDS};
+use crate::error::{Error, ErrorKind, Result};
+use crate::sys::{self, FileKind, OpenRegularError};
+use crate::vault::{hex, Vault, EXPERTS_FILE, FREQ_FILE, MAX_EXPERT_IDS};
 
 /// The file's magic bytes.
 pub const FREQ_MAGIC: [u8; 8] = *b"SMOEFREQ";
@@ -48,6 +64,17 @@ pub const FREQ_HEADER_BYTES: usize = 40;
 /// Prefix of the temporary files [`save`] writes next to the target:
 /// `.<file name>.tmp-<pid>-<n>`.
 const TMP_MARKER: &str = ".tmp-";
+
+/// A leftover temporary file is removed only once it has not been modified
+/// for this long. See `remove_leftover_temp_files`.
+const LEFTOVER_MIN_AGE: Duration = Duration::from_secs(60);
+
+/// A file's identity: `(st_dev, st_ino)`.
+type FileId = (u64, u64);
+
+fn file_id(metadata: &std::fs::Metadata) -> FileId {
+    (metadata.dev(), metadata.ino())
+}
 
 /// The exact length of a histogram file for `n_layers × n_experts` ids, or
 /// `None` when it would not fit in a `u64`.
@@ -130,26 +157,19 @@ pub fn load(path: &Path, vault_id: &[u8; 16], n_layers: u32, n_experts: u32) -> 
             "the vault's shape {n_layers} × {n_experts} is too large for a histogram"
         ));
     };
-    let mut file = match File::open(path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == IoErrorKind::NotFound => {
+    let (mut file, metadata) = match sys::open_regular(path) {
+        Ok(opened) => opened,
+        Err(OpenRegularError::Os(e)) if e.kind() == IoErrorKind::NotFound => {
             return LoadOutcome::Missing(format!(
                 "{}: no histogram yet; counts start at zero",
                 path.display()
             ))
         }
-        Err(e) => return ignored(format!("cannot open it: {e}")),
+        Err(OpenRegularError::Os(e)) => return ignored(format!("cannot open it: {e}")),
+        Err(OpenRegularError::NotRegular(kind)) => {
+            return ignored(format!("is {kind}, not a histogram file"))
+        }
     };
-    let metadata = match file.metadata() {
-        Ok(m) => m,
-        Err(e) => return ignored(format!("cannot stat it: {e}")),
-    };
-    if metadata.is_dir() {
-        return ignored("is a directory, not a histogram file".into());
-    }
-    if !metadata.is_file() {
-        return ignored("is not a regular file".into());
-    }
     let actual_bytes = metadata.len();
     if actual_bytes == 0 {
         return ignored("is empty".into());
@@ -261,6 +281,9 @@ fn le_u32(bytes: &[u8], at: usize) -> u32 {
 /// Writes the histogram to `path` atomically: a temporary file in the same
 /// directory, fsync, rename over `path`, fsync the directory. On failure the
 /// temporary file is removed and `path` is left as it was.
+///
+/// This replaces whatever is at `path`; [`Histogram::persist`] first checks
+/// that it is the histogram's own file.
 pub fn save(
     path: &Path,
     vault_id: &[u8; 16],
@@ -269,36 +292,49 @@ pub fn save(
     counts: &[u64],
 ) -> Result<()> {
     let bytes = encode(vault_id, n_layers, n_experts, counts)?;
+    save_checked(path, &bytes, || Ok(())).map(|_| ())
+}
+
+/// [`save`]'s steps, with `check` called once the temporary file is durable,
+/// just before the rename: an error from it removes the temporary file and
+/// leaves `path` alone. Returns the identity of the file now at `path`.
+fn save_checked(path: &Path, bytes: &[u8], check: impl FnOnce() -> Result<()>) -> Result<FileId> {
     let (tmp_path, mut file) = create_temp(path)?;
     let written = file
-        .write_all(&bytes)
+        .write_all(bytes)
         .and_then(|()| file.sync_all())
+        .and_then(|()| file.metadata())
         .map_err(|e| Error::io("cannot write", &tmp_path, &e));
     drop(file);
-    let renamed = written.and_then(|()| {
+    let renamed = written.and_then(|metadata| {
+        check()?;
         std::fs::rename(&tmp_path, path).map_err(|e| {
             Error::io(
                 format_args!("cannot rename {} to", tmp_path.display()),
                 path,
                 &e,
             )
-        })
+        })?;
+        // A rename keeps the inode: this is the file now at `path`.
+        Ok(file_id(&metadata))
     });
-    if let Err(e) = renamed {
-        let _ = std::fs::remove_file(&tmp_path);
-        return Err(e);
+    match renamed {
+        Ok(id) => {
+            sync_dir(&parent_dir(path))?;
+            Ok(id)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp_path);
+            Err(e)
+        }
     }
-    sync_dir(&parent_dir(path))
 }
 
 /// Creates a fresh temporary file next to `path` with `O_EXCL`, retrying
 /// past stale names (a dead process whose pid was reused).
 fn create_temp(path: &Path) -> Result<(PathBuf, File)> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| FREQ_FILE.to_string());
+    let name = target_name(path);
     let dir = parent_dir(path);
     let pid = std::process::id();
     let mut last_error = None;
@@ -320,12 +356,80 @@ fn create_temp(path: &Path) -> Result<(PathBuf, File)> {
     Err(Error::io("cannot create temporary file", &tmp_path, &e))
 }
 
-/// Whether `file_name` is one of [`save`]'s temporary files for `target`.
+/// Whether `file_name` is one of [`save`]'s temporary files for `target`:
+/// exactly `.<target>.tmp-<pid>-<n>`, both numbers decimal.
 pub fn is_temp_file_name(file_name: &str, target: &str) -> bool {
-    file_name
-        .strip_prefix('.')
-        .and_then(|rest| rest.strip_prefix(target))
-        .is_some_and(|rest| rest.starts_with(TMP_MARKER))
+    temp_file_pid(file_name, target).is_some()
+}
+
+/// The pid in the name of one of [`save`]'s temporary files for `target`;
+/// `None` for any other name (a pid beyond `u32` is not one `save` writes).
+fn temp_file_pid(file_name: &str, target: &str) -> Option<u32> {
+    let rest = file_name
+        .strip_prefix('.')?
+        .strip_prefix(target)?
+        .strip_prefix(TMP_MARKER)?;
+    let (pid, n) = rest.split_once('-')?;
+    let decimal = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !decimal(pid) || !decimal(n) {
+        return None;
+    }
+    pid.parse().ok()
+}
+
+/// The file name [`create_temp`] builds temporary names from.
+fn target_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| FREQ_FILE.to_string())
+}
+
+/// Removes the temporary files that writers killed mid-[`save`] left next
+/// to `path` (the rename never ran, so nothing else ever removes them).
+/// Best effort: whatever cannot be removed stays for a later open. A file is
+/// removed only if all of these hold:
+/// - its name is exactly `.<target>.tmp-<pid>-<n>` for this target;
+/// - it is a regular file (`lstat`: a link or directory is left alone);
+/// - `pid` is not this process (another thread may be saving right now);
+/// - no process `pid` exists (`kill(pid, 0)`): a live writer elsewhere is
+///   between its create and its rename. A pid reused by an unrelated
+///   process only delays the removal until that process ends;
+/// - it has not been modified for [`LEFTOVER_MIN_AGE`]: a writer in another
+///   pid namespace (a container sharing the directory) is invisible to
+///   `kill`, and a save writes, fsyncs and renames its file within seconds,
+///   so a temporary file a minute old has no writer left.
+///
+/// `O_EXCL` keeps a new writer from ever reusing a leftover's name, so a
+/// file that passed these checks cannot become someone's file meanwhile.
+fn remove_leftover_temp_files(path: &Path) {
+    let target = target_name(path);
+    let Ok(entries) = std::fs::read_dir(parent_dir(path)) else {
+        return;
+    };
+    let own_pid = std::process::id();
+    let now = SystemTime::now();
+    for entry in entries.filter_map(|e| e.ok()) {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| temp_file_pid(n, &target)) else {
+            continue;
+        };
+        if pid == own_pid || sys::process_exists(pid) {
+            continue;
+        }
+        // `DirEntry::metadata` does not follow a symbolic link.
+        let Ok(metadata) = entry.metadata() else {
+            continue;
+        };
+        // A modification time in the future or unknown counts as recent.
+        let old_enough = metadata
+            .modified()
+            .ok()
+            .and_then(|modified| now.duration_since(modified).ok())
+            .is_some_and(|age| age >= LEFTOVER_MIN_AGE);
+        if metadata.is_file() && old_enough {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 fn parent_dir(path: &Path) -> PathBuf {
@@ -349,7 +453,8 @@ fn sync_dir(dir: &Path) -> Result<()> {
 /// Where the histogram is kept, or why it is not.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Persistence {
-    /// Loaded from and saved to this file.
+    /// Loaded from and saved to this file. A symbolic link at the configured
+    /// path is followed: this is the file it named at open (the link stays).
     Enabled(PathBuf),
     /// The host asked for no file (`freq_path = ""`): nothing is read or
     /// written.
@@ -357,21 +462,67 @@ pub enum Persistence {
     /// The file is read if present but never written: its directory is not
     /// writable. The string is the warning.
     ReadOnly(PathBuf, String),
+    /// Something that is not this vault's histogram is at the path (another
+    /// file, a histogram of another vault, a device, FIFO, socket or
+    /// directory, the vault file or a link to it). It is neither read nor
+    /// written until close. The path is the configured one; the string is
+    /// the warning, naming the path and what is there.
+    Protected(PathBuf, String),
 }
 
 impl Persistence {
     /// Decides from the config's `freq_path` (`None` = `<vault_dir>/expert_freq.bin`,
-    /// empty = off) and probes the directory by creating and removing one of
-    /// [`save`]'s temporary files: that is the operation `save` needs, and,
-    /// unlike `access(W_OK)`, it gives the true answer for root, read-only
-    /// mounts and network filesystems.
-    pub fn decide(vault_dir: &Path, freq_path: Option<&Path>) -> Persistence {
-        let path = match freq_path {
-            Some(p) if p.as_os_str().is_empty() => return Persistence::Off,
+    /// empty = off) what the histogram's file is and whether it may be
+    /// written, and returns the identity of the file found there if it is
+    /// ours. A symbolic link is followed (a dangling one is protected: saving
+    /// would replace the link). Whatever exists at the path must be ours
+    /// ([`VaultKey::examine`]) or it is protected. The directory is then
+    /// probed by creating and removing one of [`save`]'s temporary files:
+    /// that is the operation `save` needs, and, unlike `access(W_OK)`, it
+    /// gives the true answer for root, read-only mounts and network
+    /// filesystems.
+    fn decide(
+        key: &VaultKey,
+        vault_dir: &Path,
+        freq_path: Option<&Path>,
+    ) -> (Persistence, Option<FileId>) {
+        let requested = match freq_path {
+            Some(p) if p.as_os_str().is_empty() => return (Persistence::Off, None),
             Some(p) => p.to_path_buf(),
             None => vault_dir.join(FREQ_FILE),
         };
-        match create_temp(&path) {
+        let protected = |what: &str| {
+            let warning = format!(
+                "{}: {what}; the library replaces only its own histogram file, so the histogram \
+                 is neither read nor saved until close",
+                requested.display()
+            );
+            (Persistence::Protected(requested.clone(), warning), None)
+        };
+        let path = match std::fs::symlink_metadata(&requested) {
+            Ok(m) if m.file_type().is_symlink() => match std::fs::canonicalize(&requested) {
+                Ok(target) => target,
+                Err(e) if e.kind() == IoErrorKind::NotFound => {
+                    return protected("is a symbolic link to a missing file")
+                }
+                Err(e) => {
+                    return protected(&format!("is a symbolic link that cannot be followed ({e})"))
+                }
+            },
+            _ => requested.clone(),
+        };
+        let seen = match key.examine(&path) {
+            Found::Nothing => None,
+            Found::Ours(id) => Some(id),
+            Found::Foreign(what) if path != requested => {
+                return protected(&format!(
+                    "is a symbolic link to {}, which {what}",
+                    path.display()
+                ))
+            }
+            Found::Foreign(what) => return protected(&what),
+        };
+        let persistence = match create_temp(&path) {
             Ok((tmp_path, file)) => {
                 drop(file);
                 let _ = std::fs::remove_file(&tmp_path);
@@ -384,14 +535,15 @@ impl Persistence {
                 );
                 Persistence::ReadOnly(path, warning)
             }
-        }
+        };
+        (persistence, seen)
     }
 
     /// The file that is read at open, if any.
     pub fn read_path(&self) -> Option<&Path> {
         match self {
             Persistence::Enabled(p) | Persistence::ReadOnly(p, _) => Some(p),
-            Persistence::Off => None,
+            Persistence::Off | Persistence::Protected(..) => None,
         }
     }
 
@@ -399,7 +551,195 @@ impl Persistence {
     pub fn write_path(&self) -> Option<&Path> {
         match self {
             Persistence::Enabled(p) => Some(p),
-            Persistence::Off | Persistence::ReadOnly(..) => None,
+            Persistence::Off | Persistence::ReadOnly(..) | Persistence::Protected(..) => None,
+        }
+    }
+
+    /// The warning this decision records at open, if any.
+    fn warning(&self) -> Option<&str> {
+        match self {
+            Persistence::ReadOnly(_, w) | Persistence::Protected(_, w) => Some(w),
+            Persistence::Enabled(_) | Persistence::Off => None,
+        }
+    }
+}
+
+/// What identifies the vault a histogram counts: what a file must show to
+/// be its histogram, and the vault file it must never be.
+#[derive(Clone, Debug)]
+struct VaultKey {
+    vault_id: [u8; 16],
+    n_layers: u32,
+    n_experts: u32,
+    /// The vault's `experts.smoe` and its identity (followed through links),
+    /// when it could be stat'ed.
+    vault_file: Option<(PathBuf, FileId)>,
+}
+
+/// What [`VaultKey::examine`] found at a path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Found {
+    /// Nothing: the library may create the file.
+    Nothing,
+    /// A regular file whose header is a histogram of this vault as far as
+    /// the file goes (damaged or not): the library may replace it.
+    Ours(FileId),
+    /// Anything else: never replaced. What it is, to follow the path.
+    Foreign(String),
+}
+
+impl VaultKey {
+    fn new(vault_id: [u8; 16], n_layers: u32, n_experts: u32, vault_file: &Path) -> VaultKey {
+        let vault_file = std::fs::metadata(vault_file)
+            .ok()
+            .map(|m| (vault_file.to_path_buf(), file_id(&m)));
+        VaultKey {
+            vault_id,
+            n_layers,
+            n_experts,
+            vault_file,
+        }
+    }
+
+    /// Says whether the file at `path` (not following a final symbolic link)
+    /// is one the library may replace. Never blocks: a FIFO or device is
+    /// recognised by `lstat` and never opened, and the regular file's header
+    /// is read through [`sys::open_regular`].
+    fn examine(&self, path: &Path) -> Found {
+        let metadata = match std::fs::symlink_metadata(path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == IoErrorKind::NotFound => return Found::Nothing,
+            Err(e) => return Found::Foreign(format!("cannot be examined ({e})")),
+        };
+        let kind = FileKind::of(metadata.file_type());
+        if kind != FileKind::Regular {
+            return Found::Foreign(format!("is {kind}"));
+        }
+        if let Some(what) = self.vault_file_match(&metadata) {
+            return Found::Foreign(what);
+        }
+        let (file, metadata) = match sys::open_regular(path) {
+            Ok(opened) => opened,
+            Err(OpenRegularError::Os(e)) if e.kind() == IoErrorKind::NotFound => {
+                return Found::Nothing
+            }
+            Err(OpenRegularError::Os(e)) => return Found::Foreign(format!("cannot be read ({e})")),
+            Err(OpenRegularError::NotRegular(kind)) => return Found::Foreign(format!("is {kind}")),
+        };
+        // Checked again on the descriptor: the path may have changed since.
+        if let Some(what) = self.vault_file_match(&metadata) {
+            return Found::Foreign(what);
+        }
+        let mut head = Vec::with_capacity(FREQ_HEADER_BYTES);
+        if let Err(e) = file.take(FREQ_HEADER_BYTES as u64).read_to_end(&mut head) {
+            return Found::Foreign(format!("cannot be read ({e})"));
+        }
+        match self.foreign_header(&head) {
+            Some(what) => Found::Foreign(what),
+            None => Found::Ours(file_id(&metadata)),
+        }
+    }
+
+    /// "is the vault file ..." when `metadata` is the vault file's inode
+    /// (the file itself, a hard link, or a symbolic link's target).
+    fn vault_file_match(&self, metadata: &std::fs::Metadata) -> Option<String> {
+        let (vault_path, vault_id) = self.vault_file.as_ref()?;
+        (file_id(metadata) == *vault_id).then(|| {
+            format!(
+                "is the vault file (the same inode as {})",
+                vault_path.display()
+            )
+        })
+    }
+
+    /// Why the first bytes of a file (at most [`FREQ_HEADER_BYTES`]) show it
+    /// is not a histogram of this vault; `None` when, as far as they go, it
+    /// is one. Each field is judged on the bytes of it the file has, so a
+    /// file cut short inside the vault_id is still told apart by the part it
+    /// keeps. Only the header is judged: a bad length or checksum is damage
+    /// to our own file, which [`load`] ignores and [`save`] replaces (SPEC
+    /// §1.3). An empty file holds nothing to lose and is ours too.
+    fn foreign_header(&self, head: &[u8]) -> Option<String> {
+        // Whether the bytes of `head` in `at..at + expected.len()` differ
+        // from `expected` (false when the file ends before `at`).
+        let differs = |at: usize, expected: &[u8]| {
+            let end = head.len().min(at + expected.len());
+            at < end && head[at..end] != expected[..end - at]
+        };
+        let whole = |at: usize, len: usize| head.len() >= at + len;
+        if differs(0, &FREQ_MAGIC) {
+            let shown = &head[..head.len().min(FREQ_MAGIC.len())];
+            return Some(format!(
+                "not a histogram file (magic {:?}, expected \"SMOEFREQ\")",
+                String::from_utf8_lossy(shown)
+            ));
+        }
+        if differs(8, &FREQ_VERSION.to_le_bytes()) {
+            let version = if whole(8, 4) {
+                le_u32(head, 8).to_string()
+            } else {
+                "other than 1".to_owned()
+            };
+            return Some(format!(
+                "a histogram of version {version}; this library writes only version {FREQ_VERSION}"
+            ));
+        }
+        if differs(24, &self.vault_id) {
+            let what = if whole(24, 16) {
+                let mut file_vault_id = [0u8; 16];
+                file_vault_id.copy_from_slice(&head[24..40]);
+                foreign(&file_vault_id, &self.vault_id)
+            } else {
+                format!(
+                    "vault_id begins {}, this vault is {}",
+                    hex(&head[24..]),
+                    hex(&self.vault_id)
+                )
+            };
+            return Some(format!("a histogram of another vault ({what})"));
+        }
+        if differs(12, &self.n_layers.to_le_bytes()) || differs(16, &self.n_experts.to_le_bytes()) {
+            let what = if whole(12, 8) {
+                other_shape(
+                    le_u32(head, 12),
+                    le_u32(head, 16),
+                    self.n_layers,
+                    self.n_experts,
+                )
+            } else {
+                format!(
+                    "another shape, this vault is {} × {}",
+                    self.n_layers, self.n_experts
+                )
+            };
+            return Some(format!("a histogram of another vault ({what})"));
+        }
+        None
+    }
+
+    /// The check [`Histogram::persist`] makes just before its rename: the
+    /// file at `path` is still the one seen at open or saved last (`seen`;
+    /// one `lstat`), or missing, or (another session's save renamed a new
+    /// file there) still ours. Anything else put there since open is kept,
+    /// and the save fails saying why. Running after the temporary file is
+    /// written and synced, it leaves only the instant between this check and
+    /// the `rename` open to a swap, instead of the whole session.
+    fn check_before_replacing(&self, path: &Path, seen: Option<FileId>) -> Result<()> {
+        if let (Some(seen), Ok(m)) = (seen, std::fs::symlink_metadata(path)) {
+            if m.file_type().is_file() && file_id(&m) == seen {
+                return Ok(());
+            }
+        }
+        match self.examine(path) {
+            Found::Nothing | Found::Ours(_) => Ok(()),
+            Found::Foreign(what) => Err(Error::new(
+                ErrorKind::Io,
+                format!(
+                    "{}: {what} (put there after the histogram was opened); the library replaces \
+                     only its own histogram file, so the histogram was not saved",
+                    path.display()
+                ),
+            )),
         }
     }
 }
@@ -408,38 +748,44 @@ impl Persistence {
 /// plus this session's claims.
 #[derive(Debug)]
 pub struct Histogram {
-    n_layers: u32,
-    n_experts: u32,
-    vault_id: [u8; 16],
+    /// The vault counted: its id and shape, and its file.
+    key: VaultKey,
     /// One counter per dense id; only ever increased (by `bump`) after open.
     counts: Box<[AtomicU64]>,
     persistence: Persistence,
-    /// Histogram files that existed but were ignored (0 or 1).
+    /// Histogram files that existed but were ignored or protected (0 or 1).
     freq_ignored: u64,
     /// Warnings recorded at open, in order.
     warnings: Vec<String>,
-    /// Serialises `persist` so a later snapshot is never overwritten by an
-    /// earlier one. Never taken on the claim path.
-    persist_lock: Mutex<()>,
+    /// The identity of the file at the write path when it was last seen to
+    /// be ours (at open, or renamed there by the last save); `None` when it
+    /// was missing. The mutex also serialises `persist`, so a later snapshot
+    /// is never overwritten by an earlier one. Never taken on the claim path.
+    persist_lock: Mutex<Option<FileId>>,
 }
 
 impl Histogram {
     /// An in-memory histogram of zeros that is never saved. A shape of more
     /// than [`MAX_EXPERT_IDS`] ids counts nothing.
     pub fn in_memory(vault_id: [u8; 16], n_layers: u32, n_experts: u32) -> Histogram {
-        Self::with_counts(vault_id, n_layers, n_experts, None, Persistence::Off)
+        let key = VaultKey {
+            vault_id,
+            n_layers,
+            n_experts,
+            vault_file: None,
+        };
+        Self::with_counts(key, None, Persistence::Off, None)
     }
 
     fn with_counts(
-        vault_id: [u8; 16],
-        n_layers: u32,
-        n_experts: u32,
+        key: VaultKey,
         initial: Option<Vec<u64>>,
         persistence: Persistence,
+        seen: Option<FileId>,
     ) -> Histogram {
         // A shape beyond the vault format's limit counts nothing rather than
         // allocating for it (`open` has already warned).
-        let ids = u64::from(n_layers) * u64::from(n_experts);
+        let ids = u64::from(key.n_layers) * u64::from(key.n_experts);
         let ids = if ids > MAX_EXPERT_IDS {
             0
         } else {
@@ -450,21 +796,17 @@ impl Histogram {
             _ => (0..ids).map(|_| AtomicU64::new(0)).collect(),
         };
         Histogram {
-            n_layers,
-            n_experts,
-            vault_id,
+            key,
             counts,
             persistence,
             freq_ignored: 0,
             warnings: Vec::new(),
-            persist_lock: Mutex::new(()),
+            persist_lock: Mutex::new(seen),
         }
     }
 
-    /// Opens the histogram of a vault: decides where it lives
-    /// ([`Persistence::decide`]), loads the earlier sessions' counts, and
-    /// returns it with the warnings to surface (also kept in
-    /// [`warnings`](Self::warnings)). Never fails.
+    /// Opens the histogram of the vault in `vault_dir`, whose file is
+    /// `<vault_dir>/experts.smoe`: see [`Histogram::open_for_vault`].
     pub fn open(
         vault_dir: &Path,
         vault_id: [u8; 16],
@@ -472,23 +814,53 @@ impl Histogram {
         n_experts: u32,
         freq_path: Option<&Path>,
     ) -> (Histogram, Vec<String>) {
+        let key = VaultKey::new(vault_id, n_layers, n_experts, &vault_dir.join(EXPERTS_FILE));
+        Self::open_with_key(key, vault_dir, freq_path)
+    }
+
+    /// Opens the histogram of an opened vault: decides where it lives and
+    /// whether the file there may be replaced ([`Persistence`]), removes the
+    /// temporary files killed writers left next to it, loads the earlier
+    /// sessions' counts, and returns it with the warnings to surface (also
+    /// kept in [`warnings`](Self::warnings)). Never fails.
+    pub fn open_for_vault(vault: &Vault, freq_path: Option<&Path>) -> (Histogram, Vec<String>) {
+        let header = vault.header();
+        let key = VaultKey::new(
+            header.vault_id,
+            header.n_layers,
+            header.n_experts,
+            vault.path(),
+        );
+        Self::open_with_key(key, vault.dir(), freq_path)
+    }
+
+    fn open_with_key(
+        key: VaultKey,
+        vault_dir: &Path,
+        freq_path: Option<&Path>,
+    ) -> (Histogram, Vec<String>) {
+        let (n_layers, n_experts) = (key.n_layers, key.n_experts);
         let mut warnings = Vec::new();
         let ids = u64::from(n_layers) * u64::from(n_experts);
-        let persistence = if ids > MAX_EXPERT_IDS {
+        let (persistence, seen) = if ids > MAX_EXPERT_IDS {
             warnings.push(format!(
                 "histogram disabled: {n_layers} × {n_experts} exceeds {MAX_EXPERT_IDS} expert ids"
             ));
-            Persistence::Off
+            (Persistence::Off, None)
         } else {
-            Persistence::decide(vault_dir, freq_path)
+            Persistence::decide(&key, vault_dir, freq_path)
         };
-        if let Persistence::ReadOnly(_, warning) = &persistence {
-            warnings.push(warning.clone());
+        if let Some(warning) = persistence.warning() {
+            warnings.push(warning.to_owned());
         }
-        let mut freq_ignored = 0;
+        if let Persistence::Enabled(path) = &persistence {
+            remove_leftover_temp_files(path);
+        }
+        // A protected file was found and not used: it counts as ignored.
+        let mut freq_ignored = u64::from(matches!(persistence, Persistence::Protected(..)));
         let initial = match persistence.read_path() {
             None => None,
-            Some(path) => match load(path, &vault_id, n_layers, n_experts) {
+            Some(path) => match load(path, &key.vault_id, n_layers, n_experts) {
                 LoadOutcome::Loaded(counts) => Some(counts),
                 LoadOutcome::Missing(reason) => {
                     warnings.push(reason);
@@ -501,7 +873,7 @@ impl Histogram {
                 }
             },
         };
-        let mut histogram = Self::with_counts(vault_id, n_layers, n_experts, initial, persistence);
+        let mut histogram = Self::with_counts(key, initial, persistence, seen);
         histogram.freq_ignored = freq_ignored;
         histogram.warnings = warnings.clone();
         (histogram, warnings)
@@ -557,23 +929,23 @@ impl Histogram {
     }
 
     /// Saves the counts (earlier sessions' plus this one's) if persistence is
-    /// enabled; otherwise writes nothing and returns `Ok`. Called at close and
+    /// enabled; otherwise writes nothing and returns `Ok`. Just before the
+    /// rename it checks the file at the path is still ours (or missing): one
+    /// put there since open is kept, and this returns an error naming it. Called at close and
     /// by `smoe_flush_stats`; safe to call from several threads.
     pub fn persist(&self) -> Result<()> {
         let Some(path) = self.persistence.write_path() else {
             return Ok(());
         };
-        let _guard = self
+        let mut seen = self
             .persist_lock
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        save(
-            path,
-            &self.vault_id,
-            self.n_layers,
-            self.n_experts,
-            &self.snapshot(),
-        )
+        let key = &self.key;
+        let bytes = encode(&key.vault_id, key.n_layers, key.n_experts, &self.snapshot())?;
+        let saved = save_checked(path, &bytes, || key.check_before_replacing(path, *seen))?;
+        *seen = Some(saved);
+        Ok(())
     }
 
     /// Where the histogram is read and saved, or why it is not.
@@ -581,7 +953,8 @@ impl Histogram {
         &self.persistence
     }
 
-    /// Histogram files that existed but were ignored at open (0 or 1).
+    /// Histogram files that existed but were ignored (damaged) or protected
+    /// (not ours) at open (0 or 1).
     pub fn freq_ignored(&self) -> u64 {
         self.freq_ignored
     }
@@ -593,12 +966,12 @@ impl Histogram {
 
     /// Number of layers.
     pub fn n_layers(&self) -> u32 {
-        self.n_layers
+        self.key.n_layers
     }
 
     /// Experts per layer.
     pub fn n_experts(&self) -> u32 {
-        self.n_experts
+        self.key.n_experts
     }
 
     /// Number of dense ids counted.
@@ -681,6 +1054,63 @@ mod tests {
             ".expert_freq.binx.tmp-1",
             "expert_freq.bin"
         ));
+        // Exactly `.<target>.tmp-<pid>-<n>`, both decimal.
+        let pid = |name: &str| temp_file_pid(name, "expert_freq.bin");
+        assert_eq!(pid(".expert_freq.bin.tmp-999999999-17"), Some(999_999_999));
+        for not_ours in [
+            ".expert_freq.bin.tmp-12",
+            ".expert_freq.bin.tmp-12-",
+            ".expert_freq.bin.tmp--3",
+            ".expert_freq.bin.tmp-12-3.keep",
+            ".expert_freq.bin.tmp-12-3-4",
+            ".expert_freq.bin.tmp-x-3",
+            ".expert_freq.bin.tmp-+12-3",
+            ".expert_freq.bin.tmp-99999999999-3",
+            "expert_freq.bin.tmp-12-3",
+            ".expert_freq.bin.tmp-12-3 ",
+        ] {
+            assert_eq!(pid(not_ours), None, "{not_ours}");
+        }
+    }
+
+    #[test]
+    fn header_judgement() {
+        let key = VaultKey {
+            vault_id: ID,
+            n_layers: 2,
+            n_experts: 3,
+            vault_file: None,
+        };
+        let ours = encode(&ID, 2, 3, &[1; 6]).unwrap();
+        // Every prefix of our own file is ours (damaged, not foreign).
+        for len in 0..=FREQ_HEADER_BYTES {
+            assert_eq!(key.foreign_header(&ours[..len]), None, "{len} bytes");
+        }
+        let other_id = encode(&[8; 16], 2, 3, &[1; 6]).unwrap();
+        let other_shape = encode(&ID, 3, 2, &[1; 6]).unwrap();
+        let mut other_version = ours.clone();
+        other_version[8] = 2;
+        for (bytes, needle) in [
+            (&other_id[..FREQ_HEADER_BYTES], "another vault (vault_id"),
+            (&other_shape[..FREQ_HEADER_BYTES], "another vault (shape"),
+            (&other_shape[..20], "another vault (shape"),
+            (&other_version[..12], "version 2"),
+            (&b"SMOEVALT"[..], "not a histogram file"),
+            (&b"SMX"[..], "not a histogram file"),
+        ] {
+            let what = key.foreign_header(bytes).unwrap_or_default();
+            assert!(what.contains(needle), "{needle}: {what:?}");
+        }
+        // A field cut short is judged on the bytes it keeps.
+        let what = key.foreign_header(&other_id[..30]).unwrap();
+        assert!(what.contains("vault_id begins 080808080808"), "{what}");
+        let what = key.foreign_header(&other_shape[..14]).unwrap();
+        assert!(
+            what.contains("another shape, this vault is 2 × 3"),
+            "{what}"
+        );
+        let what = key.foreign_header(&other_version[..9]).unwrap();
+        assert!(what.contains("version other than 1"), "{what}");
     }
 
     #[test]

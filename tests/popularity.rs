@@ -1,6 +1,7 @@
 //! The histogram file (SPEC §1.3): round trip, accumulation across sessions,
-//! every kind of bad file ignored with a reason, persistence off and
-//! read-only, and crash safety of the atomic replace under SIGKILL.
+//! every kind of bad file ignored with a reason (a damaged one of this vault
+//! replaced, a foreign one protected), persistence off and read-only, and
+//! crash safety of the atomic replace under SIGKILL.
 //!
 //! Two tests re-execute this test binary as a child (selected by an
 //! environment variable) instead of adding a helper binary: the crash writer
@@ -106,7 +107,8 @@ mod popularity {
     }
 
     /// Writes `bytes` as the histogram file, opens the vault's histogram and
-    /// checks that the file was ignored for the expected reason with counts at 0.
+    /// checks that the file was ignored for the expected reason with counts at
+    /// 0. The file is this vault's, damaged, so persisting replaces it.
     fn check_bad_file(bytes: &[u8], needle: &str) {
         let dir = tempfile::tempdir().unwrap();
         let path = freq_path(dir.path());
@@ -126,6 +128,38 @@ mod popularity {
             panic!("the persisted file does not load");
         };
         assert_eq!(counts.iter().sum::<u64>(), 1);
+    }
+
+    /// Writes `bytes` as the histogram file and checks that it is not taken
+    /// for this vault's histogram: `load` ignores it for the expected reason,
+    /// and `open` protects it (counted as ignored, one warning naming the
+    /// reason), so persisting writes nothing and leaves it as it was.
+    fn check_foreign_file(bytes: &[u8], needle: &str) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = freq_path(dir.path());
+        std::fs::write(&path, bytes).unwrap();
+        assert_ignored(&load(&path, &VAULT_ID, 4, 8), &path, needle);
+        let (h, warnings) = open4x8(dir.path());
+        assert!(
+            matches!(h.persistence(), Persistence::Protected(p, _) if *p == path),
+            "{:?}",
+            h.persistence()
+        );
+        assert_eq!(h.freq_ignored(), 1);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains(needle), "{warnings:?}");
+        assert!(
+            warnings[0].contains(&path.display().to_string()),
+            "{warnings:?}"
+        );
+        assert!(h.snapshot().iter().all(|&c| c == 0));
+        h.bump(5);
+        h.persist().unwrap();
+        assert!(
+            std::fs::read(&path).unwrap() == bytes,
+            "the file was replaced"
+        );
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
     fn good_bytes() -> Vec<u8> {
@@ -164,38 +198,38 @@ mod popularity {
     }
 
     #[test]
-    fn foreign_vault_id_is_ignored() {
+    fn foreign_vault_id_is_protected() {
         let bytes = encode(&OTHER_ID, 4, 8, &[9; 32]).unwrap();
         let needle = format!(
             "vault_id is {}, this vault is {}",
             smoe::vault::hex(&OTHER_ID),
             smoe::vault::hex(&VAULT_ID)
         );
-        check_bad_file(&bytes, &needle);
+        check_foreign_file(&bytes, &needle);
     }
 
     #[test]
-    fn other_shape_is_ignored() {
+    fn other_shape_is_protected() {
         // Another length: the header says why.
         let bytes = encode(&VAULT_ID, 4, 9, &[1; 36]).unwrap();
-        check_bad_file(&bytes, "shape is 4 layers × 9 experts, this vault is 4 × 8");
+        check_foreign_file(&bytes, "shape is 4 layers × 9 experts, this vault is 4 × 8");
         // The same length (8 × 4 = 4 × 8 ids), another shape.
         let bytes = encode(&VAULT_ID, 8, 4, &[1; 32]).unwrap();
-        check_bad_file(&bytes, "shape is 8 layers × 4 experts, this vault is 4 × 8");
+        check_foreign_file(&bytes, "shape is 8 layers × 4 experts, this vault is 4 × 8");
     }
 
     #[test]
-    fn wrong_magic_is_ignored() {
+    fn wrong_magic_is_protected() {
         let mut bytes = good_bytes();
         bytes[0..8].copy_from_slice(b"SMOEVALT");
-        check_bad_file(&bytes, "not a histogram file");
+        check_foreign_file(&bytes, "not a histogram file");
     }
 
     #[test]
-    fn wrong_version_is_ignored() {
+    fn wrong_version_is_protected() {
         let mut bytes = good_bytes();
         bytes[8] = 2;
-        check_bad_file(&bytes, "version 2");
+        check_foreign_file(&bytes, "version 2");
     }
 
     #[test]
@@ -215,7 +249,7 @@ mod popularity {
     }
 
     #[test]
-    fn directory_in_place_of_the_file_is_ignored() {
+    fn directory_in_place_of_the_file_is_protected() {
         let dir = tempfile::tempdir().unwrap();
         let path = freq_path(dir.path());
         std::fs::create_dir(&path).unwrap();
@@ -223,10 +257,10 @@ mod popularity {
         let (h, warnings) = open4x8(dir.path());
         assert_eq!(h.freq_ignored(), 1);
         assert!(warnings[0].contains("is a directory"), "{warnings:?}");
-        // Saving over a directory fails with an error naming the path; the
-        // temporary file is removed.
-        let err = h.persist().unwrap_err();
-        assert!(err.message().contains(&path.display().to_string()), "{err}");
+        assert!(matches!(h.persistence(), Persistence::Protected(..)));
+        // Nothing is written: no temporary file, the directory stays.
+        h.persist().unwrap();
+        assert!(path.is_dir());
         let leftovers = std::fs::read_dir(dir.path()).unwrap().count();
         assert_eq!(leftovers, 1, "only the directory remains");
     }

@@ -83,7 +83,13 @@ fn histogram_accumulates_across_sessions() {
 fn bad_histogram_is_ignored_and_replaced() {
     let v = common::vault(2, 8, 3000, &[]);
     let freq = v.dir.path().join("expert_freq.bin");
-    std::fs::write(&freq, b"SMOEFREQ but not really a histogram").unwrap();
+    // This vault's histogram, damaged: its checksum no longer matches. (A
+    // file whose header names another vault, or is no histogram at all, is
+    // protected instead: tests/hardening_files.rs.)
+    let vault_id = smoe::vault::Vault::open(&v.file).unwrap().header().vault_id;
+    let mut bytes = smoe::popularity::encode(&vault_id, 2, 8, &[9; 16]).unwrap();
+    bytes[40 + 8] ^= 0x55;
+    std::fs::write(&freq, &bytes).unwrap();
     let s = Streamer::open(&v.file, config(16, 0)).unwrap();
     assert_eq!(s.stats().freq_ignored, 1);
     assert!(

@@ -48,7 +48,9 @@ pub unsafe extern "C" fn smoe_config_init(cfg: *mut smoe_config) {
 /// - `SMOE_ERR_ARGUMENT`: `vault_path` or `out` is NULL, a bad
 ///   `cfg->struct_size`, a field out of range (`direct_io` not 0..=2,
 ///   `prewarm` or `verify` not 0/1, `workers` over 64, a `slot_mb` smaller
-///   than a blob); the message names the field and its value.
+///   than a blob); the message names the field and its value. Also: the
+///   vault file is not a regular file (a FIFO, device, socket or
+///   directory); it is never opened, so `smoe_open` does not block on it.
 /// - `SMOE_ERR_IO`: the vault could not be opened or read.
 /// - `SMOE_ERR_FORMAT`: the vault is invalid.
 /// - `SMOE_ERR_NO_MEMORY`: the ring could not be allocated.
@@ -284,10 +286,13 @@ pub unsafe extern "C" fn smoe_prewarm_pause(s: *mut smoe_streamer, busy: bool) {
 /// rename, directory fsync). It is also persisted by `smoe_close`.
 ///
 /// # Returns
-/// - `SMOE_OK`: written, or persistence is off (`freq_path = ""`, or a
-///   read-only vault directory: see `smoe_warnings`).
+/// - `SMOE_OK`: written, or persistence is off (`freq_path = ""`, a
+///   read-only vault directory, or a file at the path at open that is not
+///   this vault's histogram, which is never replaced: see `smoe_warnings`).
 /// - `SMOE_ERR_IO`: the file could not be written (path and OS error in
-///   `smoe_last_error()`).
+///   `smoe_last_error()`), or a file that is not this vault's histogram was
+///   put at the path after `smoe_open`: it is kept, nothing is written, and
+///   `smoe_last_error()` names it and what it is.
 /// - `SMOE_ERR_ARGUMENT`: `s` is NULL.
 /// - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
 ///

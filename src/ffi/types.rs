@@ -50,7 +50,10 @@ pub struct smoe_config {
     /// Memory the engine needs besides the ring and the scout; 0 = 2 GiB.
     pub engine_overhead_bytes: u64,
     /// Histogram file: `NULL` = `<vault>/expert_freq.bin`; `""` = do not
-    /// persist. Any bytes (a path); read during `smoe_open` only.
+    /// persist. Any bytes (a path); read during `smoe_open` only. A file
+    /// there that is not this vault's histogram (or is the vault file, a
+    /// device, FIFO, socket or directory) is never replaced: persistence is
+    /// then off until `smoe_close`, with a warning.
     pub freq_path: *const c_char,
 }
 

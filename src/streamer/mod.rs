@@ -150,7 +150,8 @@ mod imp {
         pub workers: u64,
         /// 1 if every worker descriptor does direct I/O.
         pub direct_io: u64,
-        /// Histogram files found at open but ignored (corrupt, foreign, …).
+        /// Histogram files found at open but ignored (corrupt) or protected
+        /// (not this vault's histogram, so never replaced).
         pub freq_ignored: u64,
         /// Slots the pre-warm thread may fill (0 when it does not run).
         pub prewarm_slots: u64,
@@ -360,14 +361,8 @@ mod imp {
                 ));
             }
 
-            let header = vault.header();
-            let (histogram, histogram_warnings) = Histogram::open(
-                vault.dir(),
-                header.vault_id,
-                header.n_layers,
-                header.n_experts,
-                config.freq_path.as_deref(),
-            );
+            let (histogram, histogram_warnings) =
+                Histogram::open_for_vault(&vault, config.freq_path.as_deref());
             warnings.extend(histogram_warnings);
             let prewarm_budget = if !config.prewarm {
                 0
@@ -701,7 +696,10 @@ mod imp {
         }
 
         /// Persists the claim histogram now (atomically: temporary file,
-        /// fsync, rename, directory fsync). A no-op when persistence is off.
+        /// fsync, rename, directory fsync). A no-op when persistence is off,
+        /// including when open found a file at the path that is not this
+        /// vault's histogram ([`crate::popularity::Persistence::Protected`]).
+        /// Fails, writing nothing, when such a file was put there since open.
         pub fn flush_stats(&self) -> Result<()> {
             self.check_alive()?;
             self.shared.histogram.persist()

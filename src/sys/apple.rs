@@ -10,9 +10,10 @@
 //! archive (`ManPages_iPhoneOS`, the same BSD pages macOS ships).
 
 use std::ffi::CStr;
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use super::{DirectOpenError, MemorySnapshot};
@@ -51,6 +52,52 @@ pub(super) fn pread(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize>
     let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), offset) };
     // A negative return is -1 with errno set; anything else is a byte count.
     usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
+/// `open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)`: never waits, not even for
+/// a FIFO's writer (std adds `O_CLOEXEC`).
+/// open(2): "O_NONBLOCK  do not block on open or for data to become
+/// available"; "If the O_NONBLOCK flag is specified, do not wait for the
+/// device or file to be ready or available."
+/// <https://developer.apple.com/library/archive/documentation/System/Conceptual/ManPages_iPhoneOS/man2/open.2.html>
+pub(super) fn open_nonblocking(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// Clears `O_NONBLOCK` on `fd`, leaving its other status flags as they are.
+/// fcntl(2) `F_GETFL`/`F_SETFL`: "Get descriptor status flags"/"Set
+/// descriptor status flags to arg" (O_NONBLOCK among them).
+/// <https://developer.apple.com/library/archive/documentation/System/Conceptual/ManPages_iPhoneOS/man2/fcntl.2.html>
+pub(super) fn clear_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: plain syscall on an integer descriptor; F_GETFL takes no
+    // argument and touches no memory of ours.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above; F_SETFL takes an int argument.
+    let rc = unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) };
+    if rc == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `kill(pid, 0)`: whether the process exists (`EPERM`: it does, owned by
+/// someone else). `pid` is positive (the caller checks).
+/// kill(2): "A value of 0 ... will cause error checking to be performed (with
+/// no signal being sent). This can be used to check the validity of pid";
+/// `ESRCH`: "No process or process group can be found corresponding to that
+/// specified by pid".
+/// <https://developer.apple.com/library/archive/documentation/System/Conceptual/ManPages_iPhoneOS/man2/kill.2.html>
+pub(super) fn process_exists(pid: libc::pid_t) -> bool {
+    // SAFETY: signal 0 sends nothing; the call only checks `pid` and touches
+    // no memory of ours. `pid > 0`, so it never addresses a process group.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 /// No-op: Darwin has no `posix_fadvise` and no per-file cache purge, and a

@@ -1,6 +1,7 @@
-//! Linux: the raw calls behind `sys` (`open(O_DIRECT)`, `pread`,
-//! `posix_fadvise`) and the memory probe, which reads `/proc/meminfo` and the
-//! process's memory cgroup (v1 or v2).
+//! Linux: the raw calls behind `sys` (`open(O_DIRECT)`, `open(O_NONBLOCK)`,
+//! `fcntl(F_SETFL)`, `pread`, `posix_fadvise`, `kill(pid, 0)`) and the memory
+//! probe, which reads `/proc/meminfo` and the process's memory cgroup (v1 or
+//! v2).
 //!
 //! Owns: turning each call's return value into an `io::Result`, and turning
 //! kernel text into numbers. Must never: decide anything with those numbers
@@ -51,6 +52,50 @@ pub(super) fn pread(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize>
     let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), offset) };
     // A negative return is -1 with errno set; anything else is a byte count.
     usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
+/// `open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)`: never waits, not even for
+/// a FIFO's writer (std adds `O_CLOEXEC`).
+/// open(2): "O_NONBLOCK ... When possible, the file is opened in nonblocking
+/// mode. Neither the open() nor any subsequent I/O operations on the file
+/// descriptor which is returned will cause the calling process to wait";
+/// fifo(7): "opening for read-only succeeds even if no one has opened on the
+/// write side yet".
+pub(super) fn open_nonblocking(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// Clears `O_NONBLOCK` on `fd`, leaving its other status flags as they are.
+/// fcntl(2) `F_GETFL`/`F_SETFL`: "On Linux, this command can change only the
+/// O_APPEND, O_ASYNC, O_DIRECT, O_NOATIME, and O_NONBLOCK flags".
+pub(super) fn clear_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: plain syscall on an integer descriptor; F_GETFL takes no
+    // argument and touches no memory of ours.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above; F_SETFL takes an int argument.
+    let rc = unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) };
+    if rc == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `kill(pid, 0)`: whether the process exists (`EPERM`: it does, owned by
+/// someone else). `pid` is positive (the caller checks).
+/// kill(2): "If sig is 0, then no signal is sent, but existence and
+/// permission checks are still performed"; `ESRCH`: "The target process or
+/// process group does not exist".
+pub(super) fn process_exists(pid: libc::pid_t) -> bool {
+    // SAFETY: signal 0 sends nothing; the call only checks `pid` and touches
+    // no memory of ours. `pid > 0`, so it never addresses a process group.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 /// `posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)`: the whole file.

@@ -1,9 +1,11 @@
 //! Every platform call the library makes: opening a file for direct I/O,
-//! positional reads, dropping a file's cached pages, and the memory probe the
-//! ring's auto-sizing starts from (SPEC §2 Workers, §2.1).
+//! opening a file without ever blocking on a FIFO or device, positional reads,
+//! dropping a file's cached pages, asking whether a process exists, and the
+//! memory probe the ring's auto-sizing starts from (SPEC §2 Workers, §2.1).
 //!
 //! This module owns the types the rest of the crate sees ([`DirectIo`],
-//! [`OpenedFile`], [`ReadError`], [`MemorySnapshot`]) and the few lines that
+//! [`OpenedFile`], [`FileKind`], [`OpenRegularError`], [`ReadError`],
+//! [`MemorySnapshot`]) and the few lines that
 //! are the same on every POSIX system (the `pread` retry loop, the direct-I/O
 //! fallback rule); `linux.rs` and `apple.rs` each hold the raw calls for one
 //! platform behind the same private names, so everything above `sys` compiles
@@ -19,9 +21,10 @@
 //! itself (`/proc/meminfo`, cgroup files), the message names it.
 
 use std::fmt;
-use std::fs::File;
+use std::fs::{File, FileType, Metadata};
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 
 #[cfg(target_vendor = "apple")]
@@ -110,6 +113,119 @@ pub(crate) enum DirectOpenError {
     Refused(io::Error),
     /// The open itself failed (no such file, permission, ...).
     Other(io::Error),
+}
+
+/// What a path names, as `stat` sees it: for messages ("is a FIFO") and for
+/// refusing anything but a regular file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FileKind {
+    /// A regular file.
+    Regular,
+    /// A directory.
+    Directory,
+    /// A symbolic link (only `lstat` reports one).
+    Symlink,
+    /// A FIFO (named pipe): opening it for reading waits for a writer.
+    Fifo,
+    /// A Unix-domain socket.
+    Socket,
+    /// A character device (`/dev/null`, a tty).
+    CharDevice,
+    /// A block device (a disk).
+    BlockDevice,
+    /// Anything else the platform may have (e.g. a whiteout).
+    Other,
+}
+
+impl FileKind {
+    /// The kind of `file_type`.
+    pub fn of(file_type: FileType) -> FileKind {
+        if file_type.is_file() {
+            FileKind::Regular
+        } else if file_type.is_dir() {
+            FileKind::Directory
+        } else if file_type.is_symlink() {
+            FileKind::Symlink
+        } else if file_type.is_fifo() {
+            FileKind::Fifo
+        } else if file_type.is_socket() {
+            FileKind::Socket
+        } else if file_type.is_char_device() {
+            FileKind::CharDevice
+        } else if file_type.is_block_device() {
+            FileKind::BlockDevice
+        } else {
+            FileKind::Other
+        }
+    }
+
+    /// The kind with its article, to follow "is": "a FIFO", "a directory".
+    pub fn describe(self) -> &'static str {
+        match self {
+            FileKind::Regular => "a regular file",
+            FileKind::Directory => "a directory",
+            FileKind::Symlink => "a symbolic link",
+            FileKind::Fifo => "a FIFO",
+            FileKind::Socket => "a socket",
+            FileKind::CharDevice => "a character device",
+            FileKind::BlockDevice => "a block device",
+            FileKind::Other => "not a regular file",
+        }
+    }
+}
+
+impl fmt::Display for FileKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.describe())
+    }
+}
+
+/// Why [`open_regular`] returned no file.
+#[derive(Debug)]
+pub enum OpenRegularError {
+    /// The OS refused (no such file, permission, ...), errno intact.
+    Os(io::Error),
+    /// The path (symbolic links followed) names something other than a
+    /// regular file; it was not opened, or was closed again at once.
+    NotRegular(FileKind),
+}
+
+/// Opens `path` read-only and close-on-exec if, and only if, it is a regular
+/// file (symbolic links followed), and never blocks doing so.
+///
+/// `open(2)` of a FIFO for reading waits until a writer opens it, forever if
+/// none does; opening a device can have side effects. So: `stat` first, and
+/// refuse anything that is not a regular file without opening it. The open
+/// itself passes `O_NONBLOCK`, so a path swapped for a FIFO between the
+/// `stat` and the `open` still returns at once; `fstat` of the descriptor
+/// then decides, and a regular file gets `O_NONBLOCK` cleared again, so it
+/// reads like any other. Returns the file and its `fstat` metadata.
+pub fn open_regular(path: &Path) -> Result<(File, Metadata), OpenRegularError> {
+    let before = std::fs::metadata(path).map_err(OpenRegularError::Os)?;
+    let kind = FileKind::of(before.file_type());
+    if kind != FileKind::Regular {
+        return Err(OpenRegularError::NotRegular(kind));
+    }
+    let file = imp::open_nonblocking(path).map_err(OpenRegularError::Os)?;
+    let metadata = file.metadata().map_err(OpenRegularError::Os)?;
+    let kind = FileKind::of(metadata.file_type());
+    if kind != FileKind::Regular {
+        return Err(OpenRegularError::NotRegular(kind));
+    }
+    imp::clear_nonblocking(file.as_raw_fd()).map_err(OpenRegularError::Os)?;
+    Ok((file, metadata))
+}
+
+/// Whether a process with this id exists (`kill(pid, 0)`): `true` also when
+/// it exists but belongs to another user (`EPERM`), and for any answer other
+/// than "no such process" (`ESRCH`). An id that no process can have (0,
+/// above `pid_t`'s range) is `false`: `kill` would read 0 as "my process
+/// group". A process in another pid namespace is invisible here.
+pub fn process_exists(pid: u32) -> bool {
+    match i32::try_from(pid) {
+        Ok(pid) if pid > 0 => imp::process_exists(pid),
+        _ => false,
+    }
 }
 
 /// Reads `align` bytes at offset 0 of `file` into an `align`-aligned buffer,

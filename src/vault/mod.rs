@@ -22,6 +22,7 @@ pub use format::{
 pub use writer::{VaultWriter, WriterOptions};
 
 use crate::error::{Error, Result};
+use crate::sys::{self, FileKind, OpenRegularError};
 
 /// The file name of the blob container inside a vault directory.
 pub const EXPERTS_FILE: &str = "experts.smoe";
@@ -75,16 +76,18 @@ impl Vault {
     /// Errors name the file and, for a broken rule, the field and both values.
     pub fn open(path: impl AsRef<Path>) -> Result<Vault> {
         let (file_path, dir) = resolve(path.as_ref())?;
-        let file = File::open(&file_path).map_err(|e| Error::io("cannot open", &file_path, &e))?;
-        let meta = file
-            .metadata()
-            .map_err(|e| Error::io("cannot stat", &file_path, &e))?;
-        if meta.is_dir() {
-            return Err(Error::argument(format!(
+        // Never `File::open` first: on a FIFO that waits for a writer forever.
+        let (file, meta) = sys::open_regular(&file_path).map_err(|e| match e {
+            OpenRegularError::Os(e) => Error::io("cannot open", &file_path, &e),
+            OpenRegularError::NotRegular(FileKind::Directory) => Error::argument(format!(
                 "{} is a directory without {EXPERTS_FILE}",
                 file_path.display()
-            )));
-        }
+            )),
+            OpenRegularError::NotRegular(kind) => Error::argument(format!(
+                "{}: is {kind}, not a vault file",
+                file_path.display()
+            )),
+        })?;
         let len = meta.len();
         Self::parse(&file, len, &file_path)
             .map(|(header, entries, index, meta)| Vault {
@@ -245,14 +248,17 @@ impl Vault {
     }
 
     /// Total bytes of the vault directory's `scout.*` files (SPEC §1), 0 when
-    /// there are none or the directory cannot be listed.
+    /// there are none or the directory cannot be listed. A symbolic link
+    /// counts its target (a scout is often a link to the model's file);
+    /// anything but a regular file (a FIFO, a directory) counts 0. Only
+    /// `stat` is called: no file is opened, so nothing here can block.
     pub fn scout_bytes(&self) -> u64 {
         let Ok(dir) = std::fs::read_dir(&self.dir) else {
             return 0;
         };
         dir.filter_map(|e| e.ok())
             .filter(|e| e.file_name().to_string_lossy().starts_with("scout."))
-            .filter_map(|e| e.metadata().ok())
+            .filter_map(|e| std::fs::metadata(e.path()).ok())
             .filter(|m| m.is_file())
             .map(|m| m.len())
             .sum()
