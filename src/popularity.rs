@@ -35,7 +35,7 @@
 //!
 //! Counters are dense, eight to a cache line, not padded one to a line:
 //! padding would cost 64 bytes per expert id (0.8 MB for 94 × 128, 1 GiB at
-//! the vault's limit of 2^24 ids), and a claim already does a compare-exchange
+//! the vault's limit of 2^20 ids), and a claim already does a compare-exchange
 //! on its slot's state word, so two threads bumping neighbouring experts add
 //! little to a line that is contended anyway.
 
@@ -750,7 +750,16 @@ impl VaultKey {
 pub struct Histogram {
     /// The vault counted: its id and shape, and its file.
     key: VaultKey,
-    /// One counter per dense id; only ever increased (by `bump`) after open.
+    /// The dense ids that have a counter, ascending: a vault's entries (the
+    /// only experts a claim can name), or `None` for every id of the shape.
+    /// Counting entries, not the id space, keeps memory and every walk over
+    /// the counters (stats, pre-warm) proportional to the vault's experts;
+    /// only the file (SPEC §1.3) is dense.
+    counted: Option<Box<[u32]>>,
+    /// Ids in the shape (0 above [`MAX_EXPERT_IDS`]).
+    n_ids: usize,
+    /// One counter per counted id; only ever increased (by `bump`) after
+    /// open.
     counts: Box<[AtomicU64]>,
     persistence: Persistence,
     /// Histogram files that existed but were ignored or protected (0 or 1).
@@ -774,11 +783,12 @@ impl Histogram {
             n_experts,
             vault_file: None,
         };
-        Self::with_counts(key, None, Persistence::Off, None)
+        Self::with_counts(key, None, None, Persistence::Off, None)
     }
 
     fn with_counts(
         key: VaultKey,
+        counted: Option<Box<[u32]>>,
         initial: Option<Vec<u64>>,
         persistence: Persistence,
         seen: Option<FileId>,
@@ -786,17 +796,38 @@ impl Histogram {
         // A shape beyond the vault format's limit counts nothing rather than
         // allocating for it (`open` has already warned).
         let ids = u64::from(key.n_layers) * u64::from(key.n_experts);
-        let ids = if ids > MAX_EXPERT_IDS {
+        let n_ids = if ids > MAX_EXPERT_IDS {
             0
         } else {
             ids as usize
         };
-        let counts = match initial {
-            Some(c) if c.len() == ids => c.into_iter().map(AtomicU64::new).collect(),
-            _ => (0..ids).map(|_| AtomicU64::new(0)).collect(),
+        let counted = counted.map(|c| {
+            let mut c = c.into_vec();
+            c.retain(|&id| (id as usize) < n_ids);
+            c.sort_unstable();
+            c.dedup();
+            c.into_boxed_slice()
+        });
+        // `initial` is by dense id (the file's order): keep the counted ids'.
+        let initial_of = |id: usize| {
+            initial
+                .as_ref()
+                .filter(|c| c.len() == n_ids)
+                .map_or(0, |c| c[id])
+        };
+        let counts = match &counted {
+            Some(ids) => ids
+                .iter()
+                .map(|&id| AtomicU64::new(initial_of(id as usize)))
+                .collect(),
+            None => (0..n_ids)
+                .map(|id| AtomicU64::new(initial_of(id)))
+                .collect(),
         };
         Histogram {
             key,
+            counted,
+            n_ids,
             counts,
             persistence,
             freq_ignored: 0,
@@ -815,7 +846,7 @@ impl Histogram {
         freq_path: Option<&Path>,
     ) -> (Histogram, Vec<String>) {
         let key = VaultKey::new(vault_id, n_layers, n_experts, &vault_dir.join(EXPERTS_FILE));
-        Self::open_with_key(key, vault_dir, freq_path)
+        Self::open_with_key(key, None, vault_dir, freq_path)
     }
 
     /// Opens the histogram of an opened vault: decides where it lives and
@@ -831,11 +862,17 @@ impl Histogram {
             header.n_experts,
             vault.path(),
         );
-        Self::open_with_key(key, vault.dir(), freq_path)
+        let counted = vault
+            .entries()
+            .iter()
+            .filter_map(|e| vault.dense_id(e.layer, e.expert))
+            .collect();
+        Self::open_with_key(key, Some(counted), vault.dir(), freq_path)
     }
 
     fn open_with_key(
         key: VaultKey,
+        counted: Option<Box<[u32]>>,
         vault_dir: &Path,
         freq_path: Option<&Path>,
     ) -> (Histogram, Vec<String>) {
@@ -873,56 +910,85 @@ impl Histogram {
                 }
             },
         };
-        let mut histogram = Self::with_counts(key, initial, persistence, seen);
+        let mut histogram = Self::with_counts(key, counted, initial, persistence, seen);
         histogram.freq_ignored = freq_ignored;
         histogram.warnings = warnings.clone();
         (histogram, warnings)
     }
 
+    /// The counter of dense id `id`: O(1) when every id is counted, a
+    /// binary search over the entries otherwise.
+    fn counter_of(&self, id: u32) -> Option<&AtomicU64> {
+        let at = match &self.counted {
+            None => id as usize,
+            Some(ids) => ids.binary_search(&id).ok()?,
+        };
+        self.counts.get(at)
+    }
+
     /// Counts one claim of dense id `id`. One `Relaxed` add on that id's own
-    /// counter: no lock, no shared counter. An id out of range is ignored
-    /// (the streamer checks ids before claiming).
+    /// counter: no lock, no shared counter. An id without a counter is
+    /// ignored. The streamer, which knows the entry's position, calls
+    /// [`Histogram::bump_entry`] instead.
     #[inline]
     pub fn bump(&self, id: u32) {
-        if let Some(counter) = self.counts.get(id as usize) {
+        if let Some(counter) = self.counter_of(id) {
             // Relaxed: a count publishes nothing; readers want a recent value.
             counter.fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    /// The count of dense id `id` (0 when out of range).
-    pub fn get(&self, id: u32) -> u64 {
-        self.counts
-            .get(id as usize)
-            .map_or(0, |c| c.load(Ordering::Relaxed))
+    /// Counts one claim of the vault's entry number `index` (its position in
+    /// [`Vault::entries`]) for a histogram opened with
+    /// [`Histogram::open_for_vault`]; of dense id `index` otherwise.
+    #[inline]
+    pub fn bump_entry(&self, index: u32) {
+        if let Some(counter) = self.counts.get(index as usize) {
+            // Relaxed: a count publishes nothing; readers want a recent value.
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
-    /// Every count, by dense id. Each value is one the counter held during
-    /// the call; counters bumped concurrently may be read at different times.
+    /// The count of dense id `id` (0 when it has no counter).
+    pub fn get(&self, id: u32) -> u64 {
+        self.counter_of(id).map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
+    /// (dense id, count) of every counter, ascending by id.
+    fn counters(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.counts.iter().enumerate().map(|(at, c)| {
+            let id = match &self.counted {
+                None => at as u32,
+                Some(ids) => ids[at],
+            };
+            (id, c.load(Ordering::Relaxed))
+        })
+    }
+
+    /// Every count, by dense id (ids without a counter are 0). Each value is
+    /// one the counter held during the call; counters bumped concurrently
+    /// may be read at different times.
     pub fn snapshot(&self) -> Vec<u64> {
-        self.counts
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .collect()
+        let mut dense = vec![0; self.n_ids];
+        for (id, count) in self.counters() {
+            dense[id as usize] = count;
+        }
+        dense
     }
 
     /// The sum of every count (earlier sessions' included).
     pub fn total(&self) -> u64 {
-        self.counts
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .fold(0u64, u64::wrapping_add)
+        self.counters()
+            .fold(0u64, |sum, (_, count)| sum.wrapping_add(count))
     }
 
     /// Dense ids with a count above zero, by count descending, ties by
     /// ascending id (that is, ascending (layer, expert)).
     pub fn hottest_first(&self) -> Vec<u32> {
         let mut hot: Vec<(u64, u32)> = self
-            .snapshot()
-            .into_iter()
-            .enumerate()
+            .counters()
             .filter(|&(_, count)| count > 0)
-            .map(|(id, count)| (count, id as u32))
+            .map(|(id, count)| (count, id))
             .collect();
         hot.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         hot.into_iter().map(|(_, id)| id).collect()
@@ -974,14 +1040,14 @@ impl Histogram {
         self.key.n_experts
     }
 
-    /// Number of dense ids counted.
+    /// Number of dense ids in the shape (0 above [`MAX_EXPERT_IDS`]).
     pub fn len(&self) -> usize {
-        self.counts.len()
+        self.n_ids
     }
 
     /// Whether the shape has no ids.
     pub fn is_empty(&self) -> bool {
-        self.counts.is_empty()
+        self.n_ids == 0
     }
 }
 

@@ -479,10 +479,14 @@ mod imp {
             Ok(())
         }
 
-        fn id_of(&self, layer: u32, expert: u32) -> Result<(u32, &Entry)> {
+        /// The dense id, entry position and entry of (layer, expert).
+        fn id_of(&self, layer: u32, expert: u32) -> Result<(u32, u32, &Entry)> {
             let v = &self.shared.vault;
             v.dense_id(layer, expert)
-                .and_then(|id| v.entry_by_id(id).map(|e| (id, e)))
+                .and_then(|id| {
+                    let index = v.entry_index(id)?;
+                    Some((id, index, &v.entries()[index as usize]))
+                })
                 .ok_or_else(|| {
                     Error::new(
                         ErrorKind::NotFound,
@@ -501,7 +505,7 @@ mod imp {
         /// nothing.
         pub fn prefetch(&self, layer: u32, expert: u32, priority: Priority) -> Result<()> {
             self.check_alive()?;
-            let (id, _) = self.id_of(layer, expert)?;
+            let (id, _, _) = self.id_of(layer, expert)?;
             let origin = match priority {
                 Priority::Demand => Origin::Demand,
                 Priority::Speculative => Origin::Speculative,
@@ -540,14 +544,14 @@ mod imp {
         /// inside `claim_wait` count once, and only if it times out.
         fn try_claim(&self, layer: u32, expert: u32) -> Result<Option<SlotInfo>> {
             self.check_alive()?;
-            let (id, entry) = self.id_of(layer, expert)?;
+            let (id, index, entry) = self.id_of(layer, expert)?;
             let c = &self.shared.counters;
             match self.shared.table.claim(id) {
                 Claimed::Ready { slot, ticket, hit } => {
                     // The histogram's per-expert counter is the claim
                     // counter: an OK hit costs no other shared write.
                     if self.shared.count_claims {
-                        self.shared.histogram.bump(id);
+                        self.shared.histogram.bump_entry(index);
                     } else {
                         c.claims_uncounted.fetch_add(1, Ordering::Relaxed);
                     }
@@ -722,7 +726,7 @@ mod imp {
 
         /// The vault entry of (layer, expert).
         pub fn expert_info(&self, layer: u32, expert: u32) -> Result<Entry> {
-            self.id_of(layer, expert).map(|(_, e)| *e)
+            self.id_of(layer, expert).map(|(_, _, e)| *e)
         }
 
         /// Whether (layer, expert) is loaded in the ring right now.

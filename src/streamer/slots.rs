@@ -833,19 +833,33 @@ mod tests {
         assert_eq!(w.0 >> 60, 0, "the top four bits stay clear");
         let claimed = Word(w.with_state(CONSUMED).0 + REF_ONE * MAX_REFS);
         assert_eq!(claimed.refs(), MAX_REFS);
-        assert_eq!(claimed.generation(), GEN_MAX, "a full refcount spills nowhere");
+        assert_eq!(
+            claimed.generation(),
+            GEN_MAX,
+            "a full refcount spills nowhere"
+        );
         assert_eq!(next_generation(GEN_MAX), 1);
-        assert_eq!(next_generation((1 << 24) - 1), 1 << 24, "24 bits no longer wrap");
+        assert_eq!(
+            next_generation((1 << 24) - 1),
+            1 << 24,
+            "24 bits no longer wrap"
+        );
         let last = MAX_SLOTS as u32 - 1;
         assert_eq!(split_ticket(ticket(last, GEN_MAX)), (last, GEN_MAX));
-        assert!(ticket(last, GEN_MAX) < RESERVED, "no ticket is a map marker");
+        assert!(
+            ticket(last, GEN_MAX) < RESERVED,
+            "no ticket is a map marker"
+        );
         assert_eq!(split_ticket(ticket(0, 1)), (0, 1));
     }
 
     /// Loads `id` into a 1-slot table (evicting whatever it held), claims
     /// it and returns the ticket, still held.
     fn reload_and_claim(t: &SlotTable, id: u32) -> u64 {
-        assert!(matches!(t.prefetch(id, Origin::Demand), Prefetched::Queued { .. }));
+        assert!(matches!(
+            t.prefetch(id, Origin::Demand),
+            Prefetched::Queued { .. }
+        ));
         assert_eq!(load_all(t).len(), 1);
         let Claimed::Ready { ticket, hit, .. } = t.claim(id) else {
             panic!("{id} not ready after its read")

@@ -227,6 +227,16 @@ impl Vault {
         }
     }
 
+    /// The position in [`Vault::entries`] of a dense id's entry, if the
+    /// vault has that expert. Entries are sorted by (layer, expert), that is
+    /// by dense id.
+    pub fn entry_index(&self, id: u32) -> Option<u32> {
+        self.index
+            .get(id as usize)
+            .copied()
+            .filter(|&i| i != NO_ENTRY)
+    }
+
     /// The entry of (layer, expert), in O(1).
     pub fn entry(&self, layer: u32, expert: u32) -> Option<&Entry> {
         self.dense_id(layer, expert)

@@ -1,0 +1,192 @@
+//! Cost follows the vault, and the id space is capped (hardening issue,
+//! item 4). Some of the streamer's memory and the histogram file are sized
+//! by `n_layers × n_experts`, not by the entries; a hostile or careless
+//! header with 2^24 ids and one entry used to cost 210 MiB at open and a
+//! 134 MB histogram write at every close. The reader now refuses more than
+//! 2^20 ids, and a one-entry vault at that cap stays cheap.
+//!
+//! Its own test binary: it measures the process's RSS and CPU time, which
+//! other tests' threads would disturb.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use smoe::vault::{VaultWriter, WriterOptions, MAX_EXPERT_IDS};
+use smoe::{Config, ErrorKind, Streamer};
+use xxhash_rust::xxh3::xxh3_64;
+
+/// A vault with one 100-byte blob, (0, 0), and the shape `layers × experts`.
+/// Shapes above the writer's limit are made by writing a 1 × 1 vault and
+/// rewriting the header's shape (and its checksum), as a hostile file would.
+fn one_entry_vault(dir: &Path, layers: u32, experts: u32) {
+    let shape_ok = u64::from(layers) * u64::from(experts) <= MAX_EXPERT_IDS;
+    let (l, e) = if shape_ok { (layers, experts) } else { (1, 1) };
+    let mut w = VaultWriter::create(dir, l, e, WriterOptions::default()).unwrap();
+    w.add_blob(0, 0, &[7u8; 100]).unwrap();
+    let file = w.finish().unwrap();
+    if !shape_ok {
+        let mut bytes = std::fs::read(&file).unwrap();
+        bytes[16..20].copy_from_slice(&layers.to_le_bytes());
+        bytes[20..24].copy_from_slice(&experts.to_le_bytes());
+        let sum = xxh3_64(&bytes[..120]);
+        bytes[120..128].copy_from_slice(&sum.to_le_bytes());
+        std::fs::write(&file, bytes).unwrap();
+    }
+}
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64
+}
+
+/// User + system CPU time of the whole process.
+fn process_cpu() -> Duration {
+    // SAFETY: getrusage writes one `rusage` into the zeroed struct we own.
+    let usage = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, &mut u), 0);
+        u
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+#[test]
+fn more_than_2_pow_20_ids_is_refused_with_the_cap_named() {
+    for (layers, experts) in [(4096, 4096), (1 << 20, 2), (1024, 1025)] {
+        let dir = tempfile::tempdir().unwrap();
+        one_entry_vault(dir.path(), layers, experts);
+        let err = Streamer::open(dir.path(), Config::default()).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Format, "{err}");
+        let ids = u64::from(layers) * u64::from(experts);
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("{layers} × {experts} = {ids}")) && text.contains("1048576"),
+            "{text}"
+        );
+        // The tool says the same in one line.
+        let out = Command::new(env!("CARGO_BIN_EXE_smoe"))
+            .arg("inspect")
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains("limit of 1048576 expert ids"), "{stderr}");
+        assert!(
+            !dir.path().join("expert_freq.bin").exists(),
+            "nothing is written for a refused vault"
+        );
+    }
+}
+
+#[test]
+fn a_one_entry_vault_at_the_cap_costs_little() {
+    let dir = tempfile::tempdir().unwrap();
+    one_entry_vault(dir.path(), 1024, 1024);
+    let rss0 = rss_bytes();
+    let s = Streamer::open(
+        dir.path(),
+        Config {
+            workers: 2,
+            // The default pre-warm budget of a 1-slot ring is 0; force the
+            // thread on, since it walks the histogram every 250 ms.
+            prewarm_slots: 1,
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    let ring = s.ring_region().1;
+    let c = s
+        .claim_wait(0, 0, Duration::from_secs(10))
+        .unwrap()
+        .unwrap();
+    assert_eq!(&c[..], &[7u8; 100][..]);
+    drop(c);
+    // Idle, with the pre-warm thread running.
+    std::thread::sleep(Duration::from_millis(300));
+    let (cpu0, t0) = (process_cpu(), Instant::now());
+    std::thread::sleep(Duration::from_secs(1));
+    let idle = process_cpu() - cpu0;
+    let idle_share = idle.as_secs_f64() / t0.elapsed().as_secs_f64();
+    let rss = rss_bytes().saturating_sub(rss0);
+    for _ in 0..100 {
+        s.stats();
+    }
+    let t = Instant::now();
+    let stats = s.stats();
+    let stats_time = t.elapsed();
+    assert_eq!(stats.claims, 1);
+    let t = Instant::now();
+    drop(s);
+    let close = t.elapsed();
+    let file = std::fs::metadata(dir.path().join("expert_freq.bin")).unwrap();
+    eprintln!(
+        "2^20 ids, one entry: RSS +{:.1} MiB (ring {} KiB), idle {:.2}% of a core, \
+         stats {stats_time:?}, close {close:?}, histogram {} bytes",
+        rss as f64 / (1 << 20) as f64,
+        ring >> 10,
+        idle_share * 100.0,
+        file.len()
+    );
+    assert!(
+        rss <= ring + (32 << 20),
+        "RSS grew by {rss} bytes, more than 32 MiB above the {ring}-byte ring"
+    );
+    assert!(
+        idle_share < 0.01,
+        "idle: {:.2}% of a core",
+        idle_share * 100.0
+    );
+    assert_eq!(file.len(), 40 + 8 * (1 << 20) + 8, "SPEC §1.3 size");
+    // A hang guard, not a benchmark: close writes and fsyncs 8 MiB.
+    assert!(close < Duration::from_secs(2), "close took {close:?}");
+}
+
+/// A vault's histogram has a counter per entry, not per id: claims of the
+/// entries count, ids the vault lacks stay 0, and the file stays dense
+/// (SPEC §1.3) so it round-trips across sessions.
+#[test]
+fn the_histogram_counts_entries_and_saves_a_dense_file() {
+    let dir = tempfile::tempdir().unwrap();
+    // Layers 0 and 2 of 3 have experts 1 and 3 of 4; layer 1 is dense.
+    let mut w = VaultWriter::create(dir.path(), 3, 4, WriterOptions::default()).unwrap();
+    for (layer, expert) in [(0, 1), (0, 3), (2, 1), (2, 3)] {
+        w.add_blob(layer, expert, &[layer as u8 * 4 + expert as u8; 64])
+            .unwrap();
+    }
+    w.finish().unwrap();
+    let config = || Config {
+        workers: 1,
+        prewarm: false,
+        ..Config::default()
+    };
+    let claims = [(2, 3), (0, 1), (2, 3), (2, 3), (0, 3)];
+    {
+        let s = Streamer::open(dir.path(), config()).unwrap();
+        for (layer, expert) in claims {
+            let c = s
+                .claim_wait(layer, expert, Duration::from_secs(10))
+                .unwrap()
+                .unwrap();
+            assert_eq!(c[0], layer as u8 * 4 + expert as u8);
+        }
+        let mut dense = vec![0u64; 12];
+        dense[1] = 1; // (0, 1)
+        dense[3] = 1; // (0, 3)
+        dense[11] = 3; // (2, 3)
+        assert_eq!(s.histogram(), dense);
+        assert_eq!(s.stats().claims, 5);
+    }
+    let bytes = std::fs::read(dir.path().join("expert_freq.bin")).unwrap();
+    assert_eq!(bytes.len(), 40 + 12 * 8 + 8);
+    let count = |id: usize| u64::from_le_bytes(bytes[40 + 8 * id..48 + 8 * id].try_into().unwrap());
+    assert_eq!((count(1), count(3), count(9), count(11)), (1, 1, 0, 3));
+    let s = Streamer::open(dir.path(), config()).unwrap();
+    assert_eq!(s.histogram()[11], 3, "counts carried to the next session");
+    assert_eq!(s.stats().claims, 0, "claims count this session only");
+}
