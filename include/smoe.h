@@ -543,6 +543,10 @@ enum smoe_status smoe_expert_info(const struct smoe_streamer *SMOE_NULLABLE s, u
 /**
  * The vault's metadata: a JSON object, as written by the converter.
  *
+ * It is all of it, byte for byte: `smoe_open` refuses (`SMOE_ERR_FORMAT`) a
+ * vault whose metadata is not UTF-8, holds a NUL byte or is over 64 MiB, so
+ * the string is never cut short. It is the streamer's only copy.
+ *
  * # Returns
  * A NUL-terminated string, never NULL, owned by the streamer: `""` if the
  * vault has no metadata, or if `s` is NULL (which also records "s is NULL"

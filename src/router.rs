@@ -221,13 +221,17 @@ pub fn parse_trace(text: &str) -> Result<Vec<TraceRow>> {
         let layer = small(1, "layer")?;
         let mut experts = Vec::with_capacity(ranks);
         for r in 0..ranks {
-            let e = small(r + 2, &format!("r{r}"))?;
-            if experts.contains(&e) {
-                return Err(Error::format(format!(
-                    "trace line {line_no}: expert {e} appears twice in one row"
-                )));
-            }
-            experts.push(e);
+            experts.push(small(r + 2, &format!("r{r}"))?);
+        }
+        // Sorted, not pairwise: a row may have as many ranks as its header
+        // names, and a quadratic check of a hostile one would not end.
+        let mut sorted = experts.clone();
+        sorted.sort_unstable();
+        if let Some(pair) = sorted.windows(2).find(|p| p[0] == p[1]) {
+            return Err(Error::format(format!(
+                "trace line {line_no}: expert {} appears twice in one row",
+                pair[0]
+            )));
         }
         rows.push(TraceRow {
             line: line_no,

@@ -427,6 +427,10 @@ pub unsafe extern "C" fn smoe_expert_info(
 
 /// The vault's metadata: a JSON object, as written by the converter.
 ///
+/// It is all of it, byte for byte: `smoe_open` refuses (`SMOE_ERR_FORMAT`) a
+/// vault whose metadata is not UTF-8, holds a NUL byte or is over 64 MiB, so
+/// the string is never cut short. It is the streamer's only copy.
+///
 /// # Returns
 /// A NUL-terminated string, never NULL, owned by the streamer: `""` if the
 /// vault has no metadata, or if `s` is NULL (which also records "s is NULL"
@@ -441,10 +445,11 @@ pub unsafe extern "C" fn smoe_vault_metadata(s: *const smoe_streamer) -> &'stati
     ffi_guard("smoe_vault_metadata", || {
         // SAFETY: the caller guarantees `s` is NULL or a live streamer.
         match unsafe { try_ref(s, "s") } {
-            // SAFETY: `meta` is a `CString` owned by the streamer, never
-            // changed after `smoe_open` and freed only by `smoe_close`; the
-            // caller promises not to use the reference after that.
-            Ok(s) => unsafe { &*s.meta.as_ptr() },
+            // SAFETY: the vault's metadata is a `CString` owned by the
+            // streamer, never changed after `smoe_open` and freed only by
+            // `smoe_close`; the caller promises not to use the reference
+            // after that.
+            Ok(s) => unsafe { &*s.inner.vault().meta_c().as_ptr() },
             Err(err) => {
                 set_last_error(&err);
                 empty_c_str()

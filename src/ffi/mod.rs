@@ -572,6 +572,36 @@ mod tests {
     }
 
     #[test]
+    fn metadata_is_handed_out_without_a_copy() {
+        let dir = std::env::temp_dir().join(format!("smoe-meta-nocopy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let opts = crate::vault::WriterOptions {
+            meta: Some("{\"arch\":\"t\"}".to_owned()),
+            ..Default::default()
+        };
+        let mut w = crate::vault::VaultWriter::create(&dir, 1, 1, opts).unwrap();
+        w.add_blob(0, 0, b"x").unwrap();
+        let path = w.finish().unwrap();
+        let config = crate::Config {
+            freq_path: Some(std::path::PathBuf::new()),
+            ..crate::Config::default()
+        };
+        let s = smoe_streamer::new(crate::Streamer::open(&path, config).unwrap());
+        // SAFETY: `s` is alive for the whole use of the reference.
+        let handed: *const c_char = unsafe { smoe_vault_metadata(&s) };
+        // SAFETY: `handed` points at the NUL-terminated metadata of `s`,
+        // which is still open.
+        assert_eq!(text(unsafe { &*handed }), "{\"arch\":\"t\"}");
+        assert_eq!(
+            handed.cast::<u8>(),
+            s.inner.vault().meta().as_ptr(),
+            "the C string is the vault's own bytes"
+        );
+        drop(s);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn interior_nul_in_a_message_is_replaced() {
         std::thread::spawn(|| {
             set_last_error(&Error::format("bad\0name"));

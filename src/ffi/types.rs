@@ -133,8 +133,6 @@ pub struct smoe_stats {
 pub struct smoe_streamer {
     /// The core streamer every call forwards to.
     pub(crate) inner: Streamer,
-    /// The vault's metadata JSON, NUL-terminated for `smoe_vault_metadata`.
-    pub(crate) meta: CString,
     /// The open-time warnings, one per line, for `smoe_warnings`.
     pub(crate) warnings: CString,
 }
@@ -147,15 +145,11 @@ const _: fn() = || {
 };
 
 impl smoe_streamer {
-    /// Wraps an open streamer, keeping a C copy of its metadata.
+    /// Wraps an open streamer. Its metadata needs no C copy: the vault
+    /// keeps it NUL-terminated ([`crate::vault::Vault::meta_c`]).
     pub(crate) fn new(inner: Streamer) -> smoe_streamer {
-        let meta = c_string_until_nul(inner.vault().meta());
         let warnings = c_string_until_nul(&inner.warnings().join("\n"));
-        smoe_streamer {
-            inner,
-            meta,
-            warnings,
-        }
+        smoe_streamer { inner, warnings }
     }
 }
 
@@ -636,7 +630,7 @@ mod tests {
     }
 
     #[test]
-    fn metadata_stops_at_a_nul() {
+    fn warnings_stop_at_a_nul() {
         assert_eq!(c_string_until_nul("{\"a\":1}").as_bytes(), b"{\"a\":1}");
         assert_eq!(c_string_until_nul("{}\0junk").as_bytes(), b"{}");
         assert_eq!(c_string_until_nul("").as_bytes(), b"");

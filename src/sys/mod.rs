@@ -412,6 +412,38 @@ pub fn page_cache_bytes() -> Option<u64> {
     imp::page_cache_bytes()
 }
 
+/// Bytes an unprivileged writer may still put on the filesystem holding
+/// `path`, or on that of its nearest existing ancestor when `path` does not
+/// exist yet (a directory about to be created): `statvfs`'s `f_bavail ×
+/// f_frsize`, the same call on Linux and Apple. `None` when no ancestor can be
+/// asked.
+pub fn free_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut at = Some(path);
+    while let Some(p) = at {
+        let probe = if p.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            p
+        };
+        if probe.exists() {
+            let c_path = std::ffi::CString::new(probe.as_os_str().as_bytes()).ok()?;
+            // SAFETY: an all-zero `statvfs` is a valid value of the plain C
+            // struct; the call overwrites it.
+            let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+            // SAFETY: `c_path` is a NUL-terminated string and `st` is valid
+            // for writing one `statvfs`; both outlive the call.
+            if unsafe { libc::statvfs(c_path.as_ptr(), &mut st) } != 0 {
+                return None;
+            }
+            #[allow(clippy::unnecessary_cast)] // the field types differ by platform
+            return Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64));
+        }
+        at = p.parent();
+    }
+    None
+}
+
 /// What the OS says about memory, the input of the ring's auto-sizing
 /// (SPEC §2.1). The sizing itself is a pure function elsewhere.
 #[derive(Clone, Debug, PartialEq, Eq)]

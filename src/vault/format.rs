@@ -5,6 +5,8 @@
 //! into bytes. It never touches a file and never allocates from a field it has
 //! not checked.
 
+use std::ffi::CString;
+
 use crate::error::{Error, Result};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -34,6 +36,11 @@ pub const FLAG_CHECKSUMS: u32 = 1;
 /// 61 × 256 = 15,616). Ticket slot fields are 20 bits for the same reason:
 /// a ring never has more slots than the vault has entries.
 pub const MAX_EXPERT_IDS: u64 = 1 << 20;
+/// This reader's limit on `meta_bytes`: 64 MiB. The metadata is held in
+/// memory for the streamer's life (one copy, handed to C as is), so a hostile
+/// header must not make `open` read and keep gigabytes; real metadata (the
+/// keys of SPEC §1.2, a layout per layer) is kilobytes.
+pub const MAX_META_BYTES: u64 = 64 << 20;
 
 /// The validated header of a vault.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -312,6 +319,12 @@ impl Header {
                     self.meta_offset, self.meta_bytes, self.file_bytes
                 )));
             }
+            if self.meta_bytes > MAX_META_BYTES {
+                return Err(Error::format(format!(
+                    "header field meta_bytes is {}, expected at most {MAX_META_BYTES} (64 MiB, this reader's limit on metadata)",
+                    self.meta_bytes
+                )));
+            }
             used_end = meta_end;
         }
         if self.data_offset % a != 0 || self.data_offset < used_end {
@@ -488,21 +501,22 @@ fn check_overlaps(entries: &[Entry]) -> Result<()> {
     Ok(())
 }
 
-/// Validates the metadata bytes: checksum, UTF-8, and the shape of a JSON
-/// object (the library does not interpret it further; SPEC §1.2).
-pub fn parse_meta(header: &Header, meta: &[u8]) -> Result<String> {
-    let sum = xxh3_64(meta);
+/// Validates the metadata bytes: checksum, text rules and the shape of a JSON
+/// object (the library does not interpret it further; SPEC §1.2). Takes the
+/// buffer and returns it as the one C string the vault keeps: its NUL is
+/// appended in place (the caller reserves room for it), never a copy.
+pub fn parse_meta(header: &Header, mut meta: Vec<u8>) -> Result<CString> {
+    let sum = xxh3_64(&meta);
     if sum != header.meta_xxh3 {
         return Err(Error::format(format!(
             "header field meta_xxh3 is {:016x} but the metadata hashes to {sum:016x}: the metadata is corrupt",
             header.meta_xxh3
         )));
     }
-    let text = std::str::from_utf8(meta).map_err(|e| {
+    let text = check_meta_text(&meta).map_err(|bad| {
         Error::format(format!(
-            "metadata is not UTF-8: invalid byte at offset {} of {}",
-            e.valid_up_to(),
-            meta.len()
+            "field meta: {}",
+            bad.describe(meta.len(), Some(header.meta_offset))
         ))
     })?;
     let trimmed = text.trim();
@@ -511,7 +525,66 @@ pub fn parse_meta(header: &Header, meta: &[u8]) -> Result<String> {
             "metadata is not a JSON object (expected text starting with '{' and ending with '}')",
         ));
     }
-    Ok(text.to_owned())
+    meta.push(0);
+    // The text has no NUL (checked above), so this only takes the buffer.
+    CString::from_vec_with_nul(meta).map_err(|e| Error::format(format!("field meta: {e}")))
+}
+
+/// The first byte of metadata that breaks the text rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BadMetaByte {
+    /// Not UTF-8 from this byte on.
+    NotUtf8 {
+        /// Offset of the byte in the metadata.
+        at: usize,
+        /// The byte.
+        byte: u8,
+    },
+    /// A NUL byte, which would cut the string a C host sees short.
+    Nul {
+        /// Offset of the byte in the metadata.
+        at: usize,
+    },
+}
+
+impl BadMetaByte {
+    /// "byte 13 of 17 (file offset 4157) is NUL: ..." for metadata of `len`
+    /// bytes stored at `file_offset`, when it is in a file.
+    pub fn describe(self, len: usize, file_offset: Option<u64>) -> String {
+        let at = match self {
+            BadMetaByte::NotUtf8 { at, .. } | BadMetaByte::Nul { at } => at,
+        };
+        let in_file = file_offset.map_or(String::new(), |o| {
+            format!(" (file offset {})", o.saturating_add(at as u64))
+        });
+        match self {
+            BadMetaByte::NotUtf8 { byte, .. } => format!(
+                "byte {at} of {len}{in_file} is {byte:#04x}, which is not UTF-8: metadata must be UTF-8 text without NUL bytes"
+            ),
+            BadMetaByte::Nul { .. } => format!(
+                "byte {at} of {len}{in_file} is NUL: metadata must be UTF-8 text without NUL bytes (a C host would see it cut short there)"
+            ),
+        }
+    }
+}
+
+/// Metadata is UTF-8 text without a NUL byte (so `smoe_vault_metadata` hands
+/// C all of it). Returns the text, or the first byte that breaks either rule.
+pub fn check_meta_text(meta: &[u8]) -> std::result::Result<&str, BadMetaByte> {
+    let nul = meta.iter().position(|&b| b == 0);
+    match std::str::from_utf8(meta) {
+        Ok(text) => match nul {
+            Some(at) => Err(BadMetaByte::Nul { at }),
+            None => Ok(text),
+        },
+        Err(e) => {
+            let at = e.valid_up_to();
+            match nul {
+                Some(n) if n < at => Err(BadMetaByte::Nul { at: n }),
+                _ => Err(BadMetaByte::NotUtf8 { at, byte: meta[at] }),
+            }
+        }
+    }
 }
 
 /// Lowercase hex of `bytes`.

@@ -10,6 +10,7 @@ mod format;
 pub mod synth;
 mod writer;
 
+use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -17,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 pub use format::{
     hex, Entry, Header, DEFAULT_ALIGNMENT, ENTRY_BYTES, FLAG_CHECKSUMS, HEADER_BYTES,
-    MAX_ALIGNMENT, MAX_EXPERT_IDS, MIN_ALIGNMENT, VERSION,
+    MAX_ALIGNMENT, MAX_EXPERT_IDS, MAX_META_BYTES, MIN_ALIGNMENT, VERSION,
 };
 pub use writer::{VaultWriter, WriterOptions};
 
@@ -43,7 +44,10 @@ pub struct Vault {
     /// Dense id (`layer × n_experts + expert`) → index into `entries`, or
     /// `NO_ENTRY`. Length `n_layers × n_experts`.
     index: Vec<u32>,
-    meta: String,
+    /// The metadata, the only copy: UTF-8 without a NUL byte (checked by
+    /// `format::parse_meta`), NUL-terminated so the C API hands out a
+    /// pointer into it. Empty when the vault has none.
+    meta: CString,
 }
 
 /// Where the bytes of a vault come from: a file, or memory (for the fuzzer).
@@ -120,7 +124,7 @@ impl Vault {
         src: &S,
         len: u64,
         path: &Path,
-    ) -> Result<(Header, Vec<Entry>, Vec<u32>, String)> {
+    ) -> Result<(Header, Vec<Entry>, Vec<u32>, CString)> {
         let read = |buf: &mut [u8], offset: u64, what: &str| {
             src.read_exact_at(buf, offset).map_err(|e| {
                 Error::io(
@@ -155,19 +159,22 @@ impl Vault {
             at += n as u64;
         }
 
-        // table_bytes ≤ file_bytes == len was checked, so this allocation is
-        // bounded by the real file.
-        let mut table = vec![0u8; header.table_bytes as usize];
+        // table_bytes = n_entries × 48 ≤ MAX_EXPERT_IDS × 48 (768 MiB) and
+        // ≤ file_bytes == len were checked; still, a machine may lack it.
+        let mut table = zeroed(header.table_bytes, 0, "the table")?;
         read(&mut table, header.table_offset, "the table")?;
         let entries = format::parse_table(&header, &table)?;
         drop(table);
 
+        // meta_bytes ≤ MAX_META_BYTES was checked from the header. The
+        // buffer has room for the NUL `parse_meta` appends, so the C string
+        // it becomes is this allocation, not a copy.
         let meta = if header.meta_bytes == 0 {
-            String::new()
+            CString::default()
         } else {
-            let mut bytes = vec![0u8; header.meta_bytes as usize];
+            let mut bytes = zeroed(header.meta_bytes, 1, "the metadata")?;
             read(&mut bytes, header.meta_offset, "the metadata")?;
-            format::parse_meta(&header, &bytes)?
+            format::parse_meta(&header, bytes)?
         };
 
         let mut index = vec![NO_ENTRY; header.expert_ids() as usize];
@@ -199,6 +206,15 @@ impl Vault {
 
     /// The metadata JSON, "" when the vault has none.
     pub fn meta(&self) -> &str {
+        // SAFETY: `meta` holds only bytes that `format::parse_meta` checked
+        // to be UTF-8 (or none), and nothing changes them afterwards.
+        unsafe { std::str::from_utf8_unchecked(self.meta.as_bytes()) }
+    }
+
+    /// The same metadata as a NUL-terminated C string: the bytes of
+    /// [`Vault::meta`], not a copy (it has no interior NUL: a vault whose
+    /// metadata holds one is rejected at open).
+    pub fn meta_c(&self) -> &CStr {
         &self.meta
     }
 
@@ -273,6 +289,24 @@ impl Vault {
             .map(|m| m.len())
             .sum()
     }
+}
+
+/// A zeroed buffer of `len` bytes for `what`, with capacity for `spare`
+/// more, or an error of the NoMemory kind (a failed allocation must not
+/// abort the host).
+fn zeroed(len: u64, spare: usize, what: &str) -> Result<Vec<u8>> {
+    let no_memory = || {
+        Error::new(
+            crate::ErrorKind::NoMemory,
+            format!("cannot allocate {len} bytes for {what}"),
+        )
+    };
+    let n = usize::try_from(len).map_err(|_| no_memory())?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n.checked_add(spare).ok_or_else(no_memory)?)
+        .map_err(|_| no_memory())?;
+    v.resize(n, 0);
+    Ok(v)
 }
 
 fn dense(h: &Header, layer: u32, expert: u32) -> usize {

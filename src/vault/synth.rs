@@ -62,22 +62,30 @@ impl SynthSpec {
         )
     }
 
-    /// Total payload bytes the vault will hold.
+    /// The layers that have experts, ascending. Takes O(n_layers × log
+    /// dense_layers), however many dense layers are listed.
+    pub fn expert_layers(&self) -> impl Iterator<Item = u32> + '_ {
+        let mut dense = self.dense_layers.clone();
+        dense.sort_unstable();
+        (0..self.n_layers).filter(move |l| dense.binary_search(l).is_err())
+    }
+
+    /// Total payload bytes the vault will hold (saturating: a shape too big
+    /// for a u64 of bytes is too big for any disk).
     pub fn total_bytes(&self) -> u64 {
-        (0..self.n_layers)
-            .filter(|&l| self.has_layer(l))
+        self.expert_layers()
             .flat_map(|l| (0..self.n_experts).map(move |e| (l, e)))
-            .map(|(l, e)| self.blob_size(l, e))
-            .sum()
+            .fold(0u64, |sum, (l, e)| sum.saturating_add(self.blob_size(l, e)))
     }
 
     /// Writes the vault into `dir` (created if missing) and returns the path
     /// of its `experts.smoe`. `progress` is called with the payload bytes
-    /// written so far after each blob.
+    /// written so far after each blob. Payloads are generated as they are
+    /// written, so memory does not grow with the blob size.
     pub fn write(&self, dir: impl AsRef<Path>, progress: &mut dyn FnMut(u64)) -> Result<PathBuf> {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir).map_err(|e| Error::io("cannot create directory", dir, &e))?;
-        if (0..self.n_layers).all(|l| !self.has_layer(l)) {
+        if self.expert_layers().next().is_none() {
             return Err(Error::argument(
                 "every layer is dense: a vault needs at least one layer with experts",
             ));
@@ -87,15 +95,16 @@ impl SynthSpec {
             ..WriterOptions::default()
         };
         let mut w = VaultWriter::create(dir, self.n_layers, self.n_experts, opts)?;
-        let mut buf = Vec::new();
         let mut done = 0u64;
-        for layer in (0..self.n_layers).filter(|&l| self.has_layer(l)) {
+        for layer in self.expert_layers() {
             for expert in 0..self.n_experts {
-                let size = self.blob_size(layer, expert) as usize;
-                buf.resize(size, 0);
-                fill_payload(self.seed, layer, expert, &mut buf);
-                w.add_blob(layer, expert, &buf)?;
-                done += size as u64;
+                let size = self.blob_size(layer, expert);
+                let mut payload = Payload {
+                    stream: stream(self.seed, layer, expert),
+                    at: 0,
+                };
+                w.add_blob_from(layer, expert, size, &mut payload)?;
+                done += size;
                 progress(done);
             }
         }
@@ -122,6 +131,35 @@ fn word_at(stream: u64, word: u64) -> [u8; 8] {
 
 fn stream(seed: u64, layer: u32, expert: u32) -> u64 {
     splitmix64(seed ^ splitmix64(key(layer, expert)))
+}
+
+/// The payload of one blob as an endless reader, from blob offset 0.
+struct Payload {
+    stream: u64,
+    at: u64,
+}
+
+impl std::io::Read for Payload {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let mut done = 0;
+        if self.at % 8 == 0 {
+            // Whole words, as `fill_payload` writes them.
+            for c in buf.chunks_exact_mut(8) {
+                c.copy_from_slice(&word_at(self.stream, self.at / 8));
+                self.at += 8;
+            }
+            done = buf.len() / 8 * 8;
+        }
+        while done < buf.len() {
+            let word = word_at(self.stream, self.at / 8);
+            let skip = (self.at % 8) as usize;
+            let n = (8 - skip).min(buf.len() - done);
+            buf[done..done + n].copy_from_slice(&word[skip..skip + n]);
+            done += n;
+            self.at += n as u64;
+        }
+        Ok(done)
+    }
 }
 
 /// Fills `buf` with the first `buf.len()` payload bytes of (layer, expert).
@@ -163,6 +201,24 @@ pub fn first_mismatch(seed: u64, layer: u32, expert: u32, data: &[u8]) -> Option
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn streamed_payload_matches_fill_payload_at_any_split() {
+        use std::io::Read;
+        let mut want = vec![0u8; 1001];
+        fill_payload(9, 4, 5, &mut want);
+        for split in [1, 3, 8, 13, 64, 1000] {
+            let mut r = Payload {
+                stream: stream(9, 4, 5),
+                at: 0,
+            };
+            let mut got = vec![0u8; 1001];
+            for piece in got.chunks_mut(split) {
+                r.read_exact(piece).unwrap();
+            }
+            assert_eq!(got, want, "split {split}");
+        }
+    }
 
     #[test]
     fn payload_is_deterministic_and_distinct_per_expert() {

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 use super::format::{
-    Entry, Header, DEFAULT_ALIGNMENT, ENTRY_BYTES, FLAG_CHECKSUMS, MAX_ALIGNMENT, MAX_EXPERT_IDS,
-    MIN_ALIGNMENT, VERSION,
+    check_meta_text, Entry, Header, DEFAULT_ALIGNMENT, ENTRY_BYTES, FLAG_CHECKSUMS, MAX_ALIGNMENT,
+    MAX_EXPERT_IDS, MAX_META_BYTES, MIN_ALIGNMENT, VERSION,
 };
 use super::EXPERTS_FILE;
 use crate::error::{Error, Result};
@@ -29,7 +29,9 @@ pub struct WriterOptions {
     pub alignment: u32,
     /// Store each payload's xxh3 (header flag bit 0).
     pub checksums: bool,
-    /// Metadata JSON object (SPEC §1.2), or None.
+    /// Metadata JSON object (SPEC §1.2), or None. At most
+    /// [`MAX_META_BYTES`](super::MAX_META_BYTES) bytes and no NUL byte, as
+    /// every reader requires; [`VaultWriter::create`] refuses other text.
     pub meta: Option<String>,
     /// The vault id; None draws a random one.
     pub vault_id: Option<[u8; 16]>,
@@ -93,6 +95,17 @@ impl VaultWriter {
             )));
         }
         let meta_len = opts.meta.as_ref().map_or(0, |m| m.len() as u64);
+        if meta_len > MAX_META_BYTES {
+            return Err(Error::argument(format!(
+                "meta is {meta_len} bytes, expected at most {MAX_META_BYTES} (64 MiB, the readers' limit on metadata)"
+            )));
+        }
+        if let Some(Err(bad)) = opts.meta.as_deref().map(|m| check_meta_text(m.as_bytes())) {
+            return Err(Error::argument(format!(
+                "meta: {}",
+                bad.describe(meta_len as usize, None)
+            )));
+        }
         let a64 = u64::from(a);
         let table_offset = a64;
         let reserved = ids * ENTRY_BYTES as u64 + meta_len;

@@ -5,8 +5,11 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
+use smoe::streamer::MAX_WORKERS;
+use smoe::vault::Vault;
 use smoe::DirectIo;
 
+use crate::flags;
 use crate::output::{gb_per_s, human_bytes, out, Failure};
 use crate::stream::{decode, scan, DecodeOptions};
 
@@ -38,26 +41,33 @@ pub struct BenchArgs {
     /// Decode or scan.
     #[arg(long, value_enum, default_value_t = Mode::Decode)]
     pub mode: Mode,
-    /// Tokens to decode.
-    #[arg(long, default_value_t = 64)]
+    /// Tokens to decode (1..=4294967295).
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub tokens: u32,
-    /// Ring slots (0 = the library's choice).
-    #[arg(long, default_value_t = 0)]
+    /// Ring slots: 0 = the library's choice, else at most the vault's
+    /// entries, and (decode) at least --top-k, the experts a layer holds at once.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u32))]
     pub ring_slots: u32,
-    /// I/O workers (0 = 16).
-    #[arg(long, default_value_t = 0)]
+    /// I/O workers: 0 = 16, else 1..=64.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u32).range(0..=i64::from(MAX_WORKERS)))]
     pub workers: u32,
     /// Direct-I/O policy.
     #[arg(long, value_enum, default_value_t = Direct::Auto)]
     pub direct: Direct,
-    /// Active experts per layer per token.
-    #[arg(long, default_value_t = 8)]
-    pub top_k: u32,
-    /// Probability of keeping each of the previous token's experts.
-    #[arg(long, default_value_t = 0.45)]
+    /// Active experts per layer per token: 1..=the vault's n_experts
+    /// [default: 8, or n_experts when fewer].
+    #[arg(long, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub top_k: Option<u32>,
+    /// Probability of keeping each of the previous token's experts, 0..=1.
+    #[arg(long, default_value_t = 0.45, allow_negative_numbers = true,
+          value_parser = flags::probability)]
     pub keep: f64,
     /// Payload seed of a synthetic vault: check every streamed byte.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = flags::whole_u64)]
     pub check_seed: Option<u64>,
     /// Also bet on the next layer: speculatively prefetch the experts the
     /// previous token used there.
@@ -72,8 +82,48 @@ pub struct BenchArgs {
     pub json: bool,
 }
 
+/// `--top-k` when not given (Qwen3's), lowered to the vault's n_experts
+/// when fewer.
+const DEFAULT_TOP_K: u32 = 8;
+
+/// Checks the flags whose range depends on the vault, `--top-k` (its experts
+/// per layer) and `--ring-slots` (its entries; a decode holds a layer's
+/// top-k at once), and returns the top-k to use. Out of range is exit 1 with
+/// one line naming the flag, the value and the range.
+fn check_against(args: &BenchArgs, vault: &Vault) -> Result<u32, Failure> {
+    let file = vault.path().display();
+    let n_experts = vault.n_experts();
+    let top_k = match args.top_k {
+        None => DEFAULT_TOP_K.min(n_experts),
+        Some(k) if k <= n_experts => k,
+        Some(k) => {
+            return Err(Failure::Message(format!(
+                "--top-k {k} is out of range for {file}: expected 1..={n_experts} (the vault's n_experts)"
+            )))
+        }
+    };
+    let n_entries = vault.entries().len() as u32;
+    let least = match args.mode {
+        Mode::Decode => top_k.min(n_entries),
+        Mode::Scan => 1,
+    };
+    if args.ring_slots != 0 && !(least..=n_entries).contains(&args.ring_slots) {
+        let why = match args.mode {
+            Mode::Decode => format!("at least --top-k {top_k}, "),
+            Mode::Scan => String::new(),
+        };
+        return Err(Failure::Message(format!(
+            "--ring-slots {} is out of range for {file}: expected 0 (auto) or {least}..={n_entries} ({why}at most the vault's {n_entries} entries)",
+            args.ring_slots
+        )));
+    }
+    Ok(top_k)
+}
+
 /// Runs `smoe bench`.
 pub fn run(args: &BenchArgs) -> Result<(), Failure> {
+    let vault = Vault::open(&args.vault)?;
+    let top_k = check_against(args, &vault)?;
     let direct_io = match args.direct {
         Direct::Auto => DirectIo::Auto,
         Direct::Require => DirectIo::Require,
@@ -81,7 +131,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     };
     match args.mode {
         Mode::Scan => {
-            let r = scan(&args.vault, args.ring_slots, args.workers, direct_io)?;
+            let r = scan(vault, args.ring_slots, args.workers, direct_io)?;
             if args.json {
                 out(&format!(
                     "{{\"mode\":\"scan\",\"bytes_read\":{},\"seconds\":{:.6},\"gb_per_s\":{:.4},\"workers\":{},\"ring_slots\":{},\"slot_bytes\":{},\"direct_io\":{}}}\n",
@@ -118,7 +168,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
                         .map_err(|e| smoe::Error::io("cannot read trace", path, &e))?;
                     let rows =
                         smoe::router::parse_trace(&text).map_err(|e| e.context(path.display()))?;
-                    Some(smoe::router::trace_tokens(&rows, args.top_k as usize))
+                    Some(smoe::router::trace_tokens(&rows, top_k as usize))
                 }
             };
             let opts = DecodeOptions {
@@ -126,14 +176,14 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
                 ring_slots: args.ring_slots,
                 workers: args.workers,
                 direct_io,
-                top_k: args.top_k,
+                top_k,
                 keep: args.keep,
                 router_seed: 42,
                 speculate: args.speculate,
                 payload_seed: args.check_seed,
                 trace,
             };
-            let r = decode(&args.vault, &opts, &mut |_| {})?;
+            let r = decode(vault, &opts, &mut |_| {})?;
             let st = &r.stats;
             let (mean, p99) = r.wait_mean_p99();
             let coverage = st.hits as f64 / st.claims.max(1) as f64;

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use smoe::budget::{plan_for, BudgetConfig, RingPlan};
 use smoe::vault::Vault;
 
+use crate::flags;
 use crate::output::{human_bytes, out, Failure};
 
 /// Arguments of `smoe budget`.
@@ -21,15 +22,19 @@ pub struct BudgetArgs {
     /// Print one JSON object instead of the human summary.
     #[arg(long)]
     pub json: bool,
-    /// Slot size in MiB; 0 = the largest padded blob.
-    #[arg(long, default_value_t = 0)]
+    /// Slot size in MiB; 0 = the largest padded blob, else at least that
+    /// blob (0..=4294967295).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u32))]
     pub slot_mb: u32,
     /// Bytes of dense weights the engine keeps resident [default: the size
-    /// of the vault's scout.* files].
-    #[arg(long)]
+    /// of the vault's scout.* files] (0..=18446744073709551615).
+    #[arg(long, allow_negative_numbers = true, value_parser = flags::whole_u64)]
     pub scout_bytes: Option<u64>,
-    /// Memory the engine needs besides the ring and the scout; 0 = 2 GiB.
-    #[arg(long, default_value_t = 0)]
+    /// Memory the engine needs besides the ring and the scout; 0 = 2 GiB
+    /// (0..=18446744073709551615).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true,
+          value_parser = flags::whole_u64)]
     pub overhead_bytes: u64,
 }
 

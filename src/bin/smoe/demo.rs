@@ -36,11 +36,12 @@ pub struct DemoArgs {
     #[arg(long)]
     pub keep: bool,
     /// Target payload size in MB (10^6 bytes); for tests.
-    #[arg(long, default_value_t = 1000, hide = true,
+    #[arg(long, default_value_t = 1000, hide = true, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub size_mb: u64,
-    /// Tokens to decode through the streamer.
-    #[arg(long, default_value_t = 64)]
+    /// Tokens to decode through the streamer (1..=4294967295).
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub tokens: u32,
 }
 
@@ -127,7 +128,7 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
         trace: None,
     };
     let bar = progress::count_bar(u64::from(args.tokens), "decode");
-    let report = decode(&path, &opts, &mut |_| bar.inc(1))?;
+    let report = decode(vault, &opts, &mut |_| bar.inc(1))?;
     bar.finish_and_clear();
     let st = &report.stats;
     let (mean, p99) = report.wait_mean_p99();

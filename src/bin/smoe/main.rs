@@ -10,14 +10,18 @@
 //! - `smoe demo`: writes a ~1 GB synthetic vault, reads it back, checks every
 //!   byte and reports the throughput.
 //!
-//! Exit codes: 0 success, 1 an invalid vault, a bad blob or an I/O error
-//! (one line on stderr, `smoe: <message>`), 2 a usage error (clap's).
+//! Exit codes: 0 success, 1 an invalid vault, a bad blob, an I/O error, an
+//! allocation that failed, or a flag value the vault cannot take (one line
+//! on stderr, `smoe: <message>`), 2 a usage error: clap's, and a flag value
+//! out of its range (also one `smoe: ` line, naming the flag, the value and
+//! the range). Nothing the input holds makes it panic or abort.
 //! This binary only drives the library; the format rules live in
 //! `smoe::vault`.
 
 mod bench;
 mod budget;
 mod demo;
+mod flags;
 mod inspect;
 mod output;
 mod progress;
@@ -29,7 +33,8 @@ mod verify;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::error::ErrorKind;
+use clap::{Parser, Subcommand};
 
 use crate::output::Failure;
 
@@ -69,7 +74,10 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     let result = match cli.command {
         Command::Inspect { vault, json } => inspect::run(&vault, json),
         Command::Verify { vault } => verify::run(&vault),
@@ -82,12 +90,28 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::BrokenPipe) => ExitCode::SUCCESS,
         Err(Failure::Reported) => ExitCode::FAILURE,
-        Err(Failure::Usage(message)) => Cli::command()
-            .error(clap::error::ErrorKind::ValueValidation, message)
-            .exit(),
+        Err(Failure::Usage(message)) => {
+            output::error_line(&message);
+            ExitCode::from(2)
+        }
         Err(Failure::Message(message)) => {
             output::error_line(&message);
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A command line clap refused. A bad flag value is one `smoe: ` line (what
+/// clap says first: the flag, the value, the range) and exit 2; the rest
+/// (help, version, a missing or unknown argument) is clap's own output.
+fn usage_error(e: clap::Error) -> ExitCode {
+    match e.kind() {
+        ErrorKind::ValueValidation | ErrorKind::InvalidValue => {
+            let rendered = e.to_string();
+            let first = rendered.lines().next().unwrap_or_default();
+            output::error_line(first.strip_prefix("error: ").unwrap_or(first));
+            ExitCode::from(2)
+        }
+        _ => e.exit(),
     }
 }

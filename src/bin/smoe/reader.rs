@@ -1,12 +1,15 @@
-//! Reads whole blobs (`padded_size` bytes at their aligned offset) into one
-//! 16384-aligned buffer, with direct I/O where the filesystem allows it.
+//! Reads blobs (`padded_size` bytes at their aligned offset) in pieces of at
+//! most [`CHUNK_BYTES`] through one 16384-aligned buffer, with direct I/O
+//! where the filesystem allows it. Memory stays at one chunk whatever a blob's
+//! size: a vault may hold a blob far larger than this machine's memory.
 //!
 //! On Linux the file is opened with `O_DIRECT`, so reads measure the device,
 //! not the page cache; if the open or the first read fails with `EINVAL`
 //! (tmpfs on older kernels, some network filesystems) the reader falls back to
 //! buffered I/O and says so. Elsewhere it reads buffered. Every read the vault
-//! format allows is alignment-sized at an aligned offset, which is what makes
-//! direct I/O possible without bounce buffers.
+//! format allows is alignment-sized at an aligned offset, and a chunk is a
+//! multiple of every alignment the format allows, so each piece is too: that
+//! is what makes direct I/O possible without bounce buffers.
 
 use std::fs::File;
 #[cfg(target_os = "linux")]
@@ -22,6 +25,11 @@ use smoe::{Error, ErrorKind, Result};
 /// every logical block size direct I/O asks for.
 pub const BUFFER_ALIGNMENT: usize = 16384;
 
+/// Bytes of the largest read: 8 MiB, a multiple of every vault alignment
+/// (at most 1 MiB) and of [`BUFFER_ALIGNMENT`], large enough that reads run
+/// at the drive's speed.
+pub const CHUNK_BYTES: usize = 8 << 20;
+
 /// A heap buffer whose usable part starts at a multiple of
 /// [`BUFFER_ALIGNMENT`], made by over-allocating a `Vec` and skipping to the
 /// first aligned byte (no `unsafe` needed).
@@ -33,13 +41,16 @@ struct AlignedBuffer {
 
 impl AlignedBuffer {
     fn new(len: usize) -> Result<AlignedBuffer> {
-        let total = len.checked_add(BUFFER_ALIGNMENT).ok_or_else(|| {
+        let no_memory = || {
             Error::new(
                 ErrorKind::NoMemory,
-                format!("a {len}-byte buffer is too large"),
+                format!("cannot allocate a {len}-byte read buffer"),
             )
-        })?;
-        let storage = vec![0u8; total];
+        };
+        let total = len.checked_add(BUFFER_ALIGNMENT).ok_or_else(no_memory)?;
+        let mut storage = Vec::new();
+        storage.try_reserve_exact(total).map_err(|_| no_memory())?;
+        storage.resize(total, 0);
         let start = storage.as_ptr().align_offset(BUFFER_ALIGNMENT);
         if start >= BUFFER_ALIGNMENT {
             return Err(Error::new(
@@ -90,18 +101,14 @@ pub struct BlobReader {
     /// No read has succeeded yet: an `EINVAL` now means "no direct I/O here".
     untested: bool,
     buffer: AlignedBuffer,
+    /// Seconds spent inside reads so far.
+    read_seconds: f64,
 }
 
 impl BlobReader {
-    /// Opens `path` for blobs of at most `max_padded_size` bytes.
-    pub fn open(path: &Path, max_padded_size: u64) -> Result<BlobReader> {
-        let len = usize::try_from(max_padded_size).map_err(|_| {
-            Error::new(
-                ErrorKind::NoMemory,
-                format!("a {max_padded_size}-byte blob does not fit in memory"),
-            )
-        })?;
-        let buffer = AlignedBuffer::new(len)?;
+    /// Opens `path`, with a buffer of [`CHUNK_BYTES`].
+    pub fn open(path: &Path) -> Result<BlobReader> {
+        let buffer = AlignedBuffer::new(CHUNK_BYTES)?;
         let (file, mode) = match open_direct(path) {
             Ok(Some(file)) => (file, IoMode::Direct),
             Ok(None) => (open_buffered(path)?, IoMode::Buffered),
@@ -116,6 +123,7 @@ impl BlobReader {
             untested: mode == IoMode::Direct,
             mode,
             buffer,
+            read_seconds: 0.0,
         })
     }
 
@@ -124,40 +132,48 @@ impl BlobReader {
         self.mode
     }
 
-    /// Reads the `padded_size` bytes of `entry`'s blob and returns them.
-    pub fn read_blob(&mut self, entry: &Entry) -> Result<&[u8]> {
-        let len = usize::try_from(entry.padded_size)
-            .ok()
-            .filter(|&n| n <= self.buffer.len)
-            .ok_or_else(|| {
-                Error::argument(format!(
-                    "layer {} expert {}: padded_size {} exceeds the reader's buffer of {} bytes",
-                    entry.layer, entry.expert, entry.padded_size, self.buffer.len
-                ))
+    /// Seconds spent inside reads so far.
+    pub fn read_seconds(&self) -> f64 {
+        self.read_seconds
+    }
+
+    /// Reads the `padded_size` bytes of `entry`'s blob in order, in pieces of
+    /// at most [`CHUNK_BYTES`], and hands each to `piece` with its offset in
+    /// the blob. A failed read ends the blob with an error naming it.
+    pub fn read_blob(&mut self, entry: &Entry, piece: &mut dyn FnMut(u64, &[u8])) -> Result<()> {
+        let mut at = 0u64;
+        while at < entry.padded_size {
+            // At most CHUNK_BYTES, so it fits a usize.
+            let len = (entry.padded_size - at).min(CHUNK_BYTES as u64) as usize;
+            let offset = entry.offset + at;
+            let start = std::time::Instant::now();
+            let result = read_full(&self.file, self.buffer.slice_mut(len), offset);
+            let result = match result {
+                Err(e) if self.untested && e.raw_os_error() == Some(libc::EINVAL) => {
+                    // The filesystem accepted O_DIRECT at open but refuses the
+                    // reads: fall back to the page cache for the whole run.
+                    self.file = open_buffered(&self.path)?;
+                    self.mode = IoMode::Buffered;
+                    read_full(&self.file, self.buffer.slice_mut(len), offset)
+                }
+                other => other,
+            };
+            self.read_seconds += start.elapsed().as_secs_f64();
+            result.map_err(|e| {
+                Error::io(
+                    format_args!(
+                        "layer {} expert {}: cannot read {len} bytes at offset {offset} of",
+                        entry.layer, entry.expert
+                    ),
+                    &self.path,
+                    &e,
+                )
             })?;
-        let result = read_full(&self.file, self.buffer.slice_mut(len), entry.offset);
-        let result = match result {
-            Err(e) if self.untested && e.raw_os_error() == Some(libc::EINVAL) => {
-                // The filesystem accepted O_DIRECT at open but refuses the
-                // reads: fall back to the page cache for the whole run.
-                self.file = open_buffered(&self.path)?;
-                self.mode = IoMode::Buffered;
-                read_full(&self.file, self.buffer.slice_mut(len), entry.offset)
-            }
-            other => other,
-        };
-        result.map_err(|e| {
-            Error::io(
-                format_args!(
-                    "layer {} expert {}: cannot read {} bytes at offset {} of",
-                    entry.layer, entry.expert, len, entry.offset
-                ),
-                &self.path,
-                &e,
-            )
-        })?;
-        self.untested = false;
-        Ok(self.buffer.slice(len))
+            self.untested = false;
+            piece(at, self.buffer.slice(len));
+            at += len as u64;
+        }
+        Ok(())
     }
 }
 

@@ -2,11 +2,11 @@
 //! `smoe bench`, and the cold sequential scan that `scripts/bench-io.sh`
 //! compares with fio.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use smoe::router::{RouterConfig, SyntheticRouter};
 use smoe::vault::synth::first_mismatch;
+use smoe::vault::Vault;
 use smoe::{Config, DirectIo, Priority, Stats, Streamer};
 
 use crate::output::Failure;
@@ -74,11 +74,11 @@ impl DecodeReport {
 /// `vault`: per layer, demand-prefetch the routed experts, optionally bet on
 /// the next layer, claim each (waiting), check its bytes, release.
 pub fn decode(
-    vault: &Path,
+    vault: Vault,
     opts: &DecodeOptions,
     on_token: &mut dyn FnMut(u32),
 ) -> Result<DecodeReport, Failure> {
-    let s = Streamer::open(
+    let s = Streamer::with_vault(
         vault,
         Config {
             ring_slots: opts.ring_slots,
@@ -95,7 +95,7 @@ pub fn decode(
     let mut router = SyntheticRouter::new(RouterConfig {
         layers,
         n_experts: v.n_experts(),
-        top_k: opts.top_k.min(v.n_experts()),
+        top_k: opts.top_k,
         keep: opts.keep,
         zipf: 1.0,
         seed: opts.router_seed,
@@ -120,7 +120,15 @@ pub fn decode(
     // The engine is busy from here on: no pre-warm reads compete with demand.
     s.prewarm_pause(true);
     let mut previous: Vec<(u32, Vec<u32>)> = Vec::new();
-    let mut waits = Vec::with_capacity(tokens as usize);
+    // 16 bytes a token, for the p99: a count the machine cannot hold is an
+    // error, not an abort.
+    let mut waits: Vec<Duration> = Vec::new();
+    waits.try_reserve_exact(tokens as usize).map_err(|_| {
+        Failure::Message(format!(
+            "cannot allocate {} bytes to record the wait of each of {tokens} tokens",
+            tokens as u128 * std::mem::size_of::<Duration>() as u128
+        ))
+    })?;
     let mut bytes_checked = 0u64;
     let start = Instant::now();
     for t in 0..tokens {
@@ -189,12 +197,12 @@ pub struct ScanReport {
 /// Streams every blob once, in file order, keeping `2 × workers` reads in
 /// flight: the library's cold-read throughput on this drive.
 pub fn scan(
-    vault: &Path,
+    vault: Vault,
     ring_slots: u32,
     workers: u32,
     direct_io: DirectIo,
 ) -> Result<ScanReport, Failure> {
-    let s = Streamer::open(
+    let s = Streamer::with_vault(
         vault,
         Config {
             ring_slots,

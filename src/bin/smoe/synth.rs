@@ -1,42 +1,71 @@
 //! `smoe synth`: writes a synthetic vault whose payloads are a pure function
 //! of (seed, layer, expert, offset) — see `smoe::vault::synth`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Args;
 use smoe::vault::synth::SynthSpec;
+use smoe::vault::{DEFAULT_ALIGNMENT, ENTRY_BYTES, MAX_EXPERT_IDS};
 
+use crate::flags;
 use crate::output::{gb_per_s, human_bytes, out, Failure};
 use crate::progress::bytes_bar;
+
+/// `--top-k` when not given (Qwen3's), lowered to `--experts` when fewer.
+const DEFAULT_TOP_K: u32 = 8;
 
 /// Arguments of `smoe synth`.
 #[derive(Debug, Args)]
 pub struct SynthArgs {
     /// Directory to write experts.smoe into (created if missing).
     pub dir: PathBuf,
-    /// Number of layers.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Number of layers; layers × experts is at most 1048576.
+    #[arg(long, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u32).range(1..=MAX_EXPERT_IDS as i64))]
     pub layers: u32,
-    /// Experts per layer.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Experts per layer; layers × experts is at most 1048576.
+    #[arg(long, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u32).range(1..=MAX_EXPERT_IDS as i64))]
     pub experts: u32,
     /// Nominal blob size in KiB (each blob is up to 4095 bytes shorter).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=(1 << 30)))]
+    #[arg(long, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u64).range(1..=(1 << 30)))]
     pub blob_kib: u64,
-    /// Dense layers (no experts), comma-separated, e.g. 0,1.
-    #[arg(long, value_delimiter = ',')]
+    /// Dense layers (no experts), comma-separated, e.g. 0,1; each below --layers.
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u32))]
     pub dense: Vec<u32>,
     /// Seed of the payload generator.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true,
+          value_parser = flags::whole_u64)]
     pub seed: u64,
-    /// Active experts per token per layer, recorded in the metadata.
-    #[arg(long, default_value_t = 8)]
-    pub top_k: u32,
+    /// Active experts per token per layer, recorded in the metadata:
+    /// 1..=--experts [default: 8, or --experts when fewer].
+    #[arg(long, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub top_k: Option<u32>,
 }
 
 /// Runs `smoe synth`.
 pub fn run(args: &SynthArgs) -> Result<(), Failure> {
+    let ids = u64::from(args.layers) * u64::from(args.experts);
+    if ids > MAX_EXPERT_IDS {
+        return Err(Failure::Usage(format!(
+            "--layers {} × --experts {} is {ids} expert ids, expected at most {MAX_EXPERT_IDS} (a reader's limit)",
+            args.layers, args.experts
+        )));
+    }
+    let top_k = match args.top_k {
+        None => DEFAULT_TOP_K.min(args.experts),
+        Some(k) if k <= args.experts => k,
+        Some(k) => {
+            return Err(Failure::Usage(format!(
+                "--top-k {k} is outside 1..={} (--experts {})",
+                args.experts, args.experts
+            )))
+        }
+    };
     if let Some(bad) = args.dense.iter().find(|&&l| l >= args.layers) {
         return Err(Failure::Usage(format!(
             "--dense layer {bad} is outside 0..{} (--layers {})",
@@ -49,7 +78,7 @@ pub fn run(args: &SynthArgs) -> Result<(), Failure> {
         blob_bytes: args.blob_kib * 1024,
         dense_layers: args.dense.clone(),
         seed: args.seed,
-        top_k: args.top_k,
+        top_k,
     };
     let (path, seconds) = write_with_progress(&spec, &args.dir, "write")?;
     let file_bytes = std::fs::metadata(&path)
@@ -71,13 +100,48 @@ pub fn run(args: &SynthArgs) -> Result<(), Failure> {
 /// path of `experts.smoe` and the seconds it took (including the final sync).
 pub fn write_with_progress(
     spec: &SynthSpec,
-    dir: &std::path::Path,
+    dir: &Path,
     label: &str,
 ) -> Result<(PathBuf, f64), Failure> {
+    check_free_space(spec, dir)?;
     let bar = bytes_bar(spec.total_bytes(), label);
     let start = Instant::now();
     let result = spec.write(dir, &mut |done| bar.set_position(done));
     bar.finish_and_clear();
     let path = result?;
     Ok((path, start.elapsed().as_secs_f64()))
+}
+
+/// Refuses, before writing a byte, a vault larger than the space free on the
+/// filesystem that would hold it: it would fail after filling the disk.
+fn check_free_space(spec: &SynthSpec, dir: &Path) -> Result<(), Failure> {
+    let a = u64::from(DEFAULT_ALIGNMENT);
+    let ids = u64::from(spec.n_layers) * u64::from(spec.n_experts);
+    // Page 0, the table's region, the metadata, then every padded blob
+    // (u128: 2^20 blobs of 1 TiB do not fit a u64).
+    let mut needed = u128::from(a)
+        + u128::from(
+            (ids * ENTRY_BYTES as u64 + spec.meta_json().len() as u64).next_multiple_of(a),
+        );
+    needed += spec
+        .expert_layers()
+        .map(|l| {
+            (0..spec.n_experts)
+                .map(|e| u128::from(spec.blob_size(l, e).next_multiple_of(a)))
+                .sum::<u128>()
+        })
+        .sum::<u128>();
+    let Some(free) = smoe::sys::free_bytes(dir) else {
+        return Ok(()); // not knowable here: the writes will say
+    };
+    if needed > u128::from(free) {
+        let needed = u64::try_from(needed).unwrap_or(u64::MAX);
+        return Err(Failure::Message(format!(
+            "{}: the vault needs {needed} bytes ({}) but its filesystem has {free} bytes ({}) free",
+            dir.display(),
+            human_bytes(needed),
+            human_bytes(free)
+        )));
+    }
+    Ok(())
 }

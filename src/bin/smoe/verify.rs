@@ -1,11 +1,13 @@
 //! `smoe verify`: reads every blob once, in file order, and checks its xxh3
-//! (when the vault carries checksums) and that its padding is zero.
+//! (when the vault carries checksums) and that its padding is zero. Blobs
+//! stream through one bounded buffer and the hash is computed as they go, so
+//! a blob larger than memory is verified like any other.
 
 use std::path::Path;
 use std::time::Instant;
 
 use smoe::vault::{Entry, Vault};
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::Xxh3;
 
 use crate::output::{error_line, gb_per_s, human_bytes, out, Failure};
 use crate::progress::bytes_bar;
@@ -35,43 +37,73 @@ pub fn in_file_order(vault: &Vault) -> Vec<Entry> {
     entries
 }
 
-/// Problems of one blob whose `padded_size` bytes are `data`: a checksum
-/// mismatch (when `checksums`) and the first nonzero padding byte.
-pub fn blob_problems(entry: &Entry, data: &[u8], checksums: bool) -> Vec<String> {
-    let mut problems = Vec::new();
-    let size = entry.size as usize;
-    if checksums {
-        let actual = xxh3_64(&data[..size]);
-        if actual != entry.xxh3 {
-            problems.push(format!(
-                "layer {} expert {}: xxh3 is {actual:016x}, expected {:016x}",
-                entry.layer, entry.expert, entry.xxh3
-            ));
-        }
-    }
-    if let Some(i) = data[size..].iter().position(|&b| b != 0) {
-        problems.push(format!(
-            "layer {} expert {}: padding byte at blob offset {} is nonzero ({:#04x})",
-            entry.layer,
-            entry.expert,
-            size + i,
-            data[size + i]
-        ));
-    }
-    problems
+/// The checks of one blob, fed its bytes in order, piece by piece: the xxh3
+/// of the payload (streamed, so no blob-sized buffer) and the first nonzero
+/// padding byte.
+pub struct BlobCheck<'a> {
+    entry: &'a Entry,
+    hasher: Option<Xxh3>,
+    /// Blob offset and value of the first nonzero padding byte.
+    bad_padding: Option<(u64, u8)>,
 }
 
-/// Reads every blob of `vault` with `reader` and hands each to `check`,
-/// which returns its problems; each problem is printed on stderr as it is
-/// found. An I/O error on one blob is a problem of that blob, not the end of
-/// the pass.
-pub fn pass(
-    vault: &Vault,
-    label: &str,
-    check: &mut dyn FnMut(&Entry, &[u8]) -> Vec<String>,
-) -> Result<PassStats, Failure> {
-    let mut reader = BlobReader::open(vault.path(), vault.max_padded_size())?;
+impl<'a> BlobCheck<'a> {
+    /// Checks for `entry`; the payload is hashed only when `checksums`.
+    pub fn new(entry: &'a Entry, checksums: bool) -> Self {
+        BlobCheck {
+            entry,
+            hasher: checksums.then(Xxh3::new),
+            bad_padding: None,
+        }
+    }
+
+    /// The blob's bytes from blob offset `at`, following those fed before.
+    pub fn update(&mut self, at: u64, data: &[u8]) {
+        let size = self.entry.size;
+        // Bytes of `data` that are payload: those before blob offset `size`.
+        let payload = size.saturating_sub(at).min(data.len() as u64) as usize;
+        if let Some(h) = &mut self.hasher {
+            h.update(&data[..payload]);
+        }
+        if self.bad_padding.is_none() {
+            if let Some(i) = data[payload..].iter().position(|&b| b != 0) {
+                self.bad_padding = Some((at + (payload + i) as u64, data[payload + i]));
+            }
+        }
+    }
+
+    /// The problems found: a checksum mismatch and the first nonzero padding
+    /// byte, each naming the blob.
+    pub fn finish(self) -> Vec<String> {
+        let e = self.entry;
+        let mut problems = Vec::new();
+        if let Some(h) = self.hasher {
+            let actual = h.digest();
+            if actual != e.xxh3 {
+                problems.push(format!(
+                    "layer {} expert {}: xxh3 is {actual:016x}, expected {:016x}",
+                    e.layer, e.expert, e.xxh3
+                ));
+            }
+        }
+        if let Some((at, byte)) = self.bad_padding {
+            problems.push(format!(
+                "layer {} expert {}: padding byte at blob offset {at} is nonzero ({byte:#04x})",
+                e.layer, e.expert
+            ));
+        }
+        problems
+    }
+}
+
+/// Reads every blob of `vault` once, in file order, and checks it; each
+/// problem is printed on stderr as it is found. An I/O error on one blob is
+/// a problem of that blob, not the end of the pass. Memory stays at one read
+/// chunk whatever the blobs' sizes.
+pub fn pass(vault: &Vault, label: &str, checksums: bool) -> Result<PassStats, Failure> {
+    let mut reader = BlobReader::open(vault.path())?;
     let entries = in_file_order(vault);
+    // Blobs do not overlap and end inside the file, so this cannot overflow.
     let total: u64 = entries.iter().map(|e| e.padded_size).sum();
     let bar = bytes_bar(total, label);
     let mut stats = PassStats {
@@ -84,12 +116,13 @@ pub fn pass(
     };
     let start = Instant::now();
     for entry in &entries {
-        let read_start = Instant::now();
-        let problems = match reader.read_blob(entry) {
-            Ok(data) => {
-                stats.read_seconds += read_start.elapsed().as_secs_f64();
-                check(entry, data)
-            }
+        let mut check = BlobCheck::new(entry, checksums);
+        let read = reader.read_blob(entry, &mut |at, data| {
+            check.update(at, data);
+            bar.inc(data.len() as u64);
+        });
+        let problems = match read {
+            Ok(()) => check.finish(),
             Err(e) => vec![e.message().to_owned()],
         };
         if !problems.is_empty() {
@@ -103,10 +136,10 @@ pub fn pass(
         }
         stats.blobs += 1;
         stats.bytes += entry.padded_size;
-        bar.inc(entry.padded_size);
     }
     bar.finish_and_clear();
     stats.seconds = start.elapsed().as_secs_f64();
+    stats.read_seconds = reader.read_seconds();
     stats.mode = reader.mode();
     Ok(stats)
 }
@@ -118,9 +151,7 @@ pub fn run(path: &Path) -> Result<(), Failure> {
     if !checksums {
         out("this vault carries no checksums: checking only that padding bytes are zero\n")?;
     }
-    let stats = pass(&vault, "verify", &mut |entry, data| {
-        blob_problems(entry, data, checksums)
-    })?;
+    let stats = pass(&vault, "verify", checksums)?;
     out(&format!(
         "checked {} blobs, {} bytes ({}) in {:.2} s: {} with {}; {}\n",
         stats.blobs,
