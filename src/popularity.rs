@@ -33,9 +33,9 @@
 //!   directory, fsyncs it, renames it over the target and fsyncs the
 //!   directory, so a crash at any moment leaves the old file or the new one.
 //!
-//! Counters are dense, eight to a cache line, not padded one to a line:
-//! padding would cost 64 bytes per expert id (0.8 MB for 94 × 128, 1 GiB at
-//! the vault's limit of 2^20 ids), and a claim already does a compare-exchange
+//! Counters (one per vault entry) are packed, eight to a cache line, not
+//! padded one to a line: padding would cost 64 bytes per entry (0.8 MB for
+//! 94 × 128, 64 MiB at the vault's limit of 2^20 ids), and a claim already does a compare-exchange
 //! on its slot's state word, so two threads bumping neighbouring experts add
 //! little to a line that is contended anyway.
 
