@@ -21,6 +21,9 @@ pub mod budget;
 mod error;
 #[cfg(not(loom))]
 pub mod ffi;
+pub mod json;
+#[cfg(not(loom))]
+pub mod pack;
 pub mod popularity;
 pub(crate) mod queue;
 pub mod router;

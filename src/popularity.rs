@@ -441,7 +441,7 @@ fn parent_dir(path: &Path) -> PathBuf {
 
 /// Makes a rename in `dir` durable. Filesystems that cannot fsync a
 /// directory (EINVAL) are not an error: there is nothing more to do there.
-fn sync_dir(dir: &Path) -> Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     let synced = File::open(dir).and_then(|d| d.sync_all());
     match synced {
         Ok(()) => Ok(()),

@@ -7,6 +7,7 @@
 //! hashing. [`VaultWriter`] writes vaults; [`synth`] makes synthetic ones.
 
 mod format;
+pub mod layout;
 pub mod synth;
 mod writer;
 
@@ -20,6 +21,7 @@ pub use format::{
     hex, Entry, Header, DEFAULT_ALIGNMENT, ENTRY_BYTES, FLAG_CHECKSUMS, HEADER_BYTES,
     MAX_ALIGNMENT, MAX_EXPERT_IDS, MAX_META_BYTES, MIN_ALIGNMENT, VERSION,
 };
+pub(crate) use writer::random_id;
 pub use writer::{VaultWriter, WriterOptions};
 
 use crate::error::{Error, Result};

@@ -328,7 +328,7 @@ impl Drop for VaultWriter {
 }
 
 /// 16 random bytes from the OS, for a vault id.
-fn random_id() -> [u8; 16] {
+pub(crate) fn random_id() -> [u8; 16] {
     let mut id = [0u8; 16];
     let from_os = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut id));
     if from_os.is_err() {

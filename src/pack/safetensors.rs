@@ -1,0 +1,320 @@
+//! safetensors files, single or sharded, read the way the packer needs:
+//! the header's tensor table (names, dtypes, shapes, byte ranges) and
+//! `__metadata__`; tensor data is never read here, only located.
+//!
+//! A file is a u64 header length `n`, `n` bytes of JSON (an object of
+//! tensor name → `{"dtype", "shape", "data_offsets": [begin, end]}` plus an
+//! optional `"__metadata__"` object of strings), then the data; offsets are
+//! relative to the data. A sharded checkpoint adds
+//! `model.safetensors.index.json`, whose `weight_map` names the shard of
+//! every tensor.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::json::{self, Value};
+
+/// Largest header this reader accepts (the format's own writers cap it at
+/// 100 MB).
+pub const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// Bytes per element of a safetensors dtype, or None for a dtype this
+/// packer does not know (sub-byte types among them).
+pub fn dtype_bytes(dtype: &str) -> Option<u64> {
+    Some(match dtype {
+        "BOOL" | "U8" | "I8" | "F8_E5M2" | "F8_E4M3" | "F8_E8M0" => 1,
+        "U16" | "I16" | "F16" | "BF16" => 2,
+        "U32" | "I32" | "F32" => 4,
+        "U64" | "I64" | "F64" => 8,
+        _ => return None,
+    })
+}
+
+/// One tensor of a safetensors file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tensor {
+    /// Its name.
+    pub name: String,
+    /// Its dtype as the file names it (`BF16`, ...).
+    pub dtype: String,
+    /// Its shape, outermost first.
+    pub shape: Vec<u64>,
+    /// The shard holding it (index into [`Checkpoint::files`]).
+    pub file: usize,
+    /// Absolute offset of its data in that file.
+    pub offset: u64,
+    /// Bytes of its data.
+    pub bytes: u64,
+}
+
+impl Tensor {
+    /// Bytes of one slice along the outermost dimension.
+    pub fn outer_stride(&self) -> u64 {
+        match self.shape.first() {
+            Some(&n) if n > 0 => self.bytes / n,
+            _ => 0,
+        }
+    }
+}
+
+/// One safetensors file's header.
+#[derive(Clone, Debug)]
+pub struct FileHeader {
+    /// The file.
+    pub path: PathBuf,
+    /// Its length.
+    pub file_bytes: u64,
+    /// Start of the data section (8 + header length).
+    pub data_offset: u64,
+    /// `__metadata__`, as (key, value) strings in file order.
+    pub metadata: Vec<(String, String)>,
+    /// Tensors, in file order.
+    pub tensors: Vec<(String, String, Vec<u64>, u64, u64)>,
+}
+
+/// Reads and checks the header of the safetensors file at `path`: every
+/// tensor's range lies in the data section and matches its dtype and shape.
+pub fn read_header(path: &Path) -> Result<FileHeader> {
+    let bad = |what: String| Error::format(format!("{}: {what}", path.display()));
+    let mut file = File::open(path).map_err(|e| Error::io("cannot open", path, &e))?;
+    let file_bytes = file
+        .metadata()
+        .map_err(|e| Error::io("cannot stat", path, &e))?
+        .len();
+    let mut len = [0u8; 8];
+    if file_bytes < 8 {
+        return Err(bad(format!(
+            "not a safetensors file: {file_bytes} bytes, too short for a header"
+        )));
+    }
+    file.read_exact(&mut len)
+        .map_err(|e| Error::io("cannot read", path, &e))?;
+    let n = u64::from_le_bytes(len);
+    if n > MAX_HEADER_BYTES || n > file_bytes - 8 {
+        return Err(bad(format!(
+            "not a safetensors file: header length {n} {} (file {file_bytes} bytes)",
+            if n > MAX_HEADER_BYTES {
+                format!("is above {MAX_HEADER_BYTES}")
+            } else {
+                "runs past the end".to_owned()
+            }
+        )));
+    }
+    let mut text = vec![0u8; n as usize];
+    file.read_exact(&mut text)
+        .map_err(|e| Error::io("cannot read", path, &e))?;
+    let text = String::from_utf8(text)
+        .map_err(|_| bad("not a safetensors file: the header is not UTF-8".into()))?;
+    let header =
+        json::parse(&text).map_err(|e| bad(format!("not a safetensors file: header {e}")))?;
+    let members = header
+        .as_object()
+        .ok_or_else(|| bad(format!("header is {}, expected an object", header.kind())))?;
+    let data_offset = 8 + n;
+    let data_bytes = file_bytes - data_offset;
+    let mut metadata = Vec::new();
+    let mut tensors = Vec::new();
+    for (name, v) in members {
+        if name == "__metadata__" {
+            let m = v
+                .as_object()
+                .ok_or_else(|| bad("__metadata__ is not an object".into()))?;
+            for (k, v) in m {
+                let s = v
+                    .as_str()
+                    .ok_or_else(|| bad(format!("__metadata__ key {k:?} is not a string")))?;
+                metadata.push((k.clone(), s.to_owned()));
+            }
+            continue;
+        }
+        let field = |key: &str| {
+            v.get(key)
+                .ok_or_else(|| bad(format!("tensor {name} has no {key:?}")))
+        };
+        let dtype = field("dtype")?
+            .as_str()
+            .ok_or_else(|| bad(format!("tensor {name}: dtype is not a string")))?
+            .to_owned();
+        let shape = field("shape")?
+            .as_array()
+            .ok_or_else(|| bad(format!("tensor {name}: shape is not an array")))?
+            .iter()
+            .map(Value::as_u64)
+            .collect::<Option<Vec<u64>>>()
+            .ok_or_else(|| bad(format!("tensor {name}: shape holds a non-integer")))?;
+        let offsets = field("data_offsets")?
+            .as_array()
+            .and_then(|a| match a {
+                [b, e] => Some((b.as_u64()?, e.as_u64()?)),
+                _ => None,
+            })
+            .ok_or_else(|| bad(format!("tensor {name}: data_offsets is not [begin, end]")))?;
+        let (begin, end) = offsets;
+        if begin > end || end > data_bytes {
+            return Err(bad(format!(
+                "tensor {name}: data_offsets [{begin}, {end}] lie outside the {data_bytes}-byte data section (truncated?)"
+            )));
+        }
+        let element = dtype_bytes(&dtype).ok_or_else(|| {
+            bad(format!(
+                "tensor {name} has dtype {dtype}, which this packer does not know"
+            ))
+        })?;
+        let expected = shape
+            .iter()
+            .try_fold(element, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| bad(format!("tensor {name}: shape {shape:?} overflows")))?;
+        if expected != end - begin {
+            return Err(bad(format!(
+                "tensor {name}: {dtype} {shape:?} needs {expected} bytes, data_offsets give {}",
+                end - begin
+            )));
+        }
+        tensors.push((name.clone(), dtype, shape, data_offset + begin, end - begin));
+    }
+    Ok(FileHeader {
+        path: path.to_path_buf(),
+        file_bytes,
+        data_offset,
+        metadata,
+        tensors,
+    })
+}
+
+/// A checkpoint: one safetensors file, or the shards of an index.
+#[derive(Clone, Debug)]
+pub struct Checkpoint {
+    /// The files, in the order they were read.
+    pub files: Vec<FileHeader>,
+    /// Every tensor, in file order, file after file.
+    pub tensors: Vec<Tensor>,
+    /// `config.json` beside the files, if present (for `model_type`,
+    /// `num_hidden_layers`, `num_experts_per_tok`, ...).
+    pub config: Option<Value>,
+    /// The first file's `__metadata__`.
+    pub metadata: Vec<(String, String)>,
+}
+
+impl Checkpoint {
+    /// Opens `source`: a `.safetensors` file, a directory holding
+    /// `model.safetensors` or `model.safetensors.index.json`, or that index.
+    pub fn open(source: &Path) -> Result<Checkpoint> {
+        let (dir, index, single) = if source.is_dir() {
+            let index = source.join("model.safetensors.index.json");
+            let single = source.join("model.safetensors");
+            if index.exists() {
+                (source.to_path_buf(), Some(index), None)
+            } else if single.exists() {
+                (source.to_path_buf(), None, Some(single))
+            } else {
+                return Err(Error::argument(format!(
+                    "{}: no model.safetensors or model.safetensors.index.json in this directory",
+                    source.display()
+                )));
+            }
+        } else {
+            let dir = match source.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            if source.to_string_lossy().ends_with(".index.json") {
+                (dir, Some(source.to_path_buf()), None)
+            } else {
+                (dir, None, Some(source.to_path_buf()))
+            }
+        };
+        let shard_paths = match (&index, single) {
+            (Some(index), _) => shard_files(index, &dir)?,
+            (None, Some(single)) => vec![single],
+            (None, None) => unreachable!("one of the two is set above"),
+        };
+        let mut files = Vec::new();
+        let mut tensors = Vec::new();
+        for (i, path) in shard_paths.iter().enumerate() {
+            let h = read_header(path)?;
+            for (name, dtype, shape, offset, bytes) in &h.tensors {
+                tensors.push(Tensor {
+                    name: name.clone(),
+                    dtype: dtype.clone(),
+                    shape: shape.clone(),
+                    file: i,
+                    offset: *offset,
+                    bytes: *bytes,
+                });
+            }
+            files.push(h);
+        }
+        let mut names: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+        names.sort_unstable();
+        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::format(format!(
+                "{}: tensor {} appears in two files",
+                source.display(),
+                w[0]
+            )));
+        }
+        let config_path = dir.join("config.json");
+        let config = match std::fs::read_to_string(&config_path) {
+            Ok(text) => Some(
+                json::parse(&text)
+                    .map_err(|e| Error::format(format!("{}: {e}", config_path.display())))?,
+            ),
+            Err(_) => None,
+        };
+        let metadata = files
+            .first()
+            .map(|f| f.metadata.clone())
+            .unwrap_or_default();
+        Ok(Checkpoint {
+            files,
+            tensors,
+            config,
+            metadata,
+        })
+    }
+}
+
+/// The shard files an index names, each once, in order of first mention,
+/// each checked to exist.
+fn shard_files(index: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
+    let bad = |what: String| Error::format(format!("{}: {what}", index.display()));
+    let text = std::fs::read_to_string(index).map_err(|e| Error::io("cannot read", index, &e))?;
+    let v = json::parse(&text).map_err(|e| bad(e.to_string()))?;
+    let map = v
+        .get("weight_map")
+        .and_then(Value::as_object)
+        .ok_or_else(|| bad("no weight_map object".into()))?;
+    let mut names: Vec<&str> = Vec::new();
+    for (tensor, file) in map {
+        let file = file
+            .as_str()
+            .ok_or_else(|| bad(format!("weight_map[{tensor:?}] is not a file name")))?;
+        if file.contains('/') || file.contains('\\') || file == ".." {
+            return Err(bad(format!(
+                "weight_map names {file:?}, which is not a file beside the index"
+            )));
+        }
+        if !names.contains(&file) {
+            names.push(file);
+        }
+    }
+    if names.is_empty() {
+        return Err(bad("weight_map is empty".into()));
+    }
+    names
+        .into_iter()
+        .map(|n| {
+            let p = dir.join(n);
+            if p.is_file() {
+                Ok(p)
+            } else {
+                Err(bad(format!(
+                    "shard {n} is missing (expected at {})",
+                    p.display()
+                )))
+            }
+        })
+        .collect()
+}
