@@ -16,7 +16,8 @@
 //! out of its range (also one `smoe: ` line, naming the flag, the value and
 //! the range). Nothing the input holds makes it panic or abort.
 //! This binary only drives the library; the format rules live in
-//! `smoe::vault`.
+//! `smoe::vault`. It is a package of its own (`smoe-cli`) so that a library
+//! user never compiles clap, indicatif or serde_json.
 
 mod bench;
 mod budget;
