@@ -6,13 +6,11 @@
 use std::path::PathBuf;
 
 use proptest::prelude::*;
-use smoe::budget::{
-    plan_ring, BudgetConfig, LargestBlob, RingPlan, SlotClamp, VaultShape, SLOT_ALIGN,
-};
-use smoe::sys::MemorySnapshot;
+use smoe::internals::budget::{plan_ring, BudgetConfig, LargestBlob, VaultShape, SLOT_ALIGN};
+use smoe::internals::sys::MemorySnapshot;
 use smoe::vault::synth::SynthSpec;
 use smoe::vault::Vault;
-use smoe::ErrorKind;
+use smoe::{ErrorKind, RingPlan, SlotClamp};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;

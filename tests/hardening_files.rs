@@ -21,7 +21,7 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, SystemTime};
 
-use smoe::popularity::{encode, load, LoadOutcome};
+use smoe::internals::popularity::{encode, load, LoadOutcome};
 use smoe::vault::Vault;
 use smoe::{Config, Streamer};
 

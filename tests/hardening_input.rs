@@ -210,7 +210,7 @@ fn a_trace_row_with_a_million_ranks_is_checked_in_little_time() {
     }
     trace.push_str(",7\n"); // the one duplicate, last
     let start = Instant::now();
-    let err = smoe::router::parse_trace(&trace).expect_err("a duplicate expert");
+    let err = smoe::internals::router::parse_trace(&trace).expect_err("a duplicate expert");
     assert!(
         err.to_string().contains("line 2: expert 7 appears twice"),
         "{err}"

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use smoe::router::{parse_trace, trace_tokens};
+use smoe::internals::router::{parse_trace, trace_tokens};
 use smoe::streamer::MAX_WORKERS;
 use smoe::vault::Vault;
 use smoe::DirectIo;

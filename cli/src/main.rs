@@ -17,7 +17,10 @@
 //! the range). Nothing the input holds makes it panic or abort.
 //! This binary only drives the library; the format rules live in
 //! `smoe::vault`. It is a package of its own (`smoe-cli`) so that a library
-//! user never compiles clap, indicatif or serde_json.
+//! user never compiles clap, indicatif or serde_json; what it needs beyond
+//! the library's public API (ring sizing, the router, platform calls) comes
+//! from `smoe::internals`, which carries no stability promise, hence the
+//! exact version pin in `cli/Cargo.toml`.
 
 mod bench;
 mod budget;

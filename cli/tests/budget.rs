@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use smoe::budget::SLOT_ALIGN;
+use smoe::internals::budget::SLOT_ALIGN;
 use smoe::vault::Vault;
 
 const MIB: u64 = 1 << 20;

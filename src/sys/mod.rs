@@ -36,8 +36,6 @@ use apple as imp;
 mod linux;
 #[cfg(target_os = "linux")]
 use linux as imp;
-#[cfg(target_os = "linux")]
-pub use linux::memory_snapshot_from;
 
 #[cfg(not(any(target_os = "linux", target_vendor = "apple")))]
 compile_error!("smoe supports Linux and Apple platforms only");
