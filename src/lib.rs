@@ -54,8 +54,8 @@ pub use sys::DirectIo;
 /// What a host needs is at the crate root, in [`streamer`], in [`vault`] and
 /// in the C API. This module lends the tool and the tests the pieces under
 /// it: the ring sizing a `smoe budget` prints, the histogram file, the
-/// synthetic router and trace parser of `smoe bench`, a few platform calls,
-/// and the queue for its benchmark.
+/// synthetic router and trace parser of `smoe bench`, the platform calls of
+/// `smoe verify`, and the queue for its benchmark.
 #[doc(hidden)]
 pub mod internals {
     /// Ring sizing (SPEC §2.1) from fixed inputs: `smoe budget`, and the
@@ -83,11 +83,14 @@ pub mod internals {
         };
     }
 
-    /// Platform calls: page cache and disk space probes, and the memory
-    /// snapshot ring sizing starts from.
+    /// Platform calls: the direct-I/O open with its buffered fallback, the
+    /// `pread` loop and the aligned buffer `smoe verify` reads through, page
+    /// cache and disk space probes, and the memory snapshot ring sizing
+    /// starts from.
     pub mod sys {
         pub use crate::sys::{
-            drop_file_cache, free_bytes, memory_snapshot, page_cache_bytes, MemorySnapshot,
+            drop_file_cache, free_bytes, memory_snapshot, open_for_streaming, page_cache_bytes,
+            probe_direct_read, read_at_exact, AlignedBuffer, MemorySnapshot, OpenedFile, ReadError,
         };
     }
 
