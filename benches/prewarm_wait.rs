@@ -22,7 +22,7 @@ fn median(mut v: Vec<Duration>) -> Duration {
 
 fn drop_cache(vault: &std::path::Path) {
     if let Ok(f) = std::fs::File::open(vault.join("experts.smoe")) {
-        let _ = smoe::sys::drop_file_cache(&f);
+        let _ = smoe::internals::sys::drop_file_cache(&f);
     }
 }
 

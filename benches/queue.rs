@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use crossbeam_queue::ArrayQueue;
-use smoe::__bench::Queue;
+use smoe::internals::Queue;
 
 /// The queue size the streamer uses for a 64-slot ring (`4 × slots`).
 const CAPACITY: usize = 256;

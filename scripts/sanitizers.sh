@@ -136,7 +136,7 @@ miri_env() {
 }
 
 run_miri() {
-  miri_env cargo "+$TOOLCHAIN" miri test --lib -- "${MIRI_FILTERS[@]}"
+  miri_env cargo "+$TOOLCHAIN" miri test -p smoe --lib -- "${MIRI_FILTERS[@]}"
 }
 
 run_miri_seeds() {
@@ -145,7 +145,7 @@ run_miri_seeds() {
     return 0
   fi
   miri_env MIRIFLAGS="${MIRIFLAGS:-} -Zmiri-many-seeds=0..${MIRI_SEEDS}" \
-    cargo "+$TOOLCHAIN" miri test --lib -- \
+    cargo "+$TOOLCHAIN" miri test -p smoe --lib -- \
     queue::tests::many_producers_many_consumers_each_item_once --exact
 }
 
@@ -157,7 +157,7 @@ tsan() {
     RUSTFLAGS="-Zsanitizer=thread" \
     RUSTDOCFLAGS="-Zsanitizer=thread" \
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}" \
-    cargo "+$TOOLCHAIN" test -Zbuild-std --target "$target" "$@"
+    cargo "+$TOOLCHAIN" test -p smoe -Zbuild-std --target "$target" "$@"
 }
 
 run_tsan_lib() {

@@ -11,34 +11,92 @@
 //!   workers. Knows nothing of C.
 //! - `ffi`: the C API. Converts pointers and errors, catches panics; no logic.
 //!
+//! The Rust API is what a host uses: [`Streamer`] and its types at the crate
+//! root (with [`RingPlan`], what [`Streamer::plan`] returns), [`streamer`]'s
+//! constants, [`vault`] (reader, writer, [`vault::synth`] for synthetic
+//! vaults) and [`ffi`]. The ring sizing, the histogram, the queue, the router
+//! and `sys` are private; `internals` (hidden) lends the `smoe` tool, the
+//! benchmarks and the tests what they need of them, with no stability
+//! promise.
+//!
 //! The contract (vault bytes, histogram file, C API) is `SPEC.md` in the
 //! shared folder; the README lists what this crate adds to it.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
-pub mod budget;
-mod error;
+// The public API: what a Rust host uses. Everything else is crate-private;
+// the `smoe` tool, the benchmarks and the tests reach the few pieces they
+// need through [`internals`].
 #[cfg(not(loom))]
 pub mod ffi;
-pub mod json;
 #[cfg(not(loom))]
 pub mod pack;
-pub mod popularity;
-pub(crate) mod queue;
-pub mod router;
 pub mod streamer;
-mod sync;
-pub mod sys;
 pub mod vault;
 
+mod budget;
+mod error;
+pub(crate) mod json;
+mod popularity;
+mod queue;
+mod router;
+mod sync;
+mod sys;
+
+pub use budget::{PlanSources, RingPlan, SlotClamp};
 pub use error::{Error, ErrorKind, Result};
 #[cfg(not(loom))]
 pub use streamer::{Claim, Config, Priority, SlotInfo, Stats, Streamer};
 pub use sys::DirectIo;
 
-/// Internals re-exported for the benchmarks only; not part of the API.
+/// For the `smoe` command-line tool (`cli/`), the benchmarks and the
+/// integration tests; no stability promise: anything here may change or go
+/// in any release, and a host must not use it.
+///
+/// What a host needs is at the crate root, in [`streamer`], in [`vault`] and
+/// in the C API. This module lends the tool and the tests the pieces under
+/// it: the ring sizing a `smoe budget` prints, the histogram file, the
+/// synthetic router and trace parser of `smoe bench`, the platform calls of
+/// `smoe verify`, and the queue for its benchmark.
 #[doc(hidden)]
-pub mod __bench {
+pub mod internals {
+    /// Ring sizing (SPEC §2.1) from fixed inputs: `smoe budget`, and the
+    /// tests of every clamp. The plan itself is [`crate::RingPlan`].
+    pub mod budget {
+        pub use crate::budget::{
+            plan_for, plan_ring, BudgetConfig, LargestBlob, VaultShape,
+            DEFAULT_ENGINE_OVERHEAD_BYTES, MAX_AUTO_SLOTS, MIN_AUTO_SLOTS, MIN_FLOOR_BYTES,
+            SLOT_ALIGN,
+        };
+    }
+
+    /// The claim histogram and its file (SPEC §1.3).
+    pub mod popularity {
+        pub use crate::popularity::{
+            encode, file_bytes, is_temp_file_name, load, save, Histogram, LoadOutcome, Persistence,
+        };
+    }
+
+    /// The synthetic router of `smoe demo`/`smoe bench` and the routing-trace
+    /// parser of `smoe bench --trace` (SPEC §4).
+    pub mod router {
+        pub use crate::router::{
+            parse_trace, trace_tokens, Rng, RouterConfig, SyntheticRouter, TraceRow, TraceTokens,
+        };
+    }
+
+    /// Platform calls: the direct-I/O open with its buffered fallback, the
+    /// `pread` loop and the aligned buffer `smoe verify` reads through, page
+    /// cache and disk space probes, and the memory snapshot ring sizing
+    /// starts from.
+    pub mod sys {
+        pub use crate::sys::{
+            drop_file_cache, free_bytes, memory_snapshot, open_for_streaming, page_cache_bytes,
+            probe_direct_read, read_at_exact, AlignedBuffer, MemorySnapshot, OpenedFile, ReadError,
+        };
+    }
+
+    /// The bounded MPMC queue, for its benchmark against crossbeam's.
     pub use crate::queue::Queue;
 }

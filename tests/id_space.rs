@@ -8,32 +8,13 @@
 //! Its own test binary: it measures the process's RSS and CPU time, which
 //! other tests' threads would disturb.
 
-use std::path::Path;
-use std::process::Command;
+mod common;
+
 use std::time::{Duration, Instant};
 
-use smoe::vault::{VaultWriter, WriterOptions, MAX_EXPERT_IDS};
+use common::forge::one_entry_vault;
+use smoe::vault::{VaultWriter, WriterOptions};
 use smoe::{Config, ErrorKind, Streamer};
-use xxhash_rust::xxh3::xxh3_64;
-
-/// A vault with one 100-byte blob, (0, 0), and the shape `layers × experts`.
-/// Shapes above the writer's limit are made by writing a 1 × 1 vault and
-/// rewriting the header's shape (and its checksum), as a hostile file would.
-fn one_entry_vault(dir: &Path, layers: u32, experts: u32) {
-    let shape_ok = u64::from(layers) * u64::from(experts) <= MAX_EXPERT_IDS;
-    let (l, e) = if shape_ok { (layers, experts) } else { (1, 1) };
-    let mut w = VaultWriter::create(dir, l, e, WriterOptions::default()).unwrap();
-    w.add_blob(0, 0, &[7u8; 100]).unwrap();
-    let file = w.finish().unwrap();
-    if !shape_ok {
-        let mut bytes = std::fs::read(&file).unwrap();
-        bytes[16..20].copy_from_slice(&layers.to_le_bytes());
-        bytes[20..24].copy_from_slice(&experts.to_le_bytes());
-        let sum = xxh3_64(&bytes[..120]);
-        bytes[120..128].copy_from_slice(&sum.to_le_bytes());
-        std::fs::write(&file, bytes).unwrap();
-    }
-}
 
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
@@ -67,16 +48,7 @@ fn more_than_2_pow_20_ids_is_refused_with_the_cap_named() {
             text.contains(&format!("{layers} × {experts} = {ids}")) && text.contains("1048576"),
             "{text}"
         );
-        // The tool says the same in one line.
-        let out = Command::new(env!("CARGO_BIN_EXE_smoe"))
-            .arg("inspect")
-            .arg(dir.path())
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(1));
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(stderr.lines().count(), 1, "{stderr}");
-        assert!(stderr.contains("limit of 1048576 expert ids"), "{stderr}");
+        // (`smoe inspect` says the same in one line: cli/tests/id_space.rs.)
         assert!(
             !dir.path().join("expert_freq.bin").exists(),
             "nothing is written for a refused vault"

@@ -18,7 +18,7 @@ mod popularity {
     use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
 
-    use smoe::popularity::{
+    use smoe::internals::popularity::{
         encode, file_bytes, is_temp_file_name, load, save, Histogram, LoadOutcome, Persistence,
     };
 

@@ -87,7 +87,7 @@ fn bad_histogram_is_ignored_and_replaced() {
     // file whose header names another vault, or is no histogram at all, is
     // protected instead: tests/hardening_files.rs.)
     let vault_id = smoe::vault::Vault::open(&v.file).unwrap().header().vault_id;
-    let mut bytes = smoe::popularity::encode(&vault_id, 2, 8, &[9; 16]).unwrap();
+    let mut bytes = smoe::internals::popularity::encode(&vault_id, 2, 8, &[9; 16]).unwrap();
     bytes[40 + 8] ^= 0x55;
     std::fs::write(&freq, &bytes).unwrap();
     let s = Streamer::open(&v.file, config(16, 0)).unwrap();
@@ -260,7 +260,7 @@ fn histogram_counting_experts_the_vault_lacks_is_harmless() {
     for (id, count) in counts.iter_mut().enumerate() {
         *count = if id < 64 { 1000 } else { (id % 5) as u64 };
     }
-    smoe::popularity::save(
+    smoe::internals::popularity::save(
         &v.dir.path().join("expert_freq.bin"),
         &header.vault_id,
         4,

@@ -131,7 +131,7 @@ pub(super) fn memory_snapshot() -> io::Result<MemorySnapshot> {
 /// is. At each level with a limit, `ram` is lowered to the limit and `avail`
 /// to `limit − usage`. A limit at or above `MemTotal` (v1 writes 2^63 − 4096
 /// for "none", v2 writes `max`) is no limit; an unreadable usage counts as 0.
-pub fn memory_snapshot_from(root: &Path) -> io::Result<MemorySnapshot> {
+pub(super) fn memory_snapshot_from(root: &Path) -> io::Result<MemorySnapshot> {
     let meminfo_path = root.join("proc/meminfo");
     let text = read_text(&meminfo_path)?;
     let meminfo = parse_meminfo(&text).map_err(|what| {

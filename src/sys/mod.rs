@@ -5,7 +5,7 @@
 //!
 //! This module owns the types the rest of the crate sees ([`DirectIo`],
 //! [`OpenedFile`], [`FileKind`], [`OpenRegularError`], [`ReadError`],
-//! [`MemorySnapshot`]) and the few lines that
+//! [`AlignedBuffer`], [`MemorySnapshot`]) and the few lines that
 //! are the same on every POSIX system (the `pread` retry loop, the direct-I/O
 //! fallback rule); `linux.rs` and `apple.rs` each hold the raw calls for one
 //! platform behind the same private names, so everything above `sys` compiles
@@ -36,8 +36,6 @@ use apple as imp;
 mod linux;
 #[cfg(target_os = "linux")]
 use linux as imp;
-#[cfg(target_os = "linux")]
-pub use linux::memory_snapshot_from;
 
 #[cfg(not(any(target_os = "linux", target_vendor = "apple")))]
 compile_error!("smoe supports Linux and Apple platforms only");
@@ -236,7 +234,7 @@ pub fn process_exists(pid: u32) -> bool {
 /// A short read (file smaller than `align`) is success: the read was
 /// accepted. `align` must be a power of two, else `InvalidInput`.
 pub fn probe_direct_read(file: &File, align: usize) -> io::Result<()> {
-    let mut buffer = AlignedBuffer::zeroed(align)?;
+    let mut buffer = AlignedBuffer::zeroed(align, align)?;
     loop {
         match imp::pread(file.as_raw_fd(), buffer.as_mut_slice(), 0) {
             Ok(_) => return Ok(()),
@@ -246,22 +244,31 @@ pub fn probe_direct_read(file: &File, align: usize) -> io::Result<()> {
     }
 }
 
-/// A heap buffer of `len` zero bytes aligned to `len` (a power of two), for
-/// [`probe_direct_read`]; the ring has its own allocation.
-struct AlignedBuffer {
+/// A heap buffer of zero bytes whose start is aligned to a power of two, for
+/// direct reads outside the ring (which has its own allocation): the probe
+/// of [`probe_direct_read`] and the tool's `smoe verify`.
+pub struct AlignedBuffer {
     ptr: std::ptr::NonNull<u8>,
     layout: std::alloc::Layout,
 }
 
 impl AlignedBuffer {
-    fn zeroed(len: usize) -> io::Result<Self> {
-        let layout = std::alloc::Layout::from_size_align(len, len)
+    /// `len` zero bytes starting at a multiple of `align`.
+    ///
+    /// `InvalidInput` when `align` is not a power of two, `len` is 0 or the
+    /// rounded size overflows; `OutOfMemory` when the allocation fails (a
+    /// size the machine cannot give is an error, never an abort).
+    pub fn zeroed(len: usize, align: usize) -> io::Result<Self> {
+        let layout = std::alloc::Layout::from_size_align(len, align)
             .ok()
             .filter(|layout| layout.size() > 0)
             .ok_or_else(|| {
                 io::Error::new(
                     io::ErrorKind::InvalidInput,
-                    format!("direct-read probe size {len} is not a power of two"),
+                    format!(
+                        "cannot lay out an aligned buffer of {len} bytes at alignment {align} \
+                         (the alignment must be a power of two, the size nonzero)"
+                    ),
                 )
             })?;
         // SAFETY: `layout` has a non-zero size (checked above).
@@ -269,13 +276,21 @@ impl AlignedBuffer {
         let ptr = std::ptr::NonNull::new(ptr).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::OutOfMemory,
-                format!("cannot allocate {len} bytes for the direct-read probe"),
+                format!("cannot allocate an aligned buffer of {len} bytes"),
             )
         })?;
         Ok(AlignedBuffer { ptr, layout })
     }
 
-    fn as_mut_slice(&mut self) -> &mut [u8] {
+    /// The whole buffer.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` points to `layout.size()` initialised (zeroed at
+        // allocation) bytes owned by `self`; `&self` excludes any `&mut`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
+    }
+
+    /// The whole buffer, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: `ptr` points to `layout.size()` initialised (zeroed) bytes
         // owned by `self`, and `&mut self` makes this the only borrow.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
@@ -603,7 +618,7 @@ mod tests {
             let probe = probe_direct_read(&require.file, 16384);
             eprintln!("temp filesystem: direct read probe = {probe:?}");
             if probe.is_ok() {
-                let mut buf = AlignedBuffer::zeroed(16384).unwrap();
+                let mut buf = AlignedBuffer::zeroed(16384, 16384).unwrap();
                 read_at_exact(&require.file, buf.as_mut_slice(), 16384).unwrap();
                 assert_eq!(buf.as_mut_slice(), &data[16384..2 * 16384]);
             }
@@ -643,6 +658,20 @@ mod tests {
         }
         // Shorter than one block is still an accepted read.
         probe_direct_read(&file, 4096).unwrap();
+    }
+
+    #[test]
+    fn aligned_buffer_is_aligned_zeroed_and_refuses_bad_layouts() {
+        let mut buf = AlignedBuffer::zeroed(3 * 16384 + 5, 16384).unwrap();
+        assert_eq!(buf.as_slice().as_ptr() as usize % 16384, 0);
+        assert_eq!(buf.as_slice().len(), 3 * 16384 + 5);
+        assert!(buf.as_slice().iter().all(|&b| b == 0));
+        buf.as_mut_slice()[7] = 1;
+        assert_eq!(buf.as_slice()[7], 1);
+        for (len, align) in [(0, 4096), (4096, 0), (4096, 3), (usize::MAX, 4096)] {
+            let err = AlignedBuffer::zeroed(len, align).err().unwrap();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{len} {align}");
+        }
     }
 
     #[test]

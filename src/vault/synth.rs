@@ -4,6 +4,10 @@
 //! Every byte of every blob is a pure function of (seed, layer, expert,
 //! offset), so a reader anywhere can check any bytes it was handed without
 //! keeping a copy: [`fill_payload`] makes them, [`first_mismatch`] checks them.
+//!
+//! Public API: `smoe synth` is built on it, and a host can use it the same
+//! way, to test its integration on a vault of any shape before it has a
+//! converted model, checking every byte a claim hands it.
 
 use std::path::{Path, PathBuf};
 

@@ -1,5 +1,8 @@
-//! Helpers shared by the integration tests.
+//! Helpers shared by the integration tests: the library's, and the tool's
+//! in `cli/tests`, which include this module by path.
 #![allow(dead_code)]
+
+pub mod forge;
 
 use std::path::PathBuf;
 

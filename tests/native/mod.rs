@@ -114,6 +114,13 @@ pub fn lib_dir() -> PathBuf {
         })
 }
 
+/// The `smoe` tool, when this build made it: it belongs to the workspace
+/// member `smoe-cli`, which `cargo build` and `cargo test` at the root build
+/// along with the library, into `target/<profile>` next to the libraries.
+pub fn smoe_tool() -> Option<PathBuf> {
+    built_file("smoe")
+}
+
 /// The file name of the shared library.
 pub fn shared_lib_name() -> &'static str {
     if cfg!(target_vendor = "apple") {

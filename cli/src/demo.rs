@@ -111,7 +111,7 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
 
     // Start cold: the writer's pages may still be cached.
     if let Ok(f) = std::fs::File::open(&path) {
-        let _ = smoe::sys::drop_file_cache(&f);
+        let _ = smoe::internals::sys::drop_file_cache(&f);
     }
     let vault = Vault::open(&path)?;
     let ring_slots = (vault.entries().len() as u32 * 2 / 5).max(1);

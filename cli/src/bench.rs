@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
+use smoe::internals::router::{parse_trace, trace_tokens};
 use smoe::streamer::MAX_WORKERS;
 use smoe::vault::Vault;
 use smoe::DirectIo;
@@ -166,9 +167,8 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
                 Some(path) => {
                     let text = std::fs::read_to_string(path)
                         .map_err(|e| smoe::Error::io("cannot read trace", path, &e))?;
-                    let rows =
-                        smoe::router::parse_trace(&text).map_err(|e| e.context(path.display()))?;
-                    Some(smoe::router::trace_tokens(&rows, top_k as usize))
+                    let rows = parse_trace(&text).map_err(|e| e.context(path.display()))?;
+                    Some(trace_tokens(&rows, top_k as usize))
                 }
             };
             let opts = DecodeOptions {

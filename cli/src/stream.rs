@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use smoe::router::{RouterConfig, SyntheticRouter};
+use smoe::internals::router::{RouterConfig, SyntheticRouter};
 use smoe::vault::synth::first_mismatch;
 use smoe::vault::Vault;
 use smoe::{Config, DirectIo, Priority, Stats, Streamer};
@@ -34,7 +34,7 @@ pub struct DecodeOptions {
     pub payload_seed: Option<u64>,
     /// Replay these tokens (from a routing trace) instead of the synthetic
     /// router: per token, `(layer, experts)` in execution order.
-    pub trace: Option<smoe::router::TraceTokens>,
+    pub trace: Option<smoe::internals::router::TraceTokens>,
 }
 
 /// What a decode measured.

@@ -2,14 +2,15 @@
 //! with every input, every intermediate value and where each input came
 //! from, for people or (with `--json`) for programs.
 //!
-//! The sizing is `smoe::budget`; this file only parses and prints.
+//! The sizing is `smoe::internals::budget`; this file only parses and prints.
 
 use std::path::PathBuf;
 
 use clap::Args;
 use serde_json::{json, Value};
-use smoe::budget::{plan_for, BudgetConfig, RingPlan};
+use smoe::internals::budget::{plan_for, BudgetConfig};
 use smoe::vault::Vault;
+use smoe::RingPlan;
 
 use crate::flags;
 use crate::output::{human_bytes, out, Failure};

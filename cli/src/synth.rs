@@ -131,7 +131,7 @@ fn check_free_space(spec: &SynthSpec, dir: &Path) -> Result<(), Failure> {
                 .sum::<u128>()
         })
         .sum::<u128>();
-    let Some(free) = smoe::sys::free_bytes(dir) else {
+    let Some(free) = smoe::internals::sys::free_bytes(dir) else {
         return Ok(()); // not knowable here: the writes will say
     };
     if needed > u128::from(free) {
