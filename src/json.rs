@@ -429,8 +429,8 @@ impl Parser<'_> {
                 return Err(bad_number(start));
             }
         }
-        let text = std::str::from_utf8(&self.bytes[start..self.at])
-            .map_err(|_| bad_number(start))?;
+        let text =
+            std::str::from_utf8(&self.bytes[start..self.at]).map_err(|_| bad_number(start))?;
         Ok(Value::Number(text.to_owned()))
     }
 }

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use serde_json::{json, Value};
+use smoe::vault::layout::{BlobLayouts, LayoutItem};
 use smoe::vault::Vault;
 
 use crate::output::{human_bytes, out, Failure};
@@ -11,12 +12,14 @@ use crate::output::{human_bytes, out, Failure};
 /// Opens (and so fully validates) the vault at `path` and prints its summary.
 pub fn run(path: &Path, as_json: bool) -> Result<(), Failure> {
     let vault = Vault::open(path)?;
+    // Checked here so a malformed layout is an error, not a silent omission.
+    let layouts = vault.layouts()?;
     if as_json {
         let text = serde_json::to_string_pretty(&json_summary(&vault))
             .map_err(|e| Failure::Message(format!("cannot encode the summary as JSON: {e}")))?;
         out(&(text + "\n"))
     } else {
-        out(&human_summary(&vault))
+        out(&human_summary(&vault, layouts.as_ref()))
     }
 }
 
@@ -62,7 +65,7 @@ fn json_summary(vault: &Vault) -> Value {
     })
 }
 
-fn human_summary(vault: &Vault) -> String {
+fn human_summary(vault: &Vault, layouts: Option<&BlobLayouts>) -> String {
     let h = vault.header();
     let mut layers_with_experts: Vec<u32> = vault.entries().iter().map(|e| e.layer).collect();
     layers_with_experts.dedup();
@@ -70,6 +73,12 @@ fn human_summary(vault: &Vault) -> String {
     let largest = vault.max_padded_size();
     let meta = match meta_value(vault) {
         Value::Null => "none".to_owned(),
+        // The layouts are printed below, grouped; the rest of the metadata
+        // is shown as it is.
+        Value::Object(mut members) if layouts.is_some() => {
+            members.remove("layer_blob_layouts");
+            serde_json::to_string_pretty(&Value::Object(members)).unwrap_or_default()
+        }
         Value::String(raw) => raw,
         value => serde_json::to_string_pretty(&value).unwrap_or_else(|_| vault.meta().to_owned()),
     };
@@ -128,6 +137,65 @@ fn human_summary(vault: &Vault) -> String {
     line("metadata", meta_lines.next().unwrap_or_default().to_owned());
     for rest in meta_lines {
         s.push_str(&format!("{:<14}{rest}\n", ""));
+    }
+    if let Some(layouts) = layouts {
+        s.push_str(&layout_lines(layouts));
+    }
+    s
+}
+
+/// The blob layouts, one block per run of layers whose items agree in role,
+/// dtype, shape, offset and size (the tensor names differ by layer):
+///
+/// ```text
+/// layout        layers 1-93 (blob 25165824 bytes)
+///                 gate      Q4_K   [1536, 4096]   3538944 bytes at 0
+/// ```
+fn layout_lines(layouts: &BlobLayouts) -> String {
+    let key = |items: &[LayoutItem]| -> Vec<(String, String, Vec<u64>, u64, u64)> {
+        items
+            .iter()
+            .map(|i| {
+                (
+                    i.role.clone(),
+                    i.dtype.clone(),
+                    i.shape.clone(),
+                    i.offset,
+                    i.bytes,
+                )
+            })
+            .collect()
+    };
+    let mut s = String::new();
+    let mut groups: Vec<(Vec<u32>, &[LayoutItem])> = Vec::new();
+    for (layer, items) in &layouts.layers {
+        match groups.last_mut() {
+            Some((layers, first)) if key(first) == key(items) => layers.push(*layer),
+            _ => groups.push((vec![*layer], items)),
+        }
+    }
+    for (i, (layers, items)) in groups.iter().enumerate() {
+        let end = items.iter().map(LayoutItem::end).max().unwrap_or(0);
+        let label = if i == 0 { "layout" } else { "" };
+        let which = if layers.len() == 1 { "layer" } else { "layers" };
+        s.push_str(&format!(
+            "{label:<14}{which} {} (blob {end} bytes)\n",
+            ranges(layers)
+        ));
+        for item in *items {
+            let shape = format!(
+                "[{}]",
+                item.shape
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            s.push_str(&format!(
+                "{:<16}{:<13} {:<8} {:<16} {:>10} bytes at {}\n",
+                "", item.role, item.dtype, shape, item.bytes, item.offset
+            ));
+        }
     }
     s
 }

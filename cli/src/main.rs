@@ -1,5 +1,7 @@
 //! `smoe`: the command-line tool for vaults.
 //!
+//! - `smoe pack SOURCE OUT_DIR [--force]`: a vault from a GGUF or
+//!   safetensors model.
 //! - `smoe inspect VAULT [--json]`: what a vault holds.
 //! - `smoe verify VAULT`: reads every blob (direct I/O where the filesystem
 //!   allows) and checks its checksum and zero padding.
@@ -28,6 +30,7 @@ mod demo;
 mod flags;
 mod inspect;
 mod output;
+mod pack;
 mod progress;
 mod reader;
 mod stream;
@@ -72,6 +75,9 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Stream an existing vault: a synthetic decode, or a cold scan of every blob.
     Bench(bench::BenchArgs),
+    /// Pack a GGUF or safetensors model into a vault: the experts into
+    /// experts.smoe, everything else into the scout.
+    Pack(pack::PackArgs),
     /// Show how the ring would be sized on this machine (SPEC §2.1): every
     /// input, intermediate value and source.
     Budget(budget::BudgetArgs),
@@ -89,6 +95,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Budget(args) => budget::run(&args),
+        Command::Pack(args) => pack::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -79,8 +79,8 @@ pub struct PackSummary {
     pub n_entries: u32,
     /// Smallest and largest blob, in bytes.
     pub blob_bytes: (u64, u64),
-    /// The dtypes of each role, over all layers.
-    pub dtypes: BTreeMap<String, Vec<String>>,
+    /// The dtypes of each role over all layers, roles in blob order.
+    pub dtypes: Vec<(String, Vec<String>)>,
     /// Bytes of expert payload.
     pub expert_bytes: u64,
     /// The scout file and its size.
@@ -914,15 +914,22 @@ pub fn pack(
         let _ = crate::popularity::sync_dir(parent);
     }
 
-    let mut dtypes: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut dtypes: Vec<(String, Vec<String>)> = Vec::new();
     for p in &plans {
         for item in &p.items {
-            let v = dtypes.entry(item.role.clone()).or_default();
-            if !v.contains(&item.dtype) {
-                v.push(item.dtype.clone());
+            let at = match dtypes.iter().position(|(r, _)| *r == item.role) {
+                Some(at) => at,
+                None => {
+                    dtypes.push((item.role.clone(), Vec::new()));
+                    dtypes.len() - 1
+                }
+            };
+            if !dtypes[at].1.contains(&item.dtype) {
+                dtypes[at].1.push(item.dtype.clone());
             }
         }
     }
+    dtypes.sort_by(|a, b| role_rank(&a.0).cmp(&role_rank(&b.0)));
     let blob_min = plans.iter().map(|p| p.blob_bytes).min().unwrap_or(0);
     let blob_max = plans.iter().map(|p| p.blob_bytes).max().unwrap_or(0);
     Ok(PackSummary {

@@ -213,6 +213,42 @@ impl Vault {
         unsafe { std::str::from_utf8_unchecked(self.meta.as_bytes()) }
     }
 
+    /// What is inside each blob, by layer: the metadata's
+    /// `layer_blob_layouts`, as `smoe pack` writes it. `Ok(None)` when the
+    /// metadata has none (a synthetic vault); an error naming the layer and
+    /// item when it is malformed, or when an item runs past a blob of its
+    /// layer.
+    pub fn layouts(&self) -> Result<Option<layout::BlobLayouts>> {
+        let Some(layouts) = layout::BlobLayouts::from_metadata(self.meta())? else {
+            return Ok(None);
+        };
+        for e in &self.entries {
+            let end = layouts
+                .layer(e.layer)
+                .and_then(|items| items.iter().map(layout::LayoutItem::end).max());
+            match end {
+                Some(end) if end <= e.size => {}
+                Some(end) => {
+                    return Err(Error::format(format!(
+                        "{}: layer {} expert {}: the layout ends at byte {end}, the blob has {}",
+                        self.path.display(),
+                        e.layer,
+                        e.expert,
+                        e.size
+                    )))
+                }
+                None => {
+                    return Err(Error::format(format!(
+                        "{}: layer {} has blobs but no entry in layer_blob_layouts",
+                        self.path.display(),
+                        e.layer
+                    )))
+                }
+            }
+        }
+        Ok(Some(layouts))
+    }
+
     /// The same metadata as a NUL-terminated C string: the bytes of
     /// [`Vault::meta`], not a copy (it has no interior NUL: a vault whose
     /// metadata holds one is rejected at open).
