@@ -32,7 +32,8 @@
 
 /**
  * The result of every call that can fail. Values are fixed by the ABI and
- * never reused; `smoe_status_str()` names each one.
+ * never reused (a retired value stays reserved); `smoe_status_str()` names
+ * each one.
  */
 typedef enum smoe_status {
   /**
