@@ -104,7 +104,8 @@ typedef struct smoe_config {
    */
   uint32_t ring_slots;
   /**
-   * Slot size in MiB; 0 = the largest padded blob.
+   * Slot size in MiB (`slot_mb × 1048576` bytes); 0 = the largest padded
+   * blob rounded up to 16384 bytes.
    */
   uint32_t slot_mb;
   /**

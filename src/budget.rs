@@ -16,6 +16,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::streamer::select_budget;
 use crate::sys::MemorySnapshot;
 use crate::vault::Vault;
 
@@ -85,23 +86,29 @@ impl VaultShape {
     }
 }
 
-/// The caller's say in the sizing (the `smoe_config` fields of SPEC §3 that
-/// §2.1 reads). Zero (or `None`) in a field means "choose for me".
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct BudgetConfig {
-    /// Number of slots; 0 = size from memory (SPEC §2.1). Either way there are
-    /// never more slots than entries.
-    pub ring_slots: u32,
-    /// Slot size in MiB; 0 = the largest padded blob rounded up to
-    /// [`SLOT_ALIGN`]. Every blob must fit an overridden slot.
-    pub slot_mb: u32,
-    /// Bytes of dense weights the engine keeps resident; `None` = the total
-    /// size of the vault's `scout.*` files.
-    pub scout_bytes: Option<u64>,
-    /// Memory the engine needs besides the ring and the scout; 0 =
-    /// [`DEFAULT_ENGINE_OVERHEAD_BYTES`].
-    pub engine_overhead_bytes: u64,
+macro_rules! define_budget_config {
+    ($($(#[$doc:meta])* $name:ident : $ty:ty = $default:expr,)*) => {
+        /// The caller's say in the sizing: the settings of
+        /// [`Config`](crate::Config) marked `[budget]` in its schema
+        /// (`src/streamer/schema.rs`), the `smoe_config` fields of SPEC §3
+        /// that §2.1 reads. Zero (or `None`) in a field means "choose for
+        /// me". [`Config::budget`](crate::Config::budget) gives a config's.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub struct BudgetConfig {
+            $($(#[$doc])* pub $name: $ty,)*
+        }
+
+        impl Default for BudgetConfig {
+            fn default() -> Self {
+                BudgetConfig {
+                    $($name: $default,)*
+                }
+            }
+        }
+    };
 }
+
+crate::streamer::config_schema!(select_budget define_budget_config);
 
 /// Which bound, if any, changed the slot count (the last one that did, in
 /// the order SPEC §2.1 applies them: 64..=4096, then the entry count).

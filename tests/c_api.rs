@@ -8,6 +8,7 @@
 
 use std::process::Command;
 
+use smoe::ffi::{smoe_config, smoe_stats};
 use smoe::vault::synth::SynthSpec;
 
 mod native;
@@ -116,27 +117,44 @@ fn fields(header: &str, name: &str) -> Vec<String> {
         .collect()
 }
 
-/// The opaque handle and the structs, field by field in the spec's order.
+/// The name a field declaration declares (`"uint32_t ring_slots;"` →
+/// `"ring_slots"`).
+fn field_name(declaration: &str) -> &str {
+    declaration
+        .trim_end_matches(';')
+        .rsplit(['*', ' '])
+        .next()
+        .unwrap()
+}
+
+/// The opaque handle and the structs, field by field: the v1 fields SPEC §3
+/// fixes are pinned here in order (ABI); the whole of each versioned struct
+/// is the library's schema in order (`FIELD_NAMES`), so a field appended to
+/// the schema needs no edit here.
 #[test]
 fn header_declares_the_spec_structs() {
     let header = read_header();
     assert!(header.contains("\ntypedef struct smoe_streamer smoe_streamer;\n"));
-    assert_eq!(
-        fields(&header, "smoe_config"),
-        [
-            "uint32_t struct_size;",
-            "uint32_t ring_slots;",
-            "uint32_t slot_mb;",
-            "uint32_t workers;",
-            "uint32_t direct_io;",
-            "uint32_t prewarm;",
-            "uint32_t prewarm_slots;",
-            "uint32_t verify;",
-            "uint64_t scout_bytes;",
-            "uint64_t engine_overhead_bytes;",
-            "const char *freq_path;",
-        ]
-    );
+    let config = fields(&header, "smoe_config");
+    let config_v1 = [
+        "uint32_t struct_size;",
+        "uint32_t ring_slots;",
+        "uint32_t slot_mb;",
+        "uint32_t workers;",
+        "uint32_t direct_io;",
+        "uint32_t prewarm;",
+        "uint32_t prewarm_slots;",
+        "uint32_t verify;",
+        "uint64_t scout_bytes;",
+        "uint64_t engine_overhead_bytes;",
+        "const char *freq_path;",
+    ];
+    assert_eq!(config[..config_v1.len()], config_v1);
+    let names: Vec<&str> = config.iter().map(|f| field_name(f)).collect();
+    let mut schema = vec!["struct_size"];
+    schema.extend(smoe_config::FIELD_NAMES);
+    assert_eq!(names, schema);
+
     assert_eq!(
         fields(&header, "smoe_slot"),
         [
@@ -149,29 +167,33 @@ fn header_declares_the_spec_structs() {
             "bool hit;",
         ]
     );
-    let mut stats = vec!["uint32_t struct_size;".to_owned()];
-    stats.extend(
-        [
-            "claims",
-            "hits",
-            "pending",
-            "bytes_read",
-            "reads_demand",
-            "reads_speculative",
-            "reads_prewarm",
-            "evictions",
-            "io_errors",
-            "checksum_errors",
-            "resident",
-            "ring_slots",
-            "slot_bytes",
-            "workers",
-            "direct_io",
-            // Added after the SPEC's list, at the end, as extensible structs grow.
-            "freq_ignored",
-            "prewarm_slots",
-        ]
-        .map(|field| format!("uint64_t {field};")),
+
+    let stats = fields(&header, "smoe_stats");
+    let stats_v1 = [
+        "claims",
+        "hits",
+        "pending",
+        "bytes_read",
+        "reads_demand",
+        "reads_speculative",
+        "reads_prewarm",
+        "evictions",
+        "io_errors",
+        "checksum_errors",
+        "resident",
+        "ring_slots",
+        "slot_bytes",
+        "workers",
+        "direct_io",
+    ]
+    .map(|field| format!("uint64_t {field};"));
+    assert_eq!(stats[0], "uint32_t struct_size;");
+    assert_eq!(stats[1..=stats_v1.len()], stats_v1);
+    let mut schema = vec!["uint32_t struct_size;".to_owned()];
+    schema.extend(
+        smoe_stats::FIELD_NAMES
+            .iter()
+            .map(|field| format!("uint64_t {field};")),
     );
-    assert_eq!(fields(&header, "smoe_stats"), stats);
+    assert_eq!(stats, schema);
 }

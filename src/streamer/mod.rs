@@ -8,6 +8,7 @@
 #[cfg(not(loom))]
 mod prewarm;
 mod ring;
+mod schema;
 pub(crate) mod slots;
 #[cfg(not(loom))]
 mod worker;
@@ -15,12 +16,14 @@ mod worker;
 #[cfg(not(loom))]
 pub use imp::*;
 pub use ring::RING_ALIGN;
+pub(crate) use schema::{config_schema, select_budget, stats_schema};
+pub use schema::{Config, Stats};
 
 #[cfg(not(loom))]
 mod imp {
     use std::collections::HashMap;
     use std::ops::{Deref, Range};
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::{Arc, Mutex};
     use std::thread::JoinHandle;
@@ -32,6 +35,7 @@ mod imp {
     use super::ring::{Ring, RING_ALIGN};
     use super::slots::{Claimed, Origin, Prefetched, SlotTable};
     use super::worker;
+    use super::{Config, Stats};
     use crate::budget::RingPlan;
     use crate::error::{Error, ErrorKind, Result};
     use crate::popularity::Histogram;
@@ -54,107 +58,6 @@ mod imp {
         Demand,
         /// A bet on a deeper gate rank or the next token.
         Speculative,
-    }
-
-    /// Streamer settings (C `smoe_config`).
-    #[derive(Clone, Debug)]
-    pub struct Config {
-        /// Number of slots; 0 sizes the ring from the memory the OS can spare
-        /// (SPEC §2.1, [`crate::budget::plan_ring`]). Never more than the
-        /// vault's entries.
-        pub ring_slots: u32,
-        /// Slot size in MiB; 0 = the largest padded blob.
-        pub slot_mb: u32,
-        /// I/O worker threads, 1..=64; 0 = 16.
-        pub workers: u32,
-        /// Direct I/O policy for the workers' descriptors.
-        pub direct_io: DirectIo,
-        /// Run the pre-warm thread (SPEC §2).
-        pub prewarm: bool,
-        /// Pre-warm budget in slots; 0 = slots − max(128, slots / 4).
-        pub prewarm_slots: u32,
-        /// Check each blob's xxh3 after reading it.
-        pub verify: bool,
-        /// Bytes of dense weights the engine keeps resident; None = the size
-        /// of the vault's `scout.*` files.
-        pub scout_bytes: Option<u64>,
-        /// Memory the engine needs besides the ring and the scout; 0 = 2 GiB.
-        pub engine_overhead_bytes: u64,
-        /// Histogram file; None = `<vault>/expert_freq.bin`, empty = none.
-        pub freq_path: Option<PathBuf>,
-        /// Test hook: reads overlapping these file ranges fail with EIO, as
-        /// a bad region of a drive would.
-        #[doc(hidden)]
-        pub fail_reads: Vec<Range<u64>>,
-        /// Test hook: the first read job panics inside its worker, as a bug
-        /// would, to check that the panic is caught and reported.
-        #[doc(hidden)]
-        pub panic_in_worker: bool,
-        /// Benchmark hook: count claims in the histogram (default true).
-        /// Off only to measure what counting costs.
-        #[doc(hidden)]
-        pub count_claims: bool,
-    }
-
-    impl Default for Config {
-        fn default() -> Self {
-            Config {
-                ring_slots: 0,
-                slot_mb: 0,
-                workers: 0,
-                direct_io: DirectIo::Auto,
-                prewarm: true,
-                prewarm_slots: 0,
-                verify: false,
-                scout_bytes: None,
-                engine_overhead_bytes: 0,
-                freq_path: None,
-                fail_reads: Vec::new(),
-                panic_in_worker: false,
-                count_claims: true,
-            }
-        }
-    }
-
-    /// Counters and sizes (C `smoe_stats`).
-    #[derive(Clone, Debug, Default, PartialEq, Eq)]
-    pub struct Stats {
-        /// OK claims.
-        pub claims: u64,
-        /// OK claims that needed no demand read (`hit`).
-        pub hits: u64,
-        /// Claims answered pending (`claim` returning None, `claim_wait`
-        /// timing out; the polls inside `claim_wait` do not count).
-        pub pending: u64,
-        /// Bytes read from the vault.
-        pub bytes_read: u64,
-        /// Reads done for demand.
-        pub reads_demand: u64,
-        /// Reads done for speculation.
-        pub reads_speculative: u64,
-        /// Reads done for pre-warm.
-        pub reads_prewarm: u64,
-        /// Loads that replaced another expert.
-        pub evictions: u64,
-        /// Failed or short reads.
-        pub io_errors: u64,
-        /// Blobs that failed their checksum (verify on).
-        pub checksum_errors: u64,
-        /// Slots holding an expert's data.
-        pub resident: u64,
-        /// Slots in the ring.
-        pub ring_slots: u64,
-        /// Bytes per slot.
-        pub slot_bytes: u64,
-        /// I/O worker threads.
-        pub workers: u64,
-        /// 1 if every worker descriptor does direct I/O.
-        pub direct_io: u64,
-        /// Histogram files found at open but ignored (corrupt) or protected
-        /// (not this vault's histogram, so never replaced).
-        pub freq_ignored: u64,
-        /// Slots the pre-warm thread may fill (0 when it does not run).
-        pub prewarm_slots: u64,
     }
 
     /// Counters updated from many threads; each on its own cache line.
@@ -304,15 +207,7 @@ mod imp {
                     )))
                 }
             };
-            let plan = crate::budget::plan_for(
-                &vault,
-                &crate::budget::BudgetConfig {
-                    ring_slots: config.ring_slots,
-                    slot_mb: config.slot_mb,
-                    scout_bytes: config.scout_bytes,
-                    engine_overhead_bytes: config.engine_overhead_bytes,
-                },
-            )?;
+            let plan = crate::budget::plan_for(&vault, &config.budget())?;
             let (slots, slot_bytes) = (plan.slots, plan.slot_bytes);
             let ring = Ring::new(slots, slot_bytes)?;
             let ids = vault.header().expert_ids() as u32;
