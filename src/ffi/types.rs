@@ -171,8 +171,12 @@ fn c_string_until_nul(text: &str) -> CString {
     CString::new(&bytes[..end]).unwrap_or_default()
 }
 
-/// The v1 size of `smoe_config`, the smallest `struct_size` accepted.
-pub(crate) const CONFIG_SIZE_V1: usize = size_of::<smoe_config>();
+/// The v1 size of `smoe_config` (SPEC §3, up to and including `freq_path`,
+/// padded to the struct's alignment): the smallest `struct_size` accepted,
+/// and what the unsized `smoe_config_init` of v1 writes. Fixed forever.
+pub(crate) const CONFIG_SIZE_V1: usize = (std::mem::offset_of!(smoe_config, freq_path)
+    + size_of::<*const c_char>())
+.next_multiple_of(std::mem::align_of::<smoe_config>());
 /// `sizeof(smoe_config)` of this library.
 pub(crate) const CONFIG_SIZE: usize = size_of::<smoe_config>();
 /// The v1 size of `smoe_stats`, the smallest `struct_size` accepted: the
@@ -186,6 +190,51 @@ pub(crate) const STATS_SIZE: usize = size_of::<smoe_stats>();
 pub(crate) const STRUCT_SIZE_MAX: u32 = 4096;
 
 impl smoe_config {
+    /// Writes the defaults into the caller's config of `struct_size` bytes
+    /// (`smoe_config_init_sized`), never more: the fields this library
+    /// knows that lie within them take their defaults, bytes past this
+    /// library's `smoe_config` (a newer header's fields) become zero, which
+    /// `smoe_open` reads as "not set", and `struct_size` becomes
+    /// `struct_size`. Nothing is written on error.
+    ///
+    /// # Safety
+    /// `cfg` is non-NULL, aligned, and valid for writing `struct_size` bytes.
+    pub(crate) unsafe fn init_sized(
+        cfg: NonNull<smoe_config>,
+        struct_size: u32,
+    ) -> Result<(), Error> {
+        if struct_size > STRUCT_SIZE_MAX {
+            return Err(Error::argument(format!(
+                "struct_size is {struct_size}, larger than any smoe_config can be \
+                 ({STRUCT_SIZE_MAX}); pass sizeof(smoe_config)"
+            )));
+        }
+        if (struct_size as usize) < CONFIG_SIZE_V1 {
+            return Err(Error::argument(format!(
+                "struct_size is {struct_size}, smaller than smoe_config v1 \
+                 ({CONFIG_SIZE_V1} bytes); pass sizeof(smoe_config)"
+            )));
+        }
+        let size = struct_size as usize;
+        let known = size.min(CONFIG_SIZE);
+        let value = smoe_config::defaults_in_zeroed_memory(struct_size);
+        // SAFETY: `known ≤ CONFIG_SIZE` bytes are in bounds of the local
+        // value and, being `≤ size`, of the caller's struct; the copy is
+        // untyped, so it is sound for the pointer field.
+        unsafe {
+            ptr::copy_nonoverlapping(
+                value.as_ptr().cast::<u8>(),
+                cfg.cast::<u8>().as_ptr(),
+                known,
+            );
+        }
+        if size > known {
+            // SAFETY: bytes `known..size` are within the caller's struct.
+            unsafe { ptr::write_bytes(cfg.cast::<u8>().as_ptr().add(known), 0, size - known) };
+        }
+        Ok(())
+    }
+
     /// Reads the caller's config by the extensible-struct rule (module doc)
     /// and converts it.
     ///
@@ -204,34 +253,34 @@ impl smoe_config {
         }
         check_size_v1("cfg", "smoe_config", size, CONFIG_SIZE_V1)?;
         let size = size as usize;
-        if size > CONFIG_SIZE_V1 {
+        if size > CONFIG_SIZE {
             // SAFETY: the caller guarantees `size` bytes are readable, and
-            // `CONFIG_SIZE_V1 < size`.
+            // `CONFIG_SIZE < size`.
             let tail = unsafe {
                 std::slice::from_raw_parts(
-                    cfg.cast::<u8>().as_ptr().add(CONFIG_SIZE_V1),
-                    size - CONFIG_SIZE_V1,
+                    cfg.cast::<u8>().as_ptr().add(CONFIG_SIZE),
+                    size - CONFIG_SIZE,
                 )
             };
             if let Some(at) = tail.iter().position(|&b| b != 0) {
                 return Err(Error::argument(format!(
                     "cfg->struct_size is {size} but this library knows only the first \
-                     {CONFIG_SIZE_V1} bytes of smoe_config, and byte {} is not zero: \
+                     {CONFIG_SIZE} bytes of smoe_config, and byte {} is not zero: \
                      the caller sets a field this library version does not support",
-                    CONFIG_SIZE_V1 + at
+                    CONFIG_SIZE + at
                 )));
             }
         }
         let mut known = smoe_config::defaults();
-        // SAFETY: both regions hold at least `min(size, CONFIG_SIZE_V1)`
-        // bytes (the caller's by contract); the copy is untyped, so it is
-        // sound for the pointer field, and fields past the caller's size
-        // keep their defaults.
+        // SAFETY: both regions hold at least `min(size, CONFIG_SIZE)` bytes
+        // (the caller's by contract); the copy is untyped, so it is sound for
+        // the pointer field, and fields past the caller's size keep their
+        // defaults.
         unsafe {
             ptr::copy_nonoverlapping(
                 cfg.cast::<u8>().as_ptr(),
                 ptr::addr_of_mut!(known).cast::<u8>(),
-                size.min(CONFIG_SIZE_V1),
+                size.min(CONFIG_SIZE),
             );
         }
         // SAFETY: `freq_path` came from the caller, who guarantees it.
@@ -409,6 +458,20 @@ macro_rules! config_conversions {
                     struct_size: CONFIG_SIZE as u32,
                     $($name: <$ty as CValue>::c_default(&core.$name),)*
                 }
+            }
+
+            /// [`smoe_config::defaults`] with `struct_size` set to
+            /// `struct_size`, built in zeroed memory field by field, so any
+            /// padding is zero rather than whatever the stack held.
+            fn defaults_in_zeroed_memory(struct_size: u32) -> MaybeUninit<smoe_config> {
+                let core = Config::default();
+                let mut value = MaybeUninit::<smoe_config>::zeroed();
+                // SAFETY: all-zero bytes are a valid `smoe_config` (integers
+                // and a NULL pointer).
+                let v = unsafe { value.assume_init_mut() };
+                v.struct_size = struct_size;
+                $(v.$name = <$ty as CValue>::c_default(&core.$name);)*
+                value
             }
 
             /// Converts a config (whose size was checked) to the core's,
@@ -603,7 +666,7 @@ mod tests {
     #[test]
     fn defaults_are_the_cores() {
         let c = smoe_config::defaults();
-        assert_eq!(c.struct_size as usize, CONFIG_SIZE_V1);
+        assert_eq!(c.struct_size as usize, CONFIG_SIZE);
         assert_eq!(
             (c.ring_slots, c.slot_mb, c.workers, c.direct_io),
             (0, 0, 0, 0)
@@ -741,6 +804,52 @@ mod tests {
             let err = read(&c).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::Argument);
             assert!(err.message().starts_with(message), "{}", err.message());
+        }
+    }
+
+    #[test]
+    fn init_sized_writes_exactly_struct_size() {
+        // SAFETY: all-0xa5 bytes are a valid `Larger` (integers, and a
+        // pointer that is never dereferenced here).
+        let fresh = || -> Larger { unsafe { std::mem::transmute([0xa5u8; size_of::<Larger>()]) } };
+        let bytes = |l: &Larger| -> Vec<u8> {
+            // SAFETY: `l` is a whole `Larger`, readable for its size, with
+            // no padding (56 + 16 bytes).
+            unsafe {
+                std::slice::from_raw_parts((l as *const Larger).cast::<u8>(), size_of::<Larger>())
+            }
+            .to_vec()
+        };
+        for refused in [
+            0,
+            4,
+            CONFIG_SIZE_V1 as u32 - 1,
+            STRUCT_SIZE_MAX + 1,
+            u32::MAX,
+        ] {
+            let mut l = fresh();
+            // SAFETY: a refused size writes nothing.
+            let err = unsafe { smoe_config::init_sized(NonNull::from(&mut l.config), refused) }
+                .unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Argument);
+            assert!(bytes(&l).iter().all(|&b| b == 0xa5), "{refused}: written");
+        }
+        for size in [CONFIG_SIZE, CONFIG_SIZE + 8, size_of::<Larger>()] {
+            let mut l = fresh();
+            // SAFETY: `l` holds `size` writable bytes.
+            unsafe { smoe_config::init_sized(NonNull::from(&mut l.config), size as u32) }.unwrap();
+            let written = bytes(&l);
+            assert_eq!(l.config.struct_size as usize, size);
+            assert!(
+                written[CONFIG_SIZE..size].iter().all(|&b| b == 0),
+                "tail zeroed"
+            );
+            assert!(
+                written[size..].iter().all(|&b| b == 0xa5),
+                "{size}: overrun"
+            );
+            let core = read(&l.config).unwrap();
+            assert_eq!(format!("{core:?}"), format!("{:?}", Config::default()));
         }
     }
 
