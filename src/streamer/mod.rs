@@ -18,11 +18,14 @@ pub use imp::*;
 pub use ring::RING_ALIGN;
 pub(crate) use schema::{config_schema, select_budget, stats_schema};
 pub use schema::{Config, Stats};
+#[cfg(not(loom))]
+#[doc(hidden)]
+pub use worker::{BlobReader, FileReader};
 
 #[cfg(not(loom))]
 mod imp {
     use std::collections::HashMap;
-    use std::ops::{Deref, Range};
+    use std::ops::Deref;
     use std::path::Path;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::{Arc, Mutex};
@@ -93,8 +96,8 @@ mod imp {
         pub(crate) broken: AtomicBool,
         pub(crate) shutdown: AtomicBool,
         pub(crate) wake: worker::Wake,
-        pub(crate) fail_reads: Vec<Range<u64>>,
-        pub(crate) panic_in_worker: bool,
+        /// How the workers read blobs ([`worker::BlobReader`]).
+        pub(crate) reader: Box<dyn worker::BlobReader>,
         /// Claim counts, persisted across sessions; drives pre-warm.
         pub(crate) histogram: Histogram,
         pub(crate) count_claims: bool,
@@ -198,6 +201,19 @@ mod imp {
 
         /// Like [`Streamer::open`], for a vault already opened.
         pub fn with_vault(vault: Vault, config: Config) -> Result<Streamer> {
+            Self::with_reader(vault, config, worker::FileReader)
+        }
+
+        /// [`Streamer::with_vault`] whose workers read blobs through
+        /// `reader` instead of [`FileReader`](super::FileReader): the seam
+        /// tests use to put a faulty disk under the streamer (a failing
+        /// region, a panicking read). Not part of the API.
+        #[doc(hidden)]
+        pub fn with_reader(
+            vault: Vault,
+            config: Config,
+            reader: impl worker::BlobReader,
+        ) -> Result<Streamer> {
             let workers = match config.workers {
                 0 => DEFAULT_WORKERS,
                 n if n <= MAX_WORKERS => n,
@@ -281,8 +297,7 @@ mod imp {
                 broken: AtomicBool::new(false),
                 shutdown: AtomicBool::new(false),
                 wake: worker::Wake::new(workers),
-                fail_reads: config.fail_reads.clone(),
-                panic_in_worker: config.panic_in_worker,
+                reader: Box::new(reader),
                 vault,
             });
             let mut threads = Vec::with_capacity(workers as usize);

@@ -149,17 +149,11 @@ macro_rules! define_config {
         #[derive(Clone, Debug)]
         pub struct Config {
             $($(#[$doc])* pub $name: $ty,)*
-            /// Test hook: reads overlapping these file ranges fail with EIO,
-            /// as a bad region of a drive would.
-            #[doc(hidden)]
-            pub fail_reads: Vec<std::ops::Range<u64>>,
-            /// Test hook: the first read job panics inside its worker, as a
-            /// bug would, to check that the panic is caught and reported.
-            #[doc(hidden)]
-            pub panic_in_worker: bool,
             /// Benchmark hook: count claims in the histogram (default true).
             /// Off only to measure what counting costs; not a setting of
-            /// the C API.
+            /// the C API. (Unlike a fault, it cannot be injected through
+            /// the read seam: it is the claim path's one branch, on a field
+            /// the claim reads anyway.)
             #[doc(hidden)]
             pub count_claims: bool,
         }
@@ -168,8 +162,6 @@ macro_rules! define_config {
             fn default() -> Self {
                 Config {
                     $($name: $default,)*
-                    fail_reads: Vec::new(),
-                    panic_in_worker: false,
                     count_claims: true,
                 }
             }
