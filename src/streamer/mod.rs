@@ -42,7 +42,7 @@ mod imp {
     use crate::budget::RingPlan;
     use crate::error::{Error, ErrorKind, Result};
     use crate::popularity::Histogram;
-    use crate::sys::DirectIo;
+    use crate::sys::{DirectIo, OpenedFile};
     use crate::vault::{Entry, Vault};
 
     // A ring has at most one slot per vault entry, so the slot table's
@@ -214,144 +214,60 @@ mod imp {
             config: Config,
             reader: impl worker::BlobReader,
         ) -> Result<Streamer> {
-            let workers = match config.workers {
-                0 => DEFAULT_WORKERS,
-                n if n <= MAX_WORKERS => n,
-                n => {
-                    return Err(Error::argument(format!(
-                        "workers is {n}, expected 1..={MAX_WORKERS} (or 0 for {DEFAULT_WORKERS})"
-                    )))
-                }
-            };
-            let plan = crate::budget::plan_for(&vault, &config.budget())?;
-            let (slots, slot_bytes) = (plan.slots, plan.slot_bytes);
-            let ring = Ring::new(slots, slot_bytes)?;
+            let resolved = Resolved::new(&vault, &config)?;
+            Self::start(vault, &config, resolved, Box::new(reader))
+        }
+
+        /// Starts a streamer from its resolved parts: shares them with the
+        /// I/O workers and the pre-warm thread, and starts those threads. On
+        /// failure, stops and joins whatever had started.
+        fn start(
+            vault: Vault,
+            config: &Config,
+            resolved: Resolved,
+            reader: Box<dyn worker::BlobReader>,
+        ) -> Result<Streamer> {
+            let Resolved {
+                workers,
+                plan,
+                ring,
+                files,
+                direct_all,
+                histogram,
+                prewarm_budget,
+                warnings,
+            } = resolved;
             let ids = vault.header().expert_ids() as u32;
-            let mut warnings = Vec::new();
-
-            let mut files = Vec::with_capacity(workers as usize);
-            for _ in 0..workers {
-                let opened = crate::sys::open_for_streaming(vault.path(), config.direct_io)
-                    .map_err(|e| {
-                        let kind = if e.kind() == std::io::ErrorKind::Unsupported {
-                            ErrorKind::Unsupported
-                        } else {
-                            ErrorKind::Io
-                        };
-                        let err = Error::io("cannot open for streaming", vault.path(), &e);
-                        Error::new(kind, err.message().to_owned())
-                    })?;
-                files.push(opened);
-            }
-            // Some filesystems accept O_DIRECT at open and refuse the reads.
-            if files.iter().any(|f| f.direct) {
-                let probe = crate::sys::probe_direct_read(&files[0].file, RING_ALIGN);
-                if let Err(e) = probe {
-                    if config.direct_io == DirectIo::Require {
-                        return Err(Error::new(
-                            ErrorKind::Unsupported,
-                            format!(
-                                "direct I/O required but {} refuses direct reads: {e}",
-                                vault.path().display()
-                            ),
-                        ));
-                    }
-                    files.clear();
-                    for _ in 0..workers {
-                        let f = crate::sys::open_for_streaming(vault.path(), DirectIo::Off)
-                            .map_err(|e| Error::io("cannot open", vault.path(), &e))?;
-                        files.push(f);
-                    }
-                }
-            }
-            let direct_all = files.iter().all(|f| f.direct);
-            if !direct_all && config.direct_io == DirectIo::Auto {
-                warnings.push(format!(
-                    "direct I/O is not available for {}: reading through the page cache",
-                    vault.path().display()
-                ));
-            }
-
-            let (histogram, histogram_warnings) =
-                Histogram::open_for_vault(&vault, config.freq_path.as_deref());
-            warnings.extend(histogram_warnings);
-            let prewarm_budget = if !config.prewarm {
-                0
-            } else if config.prewarm_slots > 0 {
-                config.prewarm_slots.min(slots)
-            } else {
-                slots.saturating_sub(slots.div_ceil(4).max(128))
-            };
             let histogram_base = histogram.total();
             let shared = Arc::new(Shared {
                 histogram,
                 count_claims: config.count_claims,
                 histogram_base,
                 prewarm: prewarm::Control::new(prewarm_budget),
-                table: SlotTable::new(slots, ids),
+                table: SlotTable::new(plan.slots, ids),
                 ring,
-                slot_bytes,
+                slot_bytes: plan.slot_bytes,
                 verify: config.verify,
                 counters: Counters::default(),
                 errors: Mutex::new(HashMap::new()),
                 broken: AtomicBool::new(false),
                 shutdown: AtomicBool::new(false),
                 wake: worker::Wake::new(workers),
-                reader: Box::new(reader),
+                reader,
                 vault,
             });
-            let mut threads = Vec::with_capacity(workers as usize);
-            for (i, opened) in files.into_iter().enumerate() {
-                let shared2 = shared.clone();
-                let spawned = std::thread::Builder::new()
-                    .name(format!("smoe-io-{i}"))
-                    .spawn(move || worker::run(shared2, i as u32, opened.file));
-                match spawned {
-                    Ok(h) => threads.push(h),
-                    Err(e) => {
-                        shared
-                            .wake
-                            .set_threads(threads.iter().map(|h| h.thread().clone()).collect());
+            let mut threads = start_workers(&shared, files)?;
+            let prewarm_thread = if prewarm_budget > 0 {
+                match start_prewarm(&shared) {
+                    Ok(thread) => Some(thread),
+                    Err(err) => {
                         stop(&shared, &mut threads, &mut None);
-                        return Err(Error::new(
-                            ErrorKind::Internal,
-                            format!("could not start I/O worker {i}: {e}"),
-                        ));
+                        return Err(err);
                     }
                 }
-            }
-            shared
-                .wake
-                .set_threads(threads.iter().map(|h| h.thread().clone()).collect());
-            let mut prewarm_thread = None;
-            if prewarm_budget > 0 {
-                let shared2 = shared.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("smoe-prewarm".into())
-                    .spawn(move || {
-                        let s = shared2.clone();
-                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            prewarm::run(s)
-                        }));
-                        if r.is_err() {
-                            // Release: later calls that Acquire `broken` fail cleanly.
-                            shared2.broken.store(true, Ordering::Release);
-                        }
-                    });
-                match spawned {
-                    Ok(h) => {
-                        shared.prewarm.set_thread(h.thread().clone());
-                        prewarm_thread = Some(h);
-                    }
-                    Err(e) => {
-                        stop(&shared, &mut threads, &mut None);
-                        return Err(Error::new(
-                            ErrorKind::Internal,
-                            format!("could not start the pre-warm thread: {e}"),
-                        ));
-                    }
-                }
-            }
+            } else {
+                None
+            };
             Ok(Streamer {
                 shared,
                 threads,
@@ -664,6 +580,177 @@ mod imp {
                 .collect();
             v.sort_unstable();
             v.into_iter().map(|(_, id)| (id / n, id % n)).collect()
+        }
+    }
+
+    /// Everything a streamer is made of before any of its threads runs:
+    /// decided (worker count, ring plan, pre-warm budget), allocated (the
+    /// ring) and opened (one vault descriptor per worker, the histogram).
+    struct Resolved {
+        workers: u32,
+        plan: RingPlan,
+        ring: Ring,
+        /// One per worker, each opened with the direct-I/O policy applied.
+        files: Vec<OpenedFile>,
+        /// Whether every descriptor in `files` does direct I/O.
+        direct_all: bool,
+        histogram: Histogram,
+        prewarm_budget: u32,
+        /// The open-time warnings, for [`Streamer::warnings`].
+        warnings: Vec<String>,
+    }
+
+    impl Resolved {
+        /// Resolves `config` for `vault`, in this order: the worker count,
+        /// the ring plan (SPEC §2.1) and its allocation, the workers'
+        /// descriptors, the histogram, the pre-warm budget. Starts no
+        /// thread.
+        fn new(vault: &Vault, config: &Config) -> Result<Resolved> {
+            let workers = worker_count(config.workers)?;
+            let plan = crate::budget::plan_for(vault, &config.budget())?;
+            let ring = Ring::new(plan.slots, plan.slot_bytes)?;
+            let mut warnings = Vec::new();
+            let files = open_worker_files(vault, workers, config.direct_io)?;
+            let direct_all = files.iter().all(|f| f.direct);
+            if !direct_all && config.direct_io == DirectIo::Auto {
+                warnings.push(format!(
+                    "direct I/O is not available for {}: reading through the page cache",
+                    vault.path().display()
+                ));
+            }
+            let (histogram, histogram_warnings) =
+                Histogram::open_for_vault(vault, config.freq_path.as_deref());
+            warnings.extend(histogram_warnings);
+            Ok(Resolved {
+                workers,
+                prewarm_budget: prewarm_budget(config, plan.slots),
+                plan,
+                ring,
+                files,
+                direct_all,
+                histogram,
+                warnings,
+            })
+        }
+    }
+
+    /// The worker count `requested` stands for: 0 is the default.
+    fn worker_count(requested: u32) -> Result<u32> {
+        match requested {
+            0 => Ok(DEFAULT_WORKERS),
+            n if n <= MAX_WORKERS => Ok(n),
+            n => Err(Error::argument(format!(
+                "workers is {n}, expected 1..={MAX_WORKERS} (or 0 for {DEFAULT_WORKERS})"
+            ))),
+        }
+    }
+
+    /// The slots the pre-warm thread may fill in a ring of `slots`: 0 when
+    /// it is off, else the configured count (at most `slots`), else
+    /// `slots − max(128, slots / 4)` (SPEC §2).
+    fn prewarm_budget(config: &Config, slots: u32) -> u32 {
+        if !config.prewarm {
+            0
+        } else if config.prewarm_slots > 0 {
+            config.prewarm_slots.min(slots)
+        } else {
+            slots.saturating_sub(slots.div_ceil(4).max(128))
+        }
+    }
+
+    /// Opens one descriptor of the vault per worker with the `policy`. Some
+    /// filesystems accept `O_DIRECT` at open and refuse the reads, so a
+    /// direct descriptor is probed with one read; if it is refused, all are
+    /// reopened buffered (or, under `Require`, it is an error).
+    fn open_worker_files(vault: &Vault, workers: u32, policy: DirectIo) -> Result<Vec<OpenedFile>> {
+        let mut files = Vec::with_capacity(workers as usize);
+        for _ in 0..workers {
+            let opened = crate::sys::open_for_streaming(vault.path(), policy).map_err(|e| {
+                let kind = if e.kind() == std::io::ErrorKind::Unsupported {
+                    ErrorKind::Unsupported
+                } else {
+                    ErrorKind::Io
+                };
+                let err = Error::io("cannot open for streaming", vault.path(), &e);
+                Error::new(kind, err.message().to_owned())
+            })?;
+            files.push(opened);
+        }
+        if files.iter().any(|f| f.direct) {
+            let probe = crate::sys::probe_direct_read(&files[0].file, RING_ALIGN);
+            if let Err(e) = probe {
+                if policy == DirectIo::Require {
+                    return Err(Error::new(
+                        ErrorKind::Unsupported,
+                        format!(
+                            "direct I/O required but {} refuses direct reads: {e}",
+                            vault.path().display()
+                        ),
+                    ));
+                }
+                files.clear();
+                for _ in 0..workers {
+                    let f = crate::sys::open_for_streaming(vault.path(), DirectIo::Off)
+                        .map_err(|e| Error::io("cannot open", vault.path(), &e))?;
+                    files.push(f);
+                }
+            }
+        }
+        Ok(files)
+    }
+
+    /// Starts one I/O worker per descriptor, then tells the wake-up logic
+    /// their threads. If one cannot start, stops those that did.
+    fn start_workers(shared: &Arc<Shared>, files: Vec<OpenedFile>) -> Result<Vec<JoinHandle<()>>> {
+        let mut threads = Vec::with_capacity(files.len());
+        for (i, opened) in files.into_iter().enumerate() {
+            let shared2 = shared.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("smoe-io-{i}"))
+                .spawn(move || worker::run(shared2, i as u32, opened.file));
+            match spawned {
+                Ok(h) => threads.push(h),
+                Err(e) => {
+                    shared
+                        .wake
+                        .set_threads(threads.iter().map(|h| h.thread().clone()).collect());
+                    stop(shared, &mut threads, &mut None);
+                    return Err(Error::new(
+                        ErrorKind::Internal,
+                        format!("could not start I/O worker {i}: {e}"),
+                    ));
+                }
+            }
+        }
+        shared
+            .wake
+            .set_threads(threads.iter().map(|h| h.thread().clone()).collect());
+        Ok(threads)
+    }
+
+    /// Starts the pre-warm thread, which catches its own panics and marks
+    /// the streamer broken.
+    fn start_prewarm(shared: &Arc<Shared>) -> Result<JoinHandle<()>> {
+        let shared2 = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("smoe-prewarm".into())
+            .spawn(move || {
+                let s = shared2.clone();
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prewarm::run(s)));
+                if r.is_err() {
+                    // Release: later calls that Acquire `broken` fail cleanly.
+                    shared2.broken.store(true, Ordering::Release);
+                }
+            });
+        match spawned {
+            Ok(h) => {
+                shared.prewarm.set_thread(h.thread().clone());
+                Ok(h)
+            }
+            Err(e) => Err(Error::new(
+                ErrorKind::Internal,
+                format!("could not start the pre-warm thread: {e}"),
+            )),
         }
     }
 
