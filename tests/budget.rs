@@ -9,12 +9,10 @@ use std::process::{Command, Output};
 
 use proptest::prelude::*;
 use serde_json::Value;
-use smoe::budget::{
-    plan_ring, BudgetConfig, LargestBlob, RingPlan, SlotClamp, VaultShape, SLOT_ALIGN,
-};
+use smoe::budget::{plan_ring, BudgetConfig, LargestBlob, RingPlan, SlotClamp, VaultShape};
 use smoe::sys::MemorySnapshot;
 use smoe::vault::synth::SynthSpec;
-use smoe::vault::Vault;
+use smoe::vault::{Vault, DEFAULT_ALIGNMENT};
 use smoe::ErrorKind;
 
 const KIB: u64 = 1 << 10;
@@ -104,9 +102,12 @@ mod budget_plan {
     #[test]
     fn slot_is_the_largest_blob_rounded_up_to_16_kib() {
         for (padded, slot) in [
-            (1, SLOT_ALIGN),
-            (SLOT_ALIGN, SLOT_ALIGN),
-            (SLOT_ALIGN + 1, 2 * SLOT_ALIGN),
+            (1, u64::from(DEFAULT_ALIGNMENT)),
+            (u64::from(DEFAULT_ALIGNMENT), u64::from(DEFAULT_ALIGNMENT)),
+            (
+                u64::from(DEFAULT_ALIGNMENT) + 1,
+                2 * u64::from(DEFAULT_ALIGNMENT),
+            ),
             (10 * MIB + 4 * KIB, 10 * MIB + 16 * KIB),
         ] {
             let p = plan(40 * GIB, 64 * GIB, &shape(padded, 100_000, 0), &auto());
@@ -242,7 +243,7 @@ mod budget_plan {
         };
         let err = plan_ring(
             &snapshot(40 * GIB, 64 * GIB),
-            &shape(8 * MIB + SLOT_ALIGN, 100_000, 0),
+            &shape(8 * MIB + u64::from(DEFAULT_ALIGNMENT), 100_000, 0),
             &config,
         )
         .unwrap_err();
@@ -391,7 +392,7 @@ mod budget_plan {
             prop_assert_eq!(p.floor_bytes, floor);
             prop_assert_eq!(p.subtractive_budget_bytes, subtractive);
             prop_assert_eq!(p.budget_bytes, subtractive.max(avail / 4));
-            prop_assert!(p.slot_bytes >= padded && p.slot_bytes % SLOT_ALIGN == 0);
+            prop_assert!(p.slot_bytes >= padded && p.slot_bytes % u64::from(DEFAULT_ALIGNMENT) == 0);
             prop_assert_eq!(p.budget_slots, p.budget_bytes / p.slot_bytes);
             let wanted = if ring_slots == 0 {
                 p.budget_slots.clamp(64, 4096)
@@ -492,7 +493,7 @@ mod budget_cli {
             .saturating_sub(u64_of(v, "floor_bytes"));
         let budget = u64_of(v, "budget_bytes");
         assert_eq!(budget, subtractive.max(avail / 4));
-        assert!(slot >= vault.max_padded_size() && slot % SLOT_ALIGN == 0);
+        assert!(slot >= vault.max_padded_size() && slot % u64::from(DEFAULT_ALIGNMENT) == 0);
         let n_entries = vault.entries().len() as u64;
         assert_eq!(slots, (budget / slot).clamp(64, 4096).min(n_entries), "{v}");
     }
@@ -509,7 +510,9 @@ mod budget_cli {
         assert_eq!(u64_of(&v, "engine_overhead_bytes"), 2 * GIB);
         assert_eq!(
             u64_of(&v, "slot_bytes"),
-            vault.max_padded_size().next_multiple_of(SLOT_ALIGN)
+            vault
+                .max_padded_size()
+                .next_multiple_of(u64::from(DEFAULT_ALIGNMENT))
         );
         // 12 tiny blobs: whatever this machine has, the entry count caps the ring.
         assert_eq!(u64_of(&v, "slots"), 12);

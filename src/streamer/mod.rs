@@ -15,8 +15,9 @@ mod worker;
 
 #[cfg(not(loom))]
 pub use imp::*;
-pub use ring::RING_ALIGN;
-pub(crate) use schema::{config_schema, select_budget, stats_schema};
+#[cfg(not(loom))]
+pub(crate) use schema::stats_schema;
+pub(crate) use schema::{config_schema, select_budget};
 pub use schema::{Config, Stats};
 #[cfg(not(loom))]
 #[doc(hidden)]
@@ -35,7 +36,7 @@ mod imp {
     use crossbeam_utils::CachePadded;
 
     use super::prewarm;
-    use super::ring::{Ring, RING_ALIGN};
+    use super::ring::Ring;
     use super::slots::{Claimed, Origin, Prefetched, SlotTable};
     use super::worker;
     use super::{Config, Stats};
@@ -43,7 +44,7 @@ mod imp {
     use crate::error::{Error, ErrorKind, Result};
     use crate::popularity::Histogram;
     use crate::sys::{DirectIo, OpenedFile};
-    use crate::vault::{Entry, Vault};
+    use crate::vault::{Entry, Vault, DEFAULT_ALIGNMENT};
 
     // A ring has at most one slot per vault entry, so the slot table's
     // ticket field (20 bits) holds every slot index.
@@ -677,7 +678,7 @@ mod imp {
             files.push(opened);
         }
         if files.iter().any(|f| f.direct) {
-            let probe = crate::sys::probe_direct_read(&files[0].file, RING_ALIGN);
+            let probe = crate::sys::probe_direct_read(&files[0].file, DEFAULT_ALIGNMENT as usize);
             if let Err(e) = probe {
                 if policy == DirectIo::Require {
                     return Err(Error::new(

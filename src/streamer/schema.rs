@@ -141,6 +141,8 @@ macro_rules! stats_schema {
         }
     };
 }
+// Its one user outside this module, the ffi, is not built under loom.
+#[cfg_attr(loom, allow(unused_imports))]
 pub(crate) use stats_schema;
 
 macro_rules! define_config {
