@@ -23,6 +23,11 @@
 #define SMOE_NULLABLE
 #define SMOE_NONNULL
 #endif
+#if defined(__GNUC__) || defined(__clang__)
+#define SMOE_DEPRECATED(note) __attribute__((deprecated(note)))
+#else
+#define SMOE_DEPRECATED(note)
+#endif
 
 /**
  * The version of the C ABI this library implements. Compare it with
@@ -32,7 +37,8 @@
 
 /**
  * The result of every call that can fail. Values are fixed by the ABI and
- * never reused; `smoe_status_str()` names each one.
+ * never reused (a retired value stays reserved); `smoe_status_str()` names
+ * each one.
  */
 typedef enum smoe_status {
   /**
@@ -103,7 +109,8 @@ typedef struct smoe_config {
    */
   uint32_t ring_slots;
   /**
-   * Slot size in MiB; 0 = the largest padded blob.
+   * Slot size in MiB (`slot_mb × 1048576` bytes); 0 = the largest padded
+   * blob rounded up to 16384 bytes.
    */
   uint32_t slot_mb;
   /**
@@ -311,20 +318,52 @@ const char *SMOE_NONNULL smoe_status_str(smoe_status st);
 const char *SMOE_NONNULL smoe_last_error(void);
 
 /**
- * Fills `*cfg` with every default and sets `cfg->struct_size` to
- * `sizeof(smoe_config)`: `ring_slots` 0 (auto), `slot_mb` 0, `workers` 0
- * (16), `direct_io` 0 (auto), `prewarm` 1, `prewarm_slots` 0, `verify` 0,
- * `scout_bytes` `UINT64_MAX`, `engine_overhead_bytes` 0 (2 GiB),
- * `freq_path` NULL.
+ * Fills the caller's config of `struct_size` bytes with every default:
+ * `ring_slots` 0 (auto), `slot_mb` 0, `workers` 0 (16), `direct_io` 0
+ * (auto), `prewarm` 1, `prewarm_slots` 0, `verify` 0, `scout_bytes`
+ * `UINT64_MAX`, `engine_overhead_bytes` 0 (2 GiB), `freq_path` NULL.
+ *
+ * `struct_size` is the caller's `sizeof(smoe_config)`; C and C++ pass it
+ * through the header's `smoe_config_init(cfg)` macro, Swift (which cannot
+ * call a macro) passes `UInt32(MemoryLayout<smoe_config>.size)`. Exactly
+ * `struct_size` bytes are written, never more, as zlib's `inflateInit_`
+ * takes the caller's `sizeof(z_stream)`: a program built against an older,
+ * smaller `smoe_config` never has its struct overrun. Fields this library
+ * knows within those bytes take their defaults; bytes past this library's
+ * `smoe_config` (fields of a newer header) are zeroed, which `smoe_open`
+ * reads as "not set"; `cfg->struct_size` becomes `struct_size`.
+ *
+ * # Returns
+ * - `SMOE_OK`: written.
+ * - `SMOE_ERR_ARGUMENT`: `cfg` is NULL, or `struct_size` is smaller than
+ *   the v1 `smoe_config` (56 bytes on 64-bit targets) or larger than 4096;
+ *   nothing is written.
+ * - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
+ *
+ * # Safety
+ * `cfg` is either NULL or valid for writing `struct_size` bytes.
+ */
+enum smoe_status smoe_config_init_sized(struct smoe_config *SMOE_NULLABLE cfg, uint32_t struct_size);
+
+/**
+ * The config initializer of ABI v1, kept for programs built against a
+ * header without `smoe_config_init_sized`: it writes the v1 `smoe_config`
+ * (56 bytes on 64-bit targets), the only size such a program can have,
+ * and never more, whatever this library's `sizeof(smoe_config)`.
+ *
+ * In C and C++ `smoe_config_init(cfg)` is a macro defined after this
+ * declaration, which calls `smoe_config_init_sized` with the caller's
+ * `sizeof(smoe_config)`; only a call that bypasses the macro, such as
+ * `(smoe_config_init)(cfg)`, Swift or `dlsym`, reaches this function.
  *
  * # Returns
  * Nothing. A NULL `cfg` is a no-op that records "cfg is NULL" for
  * `smoe_last_error()`.
  *
  * # Safety
- * `cfg` is either NULL or valid for writing one `smoe_config`.
+ * `cfg` is either NULL or valid for writing the v1 `smoe_config`.
  */
-void smoe_config_init(struct smoe_config *SMOE_NULLABLE cfg);
+SMOE_DEPRECATED("writes only the v1 smoe_config; call smoe_config_init_sized(cfg, sizeof(smoe_config))") void smoe_config_init(struct smoe_config *SMOE_NULLABLE cfg);
 
 /**
  * Opens the vault at `vault_path` (its directory or its `experts.smoe`),
@@ -581,6 +620,20 @@ const char *SMOE_NONNULL smoe_warnings(const struct smoe_streamer *SMOE_NULLABLE
 #endif  // __cplusplus
 
 #endif  /* SMOE_H */
+
+#if !defined(smoe_config_init)
+/*
+ * smoe_config_init(cfg) passes the caller's sizeof(smoe_config) to
+ * smoe_config_init_sized, so the library never writes past the struct this
+ * header declares, whatever the size of the library's own (zlib's
+ * inflateInit passes sizeof(z_stream) the same way). It evaluates to a
+ * smoe_status. The function named smoe_config_init, declared above, is ABI
+ * v1's, kept for programs built before this macro existed; Swift cannot
+ * call a macro and calls
+ * smoe_config_init_sized(&cfg, UInt32(MemoryLayout<smoe_config>.size)).
+ */
+#define smoe_config_init(cfg) smoe_config_init_sized((cfg), (uint32_t)sizeof(smoe_config))
+#endif
 
 #if defined(SMOE_H_DIAGNOSTIC_PUSHED)
 #undef SMOE_H_DIAGNOSTIC_PUSHED

@@ -16,8 +16,9 @@ use std::fmt;
 use std::path::PathBuf;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::streamer::select_budget;
 use crate::sys::MemorySnapshot;
-use crate::vault::Vault;
+use crate::vault::{Vault, DEFAULT_ALIGNMENT};
 
 /// Engine memory besides the ring and the scout when the config says 0.
 pub const DEFAULT_ENGINE_OVERHEAD_BYTES: u64 = 2 << 30;
@@ -27,8 +28,6 @@ pub const MIN_FLOOR_BYTES: u64 = 4 << 30;
 pub const MIN_AUTO_SLOTS: u32 = 64;
 /// Most slots the automatic sizing gives.
 pub const MAX_AUTO_SLOTS: u32 = 4096;
-/// Slot sizes are multiples of this (the ring's alignment, 16 KiB).
-pub const SLOT_ALIGN: u64 = 16384;
 
 /// The largest blob of a vault: the one that decides the slot size, named
 /// in the error when an overridden slot is too small for it.
@@ -85,23 +84,29 @@ impl VaultShape {
     }
 }
 
-/// The caller's say in the sizing (the `smoe_config` fields of SPEC §3 that
-/// §2.1 reads). Zero (or `None`) in a field means "choose for me".
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct BudgetConfig {
-    /// Number of slots; 0 = size from memory (SPEC §2.1). Either way there are
-    /// never more slots than entries.
-    pub ring_slots: u32,
-    /// Slot size in MiB; 0 = the largest padded blob rounded up to
-    /// [`SLOT_ALIGN`]. Every blob must fit an overridden slot.
-    pub slot_mb: u32,
-    /// Bytes of dense weights the engine keeps resident; `None` = the total
-    /// size of the vault's `scout.*` files.
-    pub scout_bytes: Option<u64>,
-    /// Memory the engine needs besides the ring and the scout; 0 =
-    /// [`DEFAULT_ENGINE_OVERHEAD_BYTES`].
-    pub engine_overhead_bytes: u64,
+macro_rules! define_budget_config {
+    ($($(#[$doc:meta])* $name:ident : $ty:ty = $default:expr,)*) => {
+        /// The caller's say in the sizing: the settings of
+        /// [`Config`](crate::Config) marked `[budget]` in its schema
+        /// (`src/streamer/schema.rs`), the `smoe_config` fields of SPEC §3
+        /// that §2.1 reads. Zero (or `None`) in a field means "choose for
+        /// me". [`Config::budget`](crate::Config::budget) gives a config's.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub struct BudgetConfig {
+            $($(#[$doc])* pub $name: $ty,)*
+        }
+
+        impl Default for BudgetConfig {
+            fn default() -> Self {
+                BudgetConfig {
+                    $($name: $default,)*
+                }
+            }
+        }
+    };
 }
+
+crate::streamer::config_schema!(select_budget define_budget_config);
 
 /// Which bound, if any, changed the slot count (the last one that did, in
 /// the order SPEC §2.1 applies them: 64..=4096, then the entry count).
@@ -171,7 +176,8 @@ pub struct RingPlan {
     /// The ring's byte budget (SPEC §2.1's `bytes`):
     /// `max(subtractive_budget_bytes, quarter_avail_bytes)`.
     pub budget_bytes: u64,
-    /// Bytes per slot, a multiple of [`SLOT_ALIGN`] that every blob fits.
+    /// Bytes per slot, a multiple of [`DEFAULT_ALIGNMENT`] that every blob
+    /// fits.
     pub slot_bytes: u64,
     /// `budget_bytes / slot_bytes`, before any clamp.
     pub budget_slots: u64,
@@ -198,7 +204,7 @@ pub struct RingPlan {
 ///
 /// With `config.ring_slots` set, `slots` is that number, still capped at
 /// `n_entries`. `slot_bytes` is the largest padded blob rounded up to
-/// [`SLOT_ALIGN`], or `config.slot_mb` MiB.
+/// [`DEFAULT_ALIGNMENT`], or `config.slot_mb` MiB.
 ///
 /// # Errors
 ///
@@ -240,7 +246,7 @@ pub fn plan_ring(
         .saturating_sub(floor_bytes);
     let quarter_avail_bytes = avail_bytes / 4;
     let budget_bytes = subtractive_budget_bytes.max(quarter_avail_bytes);
-    // `slot_bytes >= SLOT_ALIGN > 0` (see `slot_size`).
+    // `slot_bytes >= DEFAULT_ALIGNMENT > 0` (see `slot_size`).
     let budget_slots = budget_bytes / slot_bytes;
 
     let (wanted, mut clamp, slots_source) = match config.ring_slots {
@@ -295,28 +301,29 @@ pub fn plan_ring(
 }
 
 /// The slot size and where it came from. Always a non-zero multiple of
-/// [`SLOT_ALIGN`].
+/// [`DEFAULT_ALIGNMENT`].
 fn slot_size(largest: &LargestBlob, slot_mb: u32) -> Result<(u64, String)> {
     let LargestBlob {
         layer,
         expert,
         padded_size,
     } = *largest;
+    let align = u64::from(DEFAULT_ALIGNMENT);
     if slot_mb == 0 {
         let bytes = padded_size
-            .checked_next_multiple_of(SLOT_ALIGN)
+            .checked_next_multiple_of(align)
             .ok_or_else(|| {
                 Error::argument(format!(
                     "the blob of layer {layer} expert {expert} ({padded_size} padded bytes) is too large for a slot"
                 ))
             })?
-            .max(SLOT_ALIGN);
+            .max(align);
         let source = format!(
-            "largest padded blob (layer {layer} expert {expert}, {padded_size} bytes) rounded up to {SLOT_ALIGN}"
+            "largest padded blob (layer {layer} expert {expert}, {padded_size} bytes) rounded up to {align}"
         );
         return Ok((bytes, source));
     }
-    // A u32 shifted by 20 fits a u64; a whole MiB is a multiple of SLOT_ALIGN.
+    // A u32 shifted by 20 fits a u64; a whole MiB is a multiple of `align`.
     let bytes = u64::from(slot_mb) << 20;
     if padded_size > bytes {
         return Err(Error::argument(format!(
@@ -401,8 +408,11 @@ mod tests {
         assert_eq!(plan.subtractive_budget_bytes, 24 * GIB);
         assert_eq!(plan.quarter_avail_bytes, 10 * GIB);
         assert_eq!(plan.budget_bytes, 24 * GIB);
-        assert_eq!(plan.slot_bytes, 8 * MIB + SLOT_ALIGN);
-        assert_eq!(plan.budget_slots, 24 * GIB / (8 * MIB + SLOT_ALIGN));
+        assert_eq!(plan.slot_bytes, 8 * MIB + u64::from(DEFAULT_ALIGNMENT));
+        assert_eq!(
+            plan.budget_slots,
+            24 * GIB / (8 * MIB + u64::from(DEFAULT_ALIGNMENT))
+        );
         assert_eq!(u64::from(plan.slots), plan.budget_slots);
         assert_eq!(plan.clamp, SlotClamp::None);
         assert_eq!(plan.ring_bytes, u64::from(plan.slots) * plan.slot_bytes);
@@ -419,7 +429,7 @@ mod tests {
     fn extreme_inputs_do_not_overflow() {
         for avail in [0, 1, u64::MAX / 2, u64::MAX] {
             for ram in [0, u64::MAX] {
-                for padded in [0, 1, u64::MAX - SLOT_ALIGN] {
+                for padded in [0, 1, u64::MAX - u64::from(DEFAULT_ALIGNMENT)] {
                     let config = BudgetConfig {
                         scout_bytes: Some(u64::MAX),
                         engine_overhead_bytes: u64::MAX,
@@ -428,7 +438,7 @@ mod tests {
                     let plan =
                         plan_ring(&snapshot(avail, ram), &shape(padded, u32::MAX, 0), &config)
                             .unwrap();
-                    assert!(plan.slot_bytes >= SLOT_ALIGN);
+                    assert!(plan.slot_bytes >= u64::from(DEFAULT_ALIGNMENT));
                     assert!((MIN_AUTO_SLOTS..=MAX_AUTO_SLOTS).contains(&plan.slots));
                 }
             }
@@ -473,7 +483,9 @@ mod tests {
         assert_eq!(plan.slots, 6);
         assert_eq!(
             plan.slot_bytes,
-            vault.max_padded_size().next_multiple_of(SLOT_ALIGN)
+            vault
+                .max_padded_size()
+                .next_multiple_of(u64::from(DEFAULT_ALIGNMENT))
         );
         assert!(plan.ram_bytes > 0 && !plan.sources.avail.is_empty());
     }

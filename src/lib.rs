@@ -67,7 +67,6 @@ pub mod internals {
         pub use crate::budget::{
             plan_for, plan_ring, BudgetConfig, LargestBlob, VaultShape,
             DEFAULT_ENGINE_OVERHEAD_BYTES, MAX_AUTO_SLOTS, MIN_AUTO_SLOTS, MIN_FLOOR_BYTES,
-            SLOT_ALIGN,
         };
     }
 

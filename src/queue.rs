@@ -32,7 +32,7 @@ use std::mem::MaybeUninit;
 
 use crossbeam_utils::CachePadded;
 
-use crate::sync::{AtomicUsize, Ordering, UnsafeCell};
+use crate::sync::{AtomicUsize, Backoff, Ordering, UnsafeCell};
 
 /// One ring cell: a sequence number saying whose turn it is, and the item.
 struct Cell<T> {
@@ -72,17 +72,6 @@ pub struct Queue<T> {
 // cell's value is ordered by that cell's sequence (see `push` and `pop`), so
 // sharing `&Queue<T>` between threads gives no thread shared access to a `T`.
 unsafe impl<T: Send> Sync for Queue<T> {}
-
-/// After losing a race on `head` or `tail`, wait a little (1, 2, 4, … 64
-/// spins) before retrying, so contending threads stop invalidating each
-/// other's cache line on every attempt; never sleeps or yields the thread.
-#[inline]
-fn backoff(contended: &mut u32) {
-    for _ in 0..1u32 << (*contended).min(6) {
-        crate::sync::spin_loop();
-    }
-    *contended += 1;
-}
 
 impl<T> Queue<T> {
     /// An empty queue that holds `capacity` items, rounded up to a power of
@@ -140,7 +129,10 @@ impl<T> Queue<T> {
     /// Appends `item`, or gives it back as `Err(item)` if the queue is full
     /// (including while the pop that frees the needed cell is still running).
     pub fn push(&self, item: T) -> Result<(), T> {
-        let mut contended = 0u32;
+        // After losing a race on `tail`, spin a little (1, 2, 4, … 64 spins)
+        // before retrying, so contending threads stop invalidating each
+        // other's cache line on every attempt; never sleeps or yields.
+        let backoff = Backoff::new();
         let mut position = self.tail.load(Ordering::Relaxed);
         loop {
             let cell = self.cell(position);
@@ -174,7 +166,7 @@ impl<T> Queue<T> {
                         return Ok(());
                     }
                     Err(current) => {
-                        backoff(&mut contended);
+                        backoff.spin();
                         position = current;
                     }
                 }
@@ -191,7 +183,8 @@ impl<T> Queue<T> {
     /// Removes the oldest item, or returns `None` if the queue is empty
     /// (including while the push of the next item is still running).
     pub fn pop(&self) -> Option<T> {
-        let mut contended = 0u32;
+        // As in `push`, on `head`.
+        let backoff = Backoff::new();
         let mut position = self.head.load(Ordering::Relaxed);
         loop {
             let cell = self.cell(position);
@@ -225,7 +218,7 @@ impl<T> Queue<T> {
                         return Some(item);
                     }
                     Err(current) => {
-                        backoff(&mut contended);
+                        backoff.spin();
                         position = current;
                     }
                 }

@@ -1,11 +1,9 @@
 //! The atomics the lock-free code uses: `std`'s normally, loom's under
 //! `--cfg loom`, so the queue and the slot state machine can be model-checked
-//! unchanged.
+//! unchanged; likewise the CAS retry backoff.
 
 #[cfg(loom)]
 pub(crate) use loom::cell::UnsafeCell;
-#[cfg(loom)]
-pub(crate) use loom::hint::spin_loop;
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{
     fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
@@ -15,9 +13,29 @@ pub(crate) use loom::sync::Arc;
 #[cfg(loom)]
 pub(crate) use loom::thread;
 
+/// Exponential backoff for a lost compare-and-swap: crossbeam's, which
+/// spins 1, 2, 4, … 64 times and never yields the thread.
 #[cfg(not(loom))]
-#[allow(unused_imports)]
-pub(crate) use std::hint::spin_loop;
+pub(crate) use crossbeam_utils::Backoff;
+
+/// Under loom, a stand-in for crossbeam's `Backoff` whose `spin` is loom's
+/// `spin_loop`, a yield point the model checker sees (crossbeam's own spins
+/// on the CPU hint, which loom does not know).
+#[cfg(loom)]
+pub(crate) struct Backoff;
+
+#[cfg(loom)]
+impl Backoff {
+    /// A fresh backoff.
+    pub(crate) fn new() -> Self {
+        Backoff
+    }
+
+    /// Lets the other modelled threads run before the retry.
+    pub(crate) fn spin(&self) {
+        loom::hint::spin_loop();
+    }
+}
 #[cfg(not(loom))]
 #[allow(unused_imports)]
 pub(crate) use std::sync::atomic::{

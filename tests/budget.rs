@@ -6,10 +6,10 @@
 use std::path::PathBuf;
 
 use proptest::prelude::*;
-use smoe::internals::budget::{plan_ring, BudgetConfig, LargestBlob, VaultShape, SLOT_ALIGN};
+use smoe::internals::budget::{plan_ring, BudgetConfig, LargestBlob, VaultShape};
 use smoe::internals::sys::MemorySnapshot;
 use smoe::vault::synth::SynthSpec;
-use smoe::vault::Vault;
+use smoe::vault::{Vault, DEFAULT_ALIGNMENT};
 use smoe::{ErrorKind, RingPlan, SlotClamp};
 
 const KIB: u64 = 1 << 10;
@@ -99,9 +99,12 @@ mod budget_plan {
     #[test]
     fn slot_is_the_largest_blob_rounded_up_to_16_kib() {
         for (padded, slot) in [
-            (1, SLOT_ALIGN),
-            (SLOT_ALIGN, SLOT_ALIGN),
-            (SLOT_ALIGN + 1, 2 * SLOT_ALIGN),
+            (1, u64::from(DEFAULT_ALIGNMENT)),
+            (u64::from(DEFAULT_ALIGNMENT), u64::from(DEFAULT_ALIGNMENT)),
+            (
+                u64::from(DEFAULT_ALIGNMENT) + 1,
+                2 * u64::from(DEFAULT_ALIGNMENT),
+            ),
             (10 * MIB + 4 * KIB, 10 * MIB + 16 * KIB),
         ] {
             let p = plan(40 * GIB, 64 * GIB, &shape(padded, 100_000, 0), &auto());
@@ -237,7 +240,7 @@ mod budget_plan {
         };
         let err = plan_ring(
             &snapshot(40 * GIB, 64 * GIB),
-            &shape(8 * MIB + SLOT_ALIGN, 100_000, 0),
+            &shape(8 * MIB + u64::from(DEFAULT_ALIGNMENT), 100_000, 0),
             &config,
         )
         .unwrap_err();
@@ -386,7 +389,7 @@ mod budget_plan {
             prop_assert_eq!(p.floor_bytes, floor);
             prop_assert_eq!(p.subtractive_budget_bytes, subtractive);
             prop_assert_eq!(p.budget_bytes, subtractive.max(avail / 4));
-            prop_assert!(p.slot_bytes >= padded && p.slot_bytes % SLOT_ALIGN == 0);
+            prop_assert!(p.slot_bytes >= padded && p.slot_bytes % u64::from(DEFAULT_ALIGNMENT) == 0);
             prop_assert_eq!(p.budget_slots, p.budget_bytes / p.slot_bytes);
             let wanted = if ring_slots == 0 {
                 p.budget_slots.clamp(64, 4096)

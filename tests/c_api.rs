@@ -8,6 +8,7 @@
 
 use std::process::Command;
 
+use smoe::ffi::{smoe_config, smoe_stats};
 use smoe::vault::synth::SynthSpec;
 
 mod native;
@@ -58,6 +59,62 @@ fn c_program_drives_the_whole_api() {
     }
 }
 
+/// A program built against an older header (`tests/c/smoe_v1.h`, smaller
+/// structs than the library's) never has a byte past its structs written:
+/// `tests/c/old_struct_test.c` puts canaries after each struct and checks
+/// them after `smoe_config_init`, `smoe_open` and `smoe_get_stats`. Built
+/// once per variant of that header:
+/// - v1 structs, `smoe_config_init` the header's sized macro;
+/// - v1 structs, `smoe_config_init` the unsized v1 function, as a program
+///   built before `smoe_config_init_sized` existed calls it;
+/// - a config and stats one field short of v1 (smaller than the library's):
+///   refused, nothing written.
+#[test]
+fn old_structs_are_never_overrun() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = SynthSpec {
+        n_layers: 2,
+        n_experts: 4,
+        blob_bytes: 20_000,
+        dense_layers: vec![],
+        seed: 7,
+        top_k: 2,
+    };
+    let vault = spec.write(dir.path().join("vault"), &mut |_| {}).unwrap();
+    let source = manifest_dir().join("tests/c/old_struct_test.c");
+    let library = dir.path().join("libsmoe.a");
+    std::fs::copy(native::lib_dir().join("libsmoe.a"), &library).unwrap();
+    let variants: [(&str, &[&str]); 3] = [
+        ("v1_sized", &[]),
+        ("v1_unsized", &["-DOLD_UNSIZED_INIT"]),
+        (
+            "short",
+            &[
+                "-DOLD_CONFIG_WITHOUT_FREQ_PATH",
+                "-DOLD_STATS_WITHOUT_DIRECT_IO",
+            ],
+        ),
+    ];
+    for compiler in c_compilers() {
+        for (name, defines) in variants {
+            let program = dir.path().join(format!("old_struct_{name}_{compiler}"));
+            run(Command::new(&compiler)
+                .arg("-std=c11")
+                .args(WARNINGS)
+                .args(defines)
+                .arg("-I")
+                .arg(manifest_dir().join("tests/c"))
+                .arg(&source)
+                .arg(&library)
+                .args(native::native_static_libs())
+                .arg("-o")
+                .arg(&program));
+            let output = run(Command::new(&program).arg(&vault));
+            assert_eq!(output.trim(), "ok", "{compiler} {name}: {output}");
+        }
+    }
+}
+
 /// Every SPEC §3 prototype, as the header must declare it once the
 /// nullability macros and cbindgen's `struct`/`enum` tags (equivalent in C
 /// and C++) are taken out.
@@ -70,7 +127,7 @@ fn header_declares_every_spec_function() {
         .replace("struct ", "")
         .replace("enum ", "");
     let prototypes = [
-        "void smoe_config_init(smoe_config *cfg);",
+        "smoe_status smoe_config_init_sized(smoe_config *cfg, uint32_t struct_size);",
         "smoe_status smoe_open(const char *vault_path, const smoe_config *cfg, smoe_streamer **out);",
         "void smoe_close(smoe_streamer *s);",
         "smoe_status smoe_prefetch(smoe_streamer *s, uint32_t layer, uint32_t expert, bool speculative);",
@@ -93,6 +150,20 @@ fn header_declares_every_spec_function() {
             "include/smoe.h lacks {prototype:?}"
         );
     }
+    // SPEC's `void smoe_config_init(smoe_config *cfg)`: the v1 symbol stays,
+    // deprecated, and the name is a macro passing the caller's size.
+    assert!(
+        header
+            .lines()
+            .any(|line| line.starts_with("SMOE_DEPRECATED(\"")
+                && line.ends_with(") void smoe_config_init(smoe_config *cfg);")),
+        "include/smoe.h lacks the v1 smoe_config_init"
+    );
+    let define = "#define smoe_config_init(cfg) \
+                  smoe_config_init_sized((cfg), (uint32_t)sizeof(smoe_config))";
+    let declared = header.find(") void smoe_config_init(").unwrap();
+    let defined = header.find(define).expect("the smoe_config_init macro");
+    assert!(declared < defined, "the macro must follow the declaration");
 }
 
 fn read_header() -> String {
@@ -116,27 +187,44 @@ fn fields(header: &str, name: &str) -> Vec<String> {
         .collect()
 }
 
-/// The opaque handle and the structs, field by field in the spec's order.
+/// The name a field declaration declares (`"uint32_t ring_slots;"` →
+/// `"ring_slots"`).
+fn field_name(declaration: &str) -> &str {
+    declaration
+        .trim_end_matches(';')
+        .rsplit(['*', ' '])
+        .next()
+        .unwrap()
+}
+
+/// The opaque handle and the structs, field by field: the v1 fields SPEC §3
+/// fixes are pinned here in order (ABI); the whole of each versioned struct
+/// is the library's schema in order (`FIELD_NAMES`), so a field appended to
+/// the schema needs no edit here.
 #[test]
 fn header_declares_the_spec_structs() {
     let header = read_header();
     assert!(header.contains("\ntypedef struct smoe_streamer smoe_streamer;\n"));
-    assert_eq!(
-        fields(&header, "smoe_config"),
-        [
-            "uint32_t struct_size;",
-            "uint32_t ring_slots;",
-            "uint32_t slot_mb;",
-            "uint32_t workers;",
-            "uint32_t direct_io;",
-            "uint32_t prewarm;",
-            "uint32_t prewarm_slots;",
-            "uint32_t verify;",
-            "uint64_t scout_bytes;",
-            "uint64_t engine_overhead_bytes;",
-            "const char *freq_path;",
-        ]
-    );
+    let config = fields(&header, "smoe_config");
+    let config_v1 = [
+        "uint32_t struct_size;",
+        "uint32_t ring_slots;",
+        "uint32_t slot_mb;",
+        "uint32_t workers;",
+        "uint32_t direct_io;",
+        "uint32_t prewarm;",
+        "uint32_t prewarm_slots;",
+        "uint32_t verify;",
+        "uint64_t scout_bytes;",
+        "uint64_t engine_overhead_bytes;",
+        "const char *freq_path;",
+    ];
+    assert_eq!(config[..config_v1.len()], config_v1);
+    let names: Vec<&str> = config.iter().map(|f| field_name(f)).collect();
+    let mut schema = vec!["struct_size"];
+    schema.extend(smoe_config::FIELD_NAMES);
+    assert_eq!(names, schema);
+
     assert_eq!(
         fields(&header, "smoe_slot"),
         [
@@ -149,29 +237,33 @@ fn header_declares_the_spec_structs() {
             "bool hit;",
         ]
     );
-    let mut stats = vec!["uint32_t struct_size;".to_owned()];
-    stats.extend(
-        [
-            "claims",
-            "hits",
-            "pending",
-            "bytes_read",
-            "reads_demand",
-            "reads_speculative",
-            "reads_prewarm",
-            "evictions",
-            "io_errors",
-            "checksum_errors",
-            "resident",
-            "ring_slots",
-            "slot_bytes",
-            "workers",
-            "direct_io",
-            // Added after the SPEC's list, at the end, as extensible structs grow.
-            "freq_ignored",
-            "prewarm_slots",
-        ]
-        .map(|field| format!("uint64_t {field};")),
+
+    let stats = fields(&header, "smoe_stats");
+    let stats_v1 = [
+        "claims",
+        "hits",
+        "pending",
+        "bytes_read",
+        "reads_demand",
+        "reads_speculative",
+        "reads_prewarm",
+        "evictions",
+        "io_errors",
+        "checksum_errors",
+        "resident",
+        "ring_slots",
+        "slot_bytes",
+        "workers",
+        "direct_io",
+    ]
+    .map(|field| format!("uint64_t {field};"));
+    assert_eq!(stats[0], "uint32_t struct_size;");
+    assert_eq!(stats[1..=stats_v1.len()], stats_v1);
+    let mut schema = vec!["uint32_t struct_size;".to_owned()];
+    schema.extend(
+        smoe_stats::FIELD_NAMES
+            .iter()
+            .map(|field| format!("uint64_t {field};")),
     );
-    assert_eq!(fields(&header, "smoe_stats"), stats);
+    assert_eq!(stats, schema);
 }

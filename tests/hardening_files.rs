@@ -414,7 +414,7 @@ fn histogram_replaced_by_another_session_is_still_ours() {
 #[test]
 fn c_api_freq_path_at_the_vault_file_leaves_the_vault_intact() {
     use smoe::ffi::{
-        smoe_close, smoe_config, smoe_config_init, smoe_flush_stats, smoe_open, smoe_status,
+        smoe_close, smoe_config, smoe_config_init_sized, smoe_flush_stats, smoe_open, smoe_status,
         smoe_streamer,
     };
     let v = small_vault();
@@ -422,9 +422,11 @@ fn c_api_freq_path_at_the_vault_file_leaves_the_vault_intact() {
     let vault_path = CString::new(v.dir.path().as_os_str().as_bytes()).unwrap();
     let freq_path = CString::new(v.file.as_os_str().as_bytes()).unwrap();
     let mut cfg = std::mem::MaybeUninit::<smoe_config>::uninit();
-    // SAFETY: `cfg` is valid for writing one smoe_config.
-    unsafe { smoe_config_init(cfg.as_mut_ptr()) };
-    // SAFETY: smoe_config_init wrote every field.
+    let size = std::mem::size_of::<smoe_config>() as u32;
+    // SAFETY: `cfg` is valid for writing one smoe_config, `size` bytes.
+    let status = unsafe { smoe_config_init_sized(cfg.as_mut_ptr(), size) };
+    assert_eq!(status, smoe_status::SMOE_OK);
+    // SAFETY: smoe_config_init_sized wrote every field.
     let mut cfg = unsafe { cfg.assume_init() };
     cfg.ring_slots = 4;
     cfg.workers = 2;

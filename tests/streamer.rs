@@ -3,12 +3,46 @@
 
 mod common;
 
+use std::fs::File;
+use std::io;
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
+use smoe::streamer::{BlobReader, FileReader};
+use smoe::internals::sys::ReadError;
+use smoe::vault::Vault;
 use smoe::{Config, DirectIo, ErrorKind, Priority, Streamer};
 
 const WAIT: Duration = Duration::from_secs(10);
+
+/// A drive with a bad region: every read overlapping it fails with EIO,
+/// having read nothing; reads elsewhere go to the file.
+struct FailingRegion(Range<u64>);
+
+impl BlobReader for FailingRegion {
+    fn read_exact_at(&self, file: &File, buf: &mut [u8], offset: u64) -> Result<(), ReadError> {
+        let end = offset + buf.len() as u64;
+        if self.0.start < end && offset < self.0.end {
+            return Err(ReadError {
+                done: 0,
+                wanted: buf.len(),
+                offset,
+                error: io::Error::from_raw_os_error(libc::EIO),
+            });
+        }
+        FileReader.read_exact_at(file, buf, offset)
+    }
+}
+
+/// A read path with a bug: every read panics inside its worker.
+struct PanickingReader;
+
+impl BlobReader for PanickingReader {
+    fn read_exact_at(&self, _: &File, _: &mut [u8], _: u64) -> Result<(), ReadError> {
+        panic!("injected panic in an I/O worker's read (test reader)");
+    }
+}
 
 fn config(slots: u32) -> Config {
     Config {
@@ -258,16 +292,10 @@ fn truncated_while_open_reports_io_and_rest_stays_readable() {
 #[test]
 fn failing_region_reports_io_once_and_the_rest_stays_readable() {
     let v = common::vault(2, 8, 40_000, &[]);
-    let vault = smoe::vault::Vault::open(&v.file).unwrap();
+    let vault = Vault::open(&v.file).unwrap();
     let bad = *vault.entry(1, 2).unwrap();
-    let s = Streamer::open(
-        &v.file,
-        Config {
-            fail_reads: std::iter::once(bad.offset + 100..bad.offset + 200).collect(),
-            ..config(8)
-        },
-    )
-    .unwrap();
+    let region = FailingRegion(bad.offset + 100..bad.offset + 200);
+    let s = Streamer::with_reader(vault, config(8), region).unwrap();
     let start = Instant::now();
     let err = s.claim_wait(1, 2, WAIT).unwrap_err();
     assert!(start.elapsed() < Duration::from_secs(1));
@@ -476,14 +504,8 @@ fn close_with_reads_in_flight_joins_cleanly() {
 #[test]
 fn a_panicking_worker_fails_the_streamer_not_the_process() {
     let v = common::vault(1, 4, 20_000, &[]);
-    let s = Streamer::open(
-        &v.file,
-        Config {
-            panic_in_worker: true,
-            ..config(4)
-        },
-    )
-    .unwrap();
+    let vault = Vault::open(&v.file).unwrap();
+    let s = Streamer::with_reader(vault, config(4), PanickingReader).unwrap();
     // The read's worker panics; once the panic is caught (unwinding can be
     // slow, e.g. under a sanitizer), claims report the broken streamer.
     let deadline = Instant::now() + WAIT;

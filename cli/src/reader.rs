@@ -21,9 +21,10 @@ use smoe::internals::sys::{open_for_streaming, probe_direct_read, read_at_exact,
 use smoe::vault::Entry;
 use smoe::{DirectIo, Error, ErrorKind, Result};
 
-/// Alignment of the read buffer: the ring's slot alignment, and a multiple of
-/// every logical block size direct I/O asks for.
-pub const BUFFER_ALIGNMENT: usize = 16384;
+/// Alignment of the read buffer: the library's one alignment (the ring's
+/// slots, every v1 vault), a multiple of every logical block size direct I/O
+/// asks for.
+pub const BUFFER_ALIGNMENT: usize = smoe::vault::DEFAULT_ALIGNMENT as usize;
 
 /// Bytes of the largest read: 8 MiB, a multiple of every vault alignment
 /// (at most 1 MiB) and of [`BUFFER_ALIGNMENT`], large enough that reads run

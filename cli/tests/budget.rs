@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use smoe::internals::budget::SLOT_ALIGN;
+use smoe::vault::DEFAULT_ALIGNMENT;
+
+const SLOT_ALIGN: u64 = DEFAULT_ALIGNMENT as u64;
 use smoe::vault::Vault;
 
 const MIB: u64 = 1 << 20;

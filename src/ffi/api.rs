@@ -8,31 +8,80 @@ use std::path::Path;
 use std::ptr::NonNull;
 use std::time::Duration;
 
-use super::types::{smoe_config, smoe_slot, smoe_stats, smoe_streamer};
+use super::types::{smoe_config, smoe_slot, smoe_stats, smoe_streamer, CONFIG_SIZE_V1};
 use super::{
-    empty_c_str, ffi_guard, ffi_status, null_argument, set_last_error, smoe_status, try_c_str,
-    try_out, try_ref,
+    empty_c_str, ffi_guard, ffi_status, set_last_error, smoe_status, try_c_str, try_out, try_ref,
 };
 use crate::{Config, Priority, Streamer};
 
-/// Fills `*cfg` with every default and sets `cfg->struct_size` to
-/// `sizeof(smoe_config)`: `ring_slots` 0 (auto), `slot_mb` 0, `workers` 0
-/// (16), `direct_io` 0 (auto), `prewarm` 1, `prewarm_slots` 0, `verify` 0,
-/// `scout_bytes` `UINT64_MAX`, `engine_overhead_bytes` 0 (2 GiB),
-/// `freq_path` NULL.
+/// Fills the caller's config of `struct_size` bytes with every default:
+/// `ring_slots` 0 (auto), `slot_mb` 0, `workers` 0 (16), `direct_io` 0
+/// (auto), `prewarm` 1, `prewarm_slots` 0, `verify` 0, `scout_bytes`
+/// `UINT64_MAX`, `engine_overhead_bytes` 0 (2 GiB), `freq_path` NULL.
+///
+/// `struct_size` is the caller's `sizeof(smoe_config)`; C and C++ pass it
+/// through the header's `smoe_config_init(cfg)` macro, Swift (which cannot
+/// call a macro) passes `UInt32(MemoryLayout<smoe_config>.size)`. Exactly
+/// `struct_size` bytes are written, never more, as zlib's `inflateInit_`
+/// takes the caller's `sizeof(z_stream)`: a program built against an older,
+/// smaller `smoe_config` never has its struct overrun. Fields this library
+/// knows within those bytes take their defaults; bytes past this library's
+/// `smoe_config` (fields of a newer header) are zeroed, which `smoe_open`
+/// reads as "not set"; `cfg->struct_size` becomes `struct_size`.
+///
+/// # Returns
+/// - `SMOE_OK`: written.
+/// - `SMOE_ERR_ARGUMENT`: `cfg` is NULL, or `struct_size` is smaller than
+///   the v1 `smoe_config` (56 bytes on 64-bit targets) or larger than 4096;
+///   nothing is written.
+/// - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
+///
+/// # Safety
+/// `cfg` is either NULL or valid for writing `struct_size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn smoe_config_init_sized(
+    cfg: *mut smoe_config,
+    struct_size: u32,
+) -> smoe_status {
+    ffi_status("smoe_config_init_sized", || {
+        let cfg = try_out(cfg, "cfg")?;
+        // SAFETY: non-NULL, and the caller guarantees `struct_size` writable
+        // bytes.
+        unsafe { smoe_config::init_sized(cfg, struct_size) }?;
+        Ok(smoe_status::SMOE_OK)
+    })
+}
+
+/// The config initializer of ABI v1, kept for programs built against a
+/// header without `smoe_config_init_sized`: it writes the v1 `smoe_config`
+/// (56 bytes on 64-bit targets), the only size such a program can have,
+/// and never more, whatever this library's `sizeof(smoe_config)`.
+///
+/// In C and C++ `smoe_config_init(cfg)` is a macro defined after this
+/// declaration, which calls `smoe_config_init_sized` with the caller's
+/// `sizeof(smoe_config)`; only a call that bypasses the macro, such as
+/// `(smoe_config_init)(cfg)`, Swift or `dlsym`, reaches this function.
 ///
 /// # Returns
 /// Nothing. A NULL `cfg` is a no-op that records "cfg is NULL" for
 /// `smoe_last_error()`.
 ///
 /// # Safety
-/// `cfg` is either NULL or valid for writing one `smoe_config`.
+/// `cfg` is either NULL or valid for writing the v1 `smoe_config`.
+#[deprecated(
+    note = "writes only the v1 smoe_config; call smoe_config_init_sized(cfg, sizeof(smoe_config))"
+)]
 #[no_mangle]
 pub unsafe extern "C" fn smoe_config_init(cfg: *mut smoe_config) {
-    ffi_guard("smoe_config_init", || match NonNull::new(cfg) {
-        // SAFETY: non-NULL, and the caller guarantees it is writable.
-        Some(cfg) => unsafe { cfg.as_ptr().write(smoe_config::defaults()) },
-        None => set_last_error(&null_argument("cfg")),
+    ffi_guard("smoe_config_init", || {
+        let result = try_out(cfg, "cfg").and_then(|cfg| {
+            // SAFETY: non-NULL, and the caller guarantees a v1 struct's
+            // bytes are writable.
+            unsafe { smoe_config::init_sized(cfg, CONFIG_SIZE_V1 as u32) }
+        });
+        if let Err(err) = result {
+            set_last_error(&err);
+        }
     })
 }
 

@@ -72,8 +72,20 @@ pub use types::{smoe_config, smoe_slot, smoe_stats, smoe_streamer};
 /// `smoe_abi_version()` at run time to detect a header/library mismatch.
 pub const SMOE_ABI_VERSION: u32 = 1;
 
+// Each status is declared here once, with its number and its doc: cbindgen
+// reads this enum (it does not expand macros), so it stays written out.
+// Everything else about a status (its name as text, the list of all of them,
+// the core `ErrorKind` it reports) is derived by `status_table!` below.
+//
+// Values are never reused, the rule rustls-ffi keeps for `rustls_result`: a
+// new status takes a number no status ever had, and a removed status moves
+// its number to `RETIRED_STATUS_VALUES`, which a test keeps from ever being
+// handed out again, so an old program never reads a new library's answer as
+// something else.
+
 /// The result of every call that can fail. Values are fixed by the ABI and
-/// never reused; `smoe_status_str()` names each one.
+/// never reused (a retired value stays reserved); `smoe_status_str()` names
+/// each one.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum smoe_status {
@@ -101,64 +113,86 @@ pub enum smoe_status {
     SMOE_ERR_INTERNAL = -99,
 }
 
+/// Numbers that once named a status and must never name another. None has
+/// been retired yet.
+pub const RETIRED_STATUS_VALUES: &[c_int] = &[];
+
 /// How a `smoe_status` parameter arrives from C: any `int`, possibly not a
 /// variant. Renamed to `smoe_status` in the header; see the module docs.
 pub type smoe_status_value = c_int;
 
-impl smoe_status {
-    /// Every status, in ABI order.
-    pub(crate) const ALL: [smoe_status; 11] = [
-        smoe_status::SMOE_OK,
-        smoe_status::SMOE_PENDING,
-        smoe_status::SMOE_ERR_ARGUMENT,
-        smoe_status::SMOE_ERR_NOT_FOUND,
-        smoe_status::SMOE_ERR_IO,
-        smoe_status::SMOE_ERR_FORMAT,
-        smoe_status::SMOE_ERR_NO_MEMORY,
-        smoe_status::SMOE_ERR_RING_FULL,
-        smoe_status::SMOE_ERR_STALE,
-        smoe_status::SMOE_ERR_UNSUPPORTED,
-        smoe_status::SMOE_ERR_INTERNAL,
-    ];
+/// Derives everything about the statuses from one line each: the status and
+/// the core error kind that maps to it (none for `SMOE_OK` and
+/// `SMOE_PENDING`). It generates [`smoe_status::ALL`],
+/// [`smoe_status::from_value`], [`smoe_status::kind`], the names
+/// `smoe_status_str` returns, and `From<ErrorKind>`. Its matches are
+/// exhaustive both ways, so a status missing here, or an [`ErrorKind`]
+/// without a status, does not compile.
+macro_rules! status_table {
+    (@kind) => {
+        None
+    };
+    (@kind $kind:ident) => {
+        Some(ErrorKind::$kind)
+    };
+    ($($status:ident $(=> $kind:ident)?,)*) => {
+        impl smoe_status {
+            /// Every status, in ABI order (the order of the header).
+            pub const ALL: &'static [smoe_status] = &[$(smoe_status::$status),*];
 
-    /// The status whose ABI value is `value`, or `None` if no status has it.
-    #[must_use]
-    pub fn from_value(value: smoe_status_value) -> Option<smoe_status> {
-        Self::ALL.into_iter().find(|st| *st as c_int == value)
-    }
+            /// The status whose ABI value is `value`, or `None` if no status
+            /// has it.
+            #[must_use]
+            pub fn from_value(value: smoe_status_value) -> Option<smoe_status> {
+                Self::ALL.iter().copied().find(|st| *st as c_int == value)
+            }
 
-    /// The constant's name, NUL-terminated, with static lifetime.
-    fn name(self) -> &'static CStr {
-        match self {
-            smoe_status::SMOE_OK => c"SMOE_OK",
-            smoe_status::SMOE_PENDING => c"SMOE_PENDING",
-            smoe_status::SMOE_ERR_ARGUMENT => c"SMOE_ERR_ARGUMENT",
-            smoe_status::SMOE_ERR_NOT_FOUND => c"SMOE_ERR_NOT_FOUND",
-            smoe_status::SMOE_ERR_IO => c"SMOE_ERR_IO",
-            smoe_status::SMOE_ERR_FORMAT => c"SMOE_ERR_FORMAT",
-            smoe_status::SMOE_ERR_NO_MEMORY => c"SMOE_ERR_NO_MEMORY",
-            smoe_status::SMOE_ERR_RING_FULL => c"SMOE_ERR_RING_FULL",
-            smoe_status::SMOE_ERR_STALE => c"SMOE_ERR_STALE",
-            smoe_status::SMOE_ERR_UNSUPPORTED => c"SMOE_ERR_UNSUPPORTED",
-            smoe_status::SMOE_ERR_INTERNAL => c"SMOE_ERR_INTERNAL",
+            /// The core error kind this status reports; `None` for
+            /// `SMOE_OK` and `SMOE_PENDING`.
+            #[must_use]
+            pub fn kind(self) -> Option<ErrorKind> {
+                match self {
+                    $(smoe_status::$status => status_table!(@kind $($kind)?),)*
+                }
+            }
+
+            /// The constant's name, NUL-terminated, with static lifetime.
+            fn name(self) -> &'static CStr {
+                match self {
+                    $(smoe_status::$status => const {
+                        match CStr::from_bytes_with_nul(
+                            concat!(stringify!($status), "\0").as_bytes(),
+                        ) {
+                            Ok(name) => name,
+                            Err(_) => panic!("a status name holds a NUL"),
+                        }
+                    },)*
+                }
+            }
         }
-    }
+
+        impl From<ErrorKind> for smoe_status {
+            fn from(kind: ErrorKind) -> Self {
+                match kind {
+                    $($(ErrorKind::$kind => smoe_status::$status,)?)*
+                }
+            }
+        }
+    };
 }
 
-impl From<ErrorKind> for smoe_status {
-    fn from(kind: ErrorKind) -> Self {
-        match kind {
-            ErrorKind::Argument => smoe_status::SMOE_ERR_ARGUMENT,
-            ErrorKind::NotFound => smoe_status::SMOE_ERR_NOT_FOUND,
-            ErrorKind::Io => smoe_status::SMOE_ERR_IO,
-            ErrorKind::Format => smoe_status::SMOE_ERR_FORMAT,
-            ErrorKind::NoMemory => smoe_status::SMOE_ERR_NO_MEMORY,
-            ErrorKind::RingFull => smoe_status::SMOE_ERR_RING_FULL,
-            ErrorKind::Stale => smoe_status::SMOE_ERR_STALE,
-            ErrorKind::Unsupported => smoe_status::SMOE_ERR_UNSUPPORTED,
-            ErrorKind::Internal => smoe_status::SMOE_ERR_INTERNAL,
-        }
-    }
+status_table! {
+    SMOE_OK,
+    SMOE_PENDING,
+    SMOE_ERR_ARGUMENT => Argument,
+    SMOE_ERR_NOT_FOUND => NotFound,
+    SMOE_ERR_IO => Io,
+    SMOE_ERR_FORMAT => Format,
+    SMOE_ERR_NO_MEMORY => NoMemory,
+    SMOE_ERR_RING_FULL => RingFull,
+    SMOE_ERR_STALE => Stale,
+    SMOE_ERR_UNSUPPORTED => Unsupported,
+    SMOE_ERR_INTERNAL => Internal,
 }
 
 // ---------------------------------------------------------------------------
@@ -465,13 +499,31 @@ mod tests {
             .to_owned()
     }
 
+    /// The one place the numbers are pinned: SPEC §3's values are ABI and
+    /// never change (a new status is appended with a new number).
     #[test]
     fn status_values_are_the_abi() {
         let values: Vec<c_int> = smoe_status::ALL.iter().map(|st| *st as c_int).collect();
         assert_eq!(values, [0, 1, -1, -2, -3, -4, -5, -6, -7, -8, -99]);
-        for st in smoe_status::ALL {
+        for &st in smoe_status::ALL {
             assert_eq!(smoe_status::from_value(st as c_int), Some(st));
             assert_eq!(text(smoe_status_str(st as c_int)), format!("{st:?}"));
+        }
+    }
+
+    #[test]
+    fn values_are_unique_and_never_retired_ones() {
+        let mut seen = std::collections::HashSet::new();
+        for &st in smoe_status::ALL {
+            let value = st as c_int;
+            assert!(seen.insert(value), "{st:?}: value {value} used twice");
+            assert!(
+                !RETIRED_STATUS_VALUES.contains(&value),
+                "{st:?} reuses the retired value {value}"
+            );
+        }
+        for value in RETIRED_STATUS_VALUES {
+            assert_eq!(text(smoe_status_str(*value)), "SMOE_UNKNOWN_STATUS");
         }
     }
 
@@ -500,23 +552,23 @@ mod tests {
 
     #[test]
     fn every_kind_maps_to_its_status() {
-        use ErrorKind::*;
-        let kinds = [
-            Argument,
-            NotFound,
-            Io,
-            Format,
-            NoMemory,
-            RingFull,
-            Stale,
-            Unsupported,
-            Internal,
-        ];
-        let statuses: Vec<c_int> = kinds
-            .iter()
-            .map(|kind| smoe_status::from(*kind) as c_int)
-            .collect();
-        assert_eq!(statuses, [-1, -2, -3, -4, -5, -6, -7, -8, -99]);
+        // `From<ErrorKind>` is an exhaustive match, so every kind has a
+        // status; here each status with a kind is the one that kind gives.
+        let mut kinds = 0;
+        for &st in smoe_status::ALL {
+            if let Some(kind) = st.kind() {
+                assert_eq!(smoe_status::from(kind), st);
+                kinds += 1;
+            }
+        }
+        assert_eq!(kinds, smoe_status::ALL.len() - 2, "all but OK and PENDING");
+        assert_eq!(smoe_status::SMOE_OK.kind(), None);
+        assert_eq!(smoe_status::SMOE_PENDING.kind(), None);
+        assert_eq!(
+            smoe_status::from(ErrorKind::Io),
+            smoe_status::SMOE_ERR_IO,
+            "spot check by name"
+        );
     }
 
     #[test]

@@ -4,6 +4,16 @@
 //! exist because C can pass any bit pattern (an enum-like `uint32_t`, a
 //! `struct_size`).
 //!
+//! # One schema
+//!
+//! `smoe_config` and `smoe_stats` are written out here because cbindgen
+//! reads them (it does not expand macros); the Rust side of their fields is
+//! declared once, in `src/streamer/schema.rs`. The conversions below are
+//! generated from that schema field by field: each C field converts through
+//! its Rust type's [`CValue`], struct literals name every field of both
+//! sides, and a constant check keeps the C fields in the schema's order, so
+//! the two declarations cannot drift apart and still compile.
+//!
 //! # Extensible structs
 //!
 //! `smoe_config` and `smoe_stats` start with `uint32_t struct_size` and follow
@@ -32,7 +42,8 @@ pub struct smoe_config {
     pub struct_size: u32,
     /// Number of slots; 0 = auto.
     pub ring_slots: u32,
-    /// Slot size in MiB; 0 = the largest padded blob.
+    /// Slot size in MiB (`slot_mb × 1048576` bytes); 0 = the largest padded
+    /// blob rounded up to 16384 bytes.
     pub slot_mb: u32,
     /// I/O worker threads, 1..=64; 0 = 16.
     pub workers: u32,
@@ -160,8 +171,14 @@ fn c_string_until_nul(text: &str) -> CString {
     CString::new(&bytes[..end]).unwrap_or_default()
 }
 
-/// The v1 size of `smoe_config`, the smallest `struct_size` accepted.
-pub(crate) const CONFIG_SIZE_V1: usize = size_of::<smoe_config>();
+/// The v1 size of `smoe_config` (SPEC §3, up to and including `freq_path`,
+/// padded to the struct's alignment): the smallest `struct_size` accepted,
+/// and what the unsized `smoe_config_init` of v1 writes. Fixed forever.
+pub(crate) const CONFIG_SIZE_V1: usize = (std::mem::offset_of!(smoe_config, freq_path)
+    + size_of::<*const c_char>())
+.next_multiple_of(std::mem::align_of::<smoe_config>());
+/// `sizeof(smoe_config)` of this library.
+pub(crate) const CONFIG_SIZE: usize = size_of::<smoe_config>();
 /// The v1 size of `smoe_stats`, the smallest `struct_size` accepted: the
 /// fields SPEC §3 lists, up to and including `direct_io`.
 pub(crate) const STATS_SIZE_V1: usize = std::mem::offset_of!(smoe_stats, direct_io) + 8;
@@ -173,24 +190,49 @@ pub(crate) const STATS_SIZE: usize = size_of::<smoe_stats>();
 pub(crate) const STRUCT_SIZE_MAX: u32 = 4096;
 
 impl smoe_config {
-    /// The defaults `smoe_config_init` writes: those of [`Config::default`]
-    /// in C terms.
-    pub(crate) fn defaults() -> smoe_config {
-        let core = Config::default();
-        smoe_config {
-            struct_size: CONFIG_SIZE_V1 as u32,
-            ring_slots: core.ring_slots,
-            slot_mb: core.slot_mb,
-            workers: core.workers,
-            direct_io: direct_io_value(core.direct_io),
-            prewarm: u32::from(core.prewarm),
-            prewarm_slots: core.prewarm_slots,
-            verify: u32::from(core.verify),
-            scout_bytes: core.scout_bytes.unwrap_or(u64::MAX),
-            engine_overhead_bytes: core.engine_overhead_bytes,
-            // Config::default() has no histogram path (None).
-            freq_path: ptr::null(),
+    /// Writes the defaults into the caller's config of `struct_size` bytes
+    /// (`smoe_config_init_sized`), never more: the fields this library
+    /// knows that lie within them take their defaults, bytes past this
+    /// library's `smoe_config` (a newer header's fields) become zero, which
+    /// `smoe_open` reads as "not set", and `struct_size` becomes
+    /// `struct_size`. Nothing is written on error.
+    ///
+    /// # Safety
+    /// `cfg` is non-NULL, aligned, and valid for writing `struct_size` bytes.
+    pub(crate) unsafe fn init_sized(
+        cfg: NonNull<smoe_config>,
+        struct_size: u32,
+    ) -> Result<(), Error> {
+        if struct_size > STRUCT_SIZE_MAX {
+            return Err(Error::argument(format!(
+                "struct_size is {struct_size}, larger than any smoe_config can be \
+                 ({STRUCT_SIZE_MAX}); pass sizeof(smoe_config)"
+            )));
         }
+        if (struct_size as usize) < CONFIG_SIZE_V1 {
+            return Err(Error::argument(format!(
+                "struct_size is {struct_size}, smaller than smoe_config v1 \
+                 ({CONFIG_SIZE_V1} bytes); pass sizeof(smoe_config)"
+            )));
+        }
+        let size = struct_size as usize;
+        let known = size.min(CONFIG_SIZE);
+        let value = smoe_config::defaults_in_zeroed_memory(struct_size);
+        // SAFETY: `known ≤ CONFIG_SIZE` bytes are in bounds of the local
+        // value and, being `≤ size`, of the caller's struct; the copy is
+        // untyped, so it is sound for the pointer field.
+        unsafe {
+            ptr::copy_nonoverlapping(
+                value.as_ptr().cast::<u8>(),
+                cfg.cast::<u8>().as_ptr(),
+                known,
+            );
+        }
+        if size > known {
+            // SAFETY: bytes `known..size` are within the caller's struct.
+            unsafe { ptr::write_bytes(cfg.cast::<u8>().as_ptr().add(known), 0, size - known) };
+        }
+        Ok(())
     }
 
     /// Reads the caller's config by the extensible-struct rule (module doc)
@@ -211,78 +253,325 @@ impl smoe_config {
         }
         check_size_v1("cfg", "smoe_config", size, CONFIG_SIZE_V1)?;
         let size = size as usize;
-        if size > CONFIG_SIZE_V1 {
+        if size > CONFIG_SIZE {
             // SAFETY: the caller guarantees `size` bytes are readable, and
-            // `CONFIG_SIZE_V1 < size`.
+            // `CONFIG_SIZE < size`.
             let tail = unsafe {
                 std::slice::from_raw_parts(
-                    cfg.cast::<u8>().as_ptr().add(CONFIG_SIZE_V1),
-                    size - CONFIG_SIZE_V1,
+                    cfg.cast::<u8>().as_ptr().add(CONFIG_SIZE),
+                    size - CONFIG_SIZE,
                 )
             };
             if let Some(at) = tail.iter().position(|&b| b != 0) {
                 return Err(Error::argument(format!(
                     "cfg->struct_size is {size} but this library knows only the first \
-                     {CONFIG_SIZE_V1} bytes of smoe_config, and byte {} is not zero: \
+                     {CONFIG_SIZE} bytes of smoe_config, and byte {} is not zero: \
                      the caller sets a field this library version does not support",
-                    CONFIG_SIZE_V1 + at
+                    CONFIG_SIZE + at
                 )));
             }
         }
         let mut known = smoe_config::defaults();
-        // SAFETY: both regions hold at least `min(size, CONFIG_SIZE_V1)`
-        // bytes (the caller's by contract); the copy is untyped, so it is
-        // sound for the pointer field, and fields past the caller's size
-        // keep their defaults.
+        // SAFETY: both regions hold at least `min(size, CONFIG_SIZE)` bytes
+        // (the caller's by contract); the copy is untyped, so it is sound for
+        // the pointer field, and fields past the caller's size keep their
+        // defaults.
         unsafe {
             ptr::copy_nonoverlapping(
                 cfg.cast::<u8>().as_ptr(),
                 ptr::addr_of_mut!(known).cast::<u8>(),
-                size.min(CONFIG_SIZE_V1),
+                size.min(CONFIG_SIZE),
             );
         }
         // SAFETY: `freq_path` came from the caller, who guarantees it.
         unsafe { known.to_core() }
     }
+}
 
-    /// Converts a config (whose size was checked) to the core's, checking
-    /// every field C could set to a value Rust's type cannot hold.
+/// How a setting's Rust type travels in its `smoe_config` field: the C type,
+/// and the conversions both ways. Only defaults go from Rust to C.
+pub(crate) trait CValue: Sized {
+    /// The field's C type.
+    type C: Copy;
+
+    /// The C value of `default`, a setting's default.
+    fn c_default(default: &Self) -> Self::C;
+
+    /// The setting C passed in the field named `field`, or an argument error
+    /// naming the field and its value when Rust's type cannot hold it.
     ///
     /// # Safety
-    /// `self.freq_path` is NULL or a valid NUL-terminated string.
-    pub(crate) unsafe fn to_core(self) -> Result<Config, Error> {
-        let direct_io = match self.direct_io {
-            0 => DirectIo::Auto,
-            1 => DirectIo::Require,
-            2 => DirectIo::Off,
-            other => {
-                return Err(Error::argument(format!(
-                    "cfg->direct_io is {other}, expected 0 (auto), 1 (require) or 2 (off)"
-                )))
-            }
-        };
-        let freq_path = if self.freq_path.is_null() {
-            None
-        } else {
-            // SAFETY: non-NULL, and the caller guarantees a valid string.
-            let bytes = unsafe { CStr::from_ptr(self.freq_path) }.to_bytes();
-            Some(PathBuf::from(OsStr::from_bytes(bytes)))
-        };
-        Ok(Config {
-            ring_slots: self.ring_slots,
-            slot_mb: self.slot_mb,
-            workers: self.workers,
-            direct_io,
-            prewarm: flag("prewarm", self.prewarm)?,
-            prewarm_slots: self.prewarm_slots,
-            verify: flag("verify", self.verify)?,
-            scout_bytes: (self.scout_bytes != u64::MAX).then_some(self.scout_bytes),
-            engine_overhead_bytes: self.engine_overhead_bytes,
-            freq_path,
-            ..Config::default()
-        })
+    /// A pointer `value` is NULL or valid as the type says (for a path: a
+    /// NUL-terminated string that outlives the call).
+    unsafe fn from_c(value: Self::C, field: &str) -> Result<Self, Error>;
+
+    /// A valid C value other than `value`, to test that each field arrives
+    /// where it belongs.
+    #[cfg(test)]
+    fn another_c(value: Self::C) -> Self::C;
+}
+
+/// A count or size: the same number.
+impl CValue for u32 {
+    type C = u32;
+    fn c_default(default: &Self) -> u32 {
+        *default
+    }
+    unsafe fn from_c(value: u32, _field: &str) -> Result<Self, Error> {
+        Ok(value)
+    }
+    #[cfg(test)]
+    fn another_c(value: u32) -> u32 {
+        value ^ 1
     }
 }
+
+/// A byte count: the same number.
+impl CValue for u64 {
+    type C = u64;
+    fn c_default(default: &Self) -> u64 {
+        *default
+    }
+    unsafe fn from_c(value: u64, _field: &str) -> Result<Self, Error> {
+        Ok(value)
+    }
+    #[cfg(test)]
+    fn another_c(value: u64) -> u64 {
+        value ^ 1
+    }
+}
+
+/// An optional byte count: `UINT64_MAX` is `None`.
+impl CValue for Option<u64> {
+    type C = u64;
+    fn c_default(default: &Self) -> u64 {
+        default.unwrap_or(u64::MAX)
+    }
+    unsafe fn from_c(value: u64, _field: &str) -> Result<Self, Error> {
+        Ok((value != u64::MAX).then_some(value))
+    }
+    #[cfg(test)]
+    fn another_c(value: u64) -> u64 {
+        value ^ 1
+    }
+}
+
+/// A switch: 0 or 1; anything else is an argument error naming the field.
+impl CValue for bool {
+    type C = u32;
+    fn c_default(default: &Self) -> u32 {
+        u32::from(*default)
+    }
+    unsafe fn from_c(value: u32, field: &str) -> Result<Self, Error> {
+        match value {
+            0 => Ok(false),
+            1 => Ok(true),
+            other => Err(Error::argument(format!(
+                "cfg->{field} is {other}, expected 0 or 1"
+            ))),
+        }
+    }
+    #[cfg(test)]
+    fn another_c(value: u32) -> u32 {
+        value ^ 1
+    }
+}
+
+/// The direct-I/O policy: 0 auto, 1 require, 2 off.
+impl CValue for DirectIo {
+    type C = u32;
+    fn c_default(default: &Self) -> u32 {
+        direct_io_value(*default)
+    }
+    unsafe fn from_c(value: u32, field: &str) -> Result<Self, Error> {
+        match value {
+            0 => Ok(DirectIo::Auto),
+            1 => Ok(DirectIo::Require),
+            2 => Ok(DirectIo::Off),
+            other => Err(Error::argument(format!(
+                "cfg->{field} is {other}, expected 0 (auto), 1 (require) or 2 (off)"
+            ))),
+        }
+    }
+    #[cfg(test)]
+    fn another_c(value: u32) -> u32 {
+        (value + 1) % 3
+    }
+}
+
+/// A path: NULL is `None`; otherwise any bytes (not necessarily UTF-8).
+impl CValue for Option<PathBuf> {
+    type C = *const c_char;
+    /// Only NULL can be a default: a path would need a C string for the
+    /// caller's struct to point to for as long as it lives.
+    fn c_default(default: &Self) -> *const c_char {
+        assert!(default.is_none(), "a path default has no C string");
+        ptr::null()
+    }
+    unsafe fn from_c(value: *const c_char, _field: &str) -> Result<Self, Error> {
+        if value.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: non-NULL, and the caller guarantees a valid string.
+        let bytes = unsafe { CStr::from_ptr(value) }.to_bytes();
+        Ok(Some(PathBuf::from(OsStr::from_bytes(bytes))))
+    }
+    #[cfg(test)]
+    fn another_c(value: *const c_char) -> *const c_char {
+        if value.is_null() {
+            c"/another/path".as_ptr()
+        } else {
+            ptr::null()
+        }
+    }
+}
+
+/// Checks, at compile time, that `offsets` (a C struct's fields, in schema
+/// order) increase and all lie past the leading `uint32_t struct_size`: the
+/// C struct lists the schema's fields in the schema's order.
+const fn assert_schema_order(offsets: &[usize]) {
+    let mut i = 0;
+    while i < offsets.len() {
+        assert!(
+            offsets[i] >= size_of::<u32>() && (i == 0 || offsets[i - 1] < offsets[i]),
+            "a C struct's fields are not in its schema's order"
+        );
+        i += 1;
+    }
+}
+
+/// Generates, from `config_schema!`, the conversions between `smoe_config`
+/// and [`Config`] (see the module doc).
+macro_rules! config_conversions {
+    ($([$($marker:ident)?] $(#[$doc:meta])* $name:ident : $ty:ty = $default:expr,)*) => {
+        impl smoe_config {
+            /// The names of the fields after `struct_size`, in C order.
+            #[doc(hidden)]
+            pub const FIELD_NAMES: &'static [&'static str] = &[$(stringify!($name)),*];
+
+            /// The defaults `smoe_config_init` writes: those of
+            /// [`Config::default`] in C terms, `struct_size` this library's
+            /// `sizeof(smoe_config)`.
+            pub(crate) fn defaults() -> smoe_config {
+                let core = Config::default();
+                smoe_config {
+                    struct_size: CONFIG_SIZE as u32,
+                    $($name: <$ty as CValue>::c_default(&core.$name),)*
+                }
+            }
+
+            /// [`smoe_config::defaults`] with `struct_size` set to
+            /// `struct_size`, built in zeroed memory field by field, so any
+            /// padding is zero rather than whatever the stack held.
+            fn defaults_in_zeroed_memory(struct_size: u32) -> MaybeUninit<smoe_config> {
+                let core = Config::default();
+                let mut value = MaybeUninit::<smoe_config>::zeroed();
+                // SAFETY: all-zero bytes are a valid `smoe_config` (integers
+                // and a NULL pointer).
+                let v = unsafe { value.assume_init_mut() };
+                v.struct_size = struct_size;
+                $(v.$name = <$ty as CValue>::c_default(&core.$name);)*
+                value
+            }
+
+            /// Converts a config (whose size was checked) to the core's,
+            /// checking every field C could set to a value Rust's type cannot
+            /// hold. The Rust-only fields of [`Config`] keep their defaults.
+            ///
+            /// # Safety
+            /// Every pointer field is NULL or valid as its type says (see
+            /// [`CValue::from_c`]).
+            pub(crate) unsafe fn to_core(self) -> Result<Config, Error> {
+                Ok(Config {
+                    $(
+                        // SAFETY: the caller guarantees this field, if a
+                        // pointer, is NULL or valid.
+                        $name: unsafe { <$ty as CValue>::from_c(self.$name, stringify!($name)) }?,
+                    )*
+                    ..Config::default()
+                })
+            }
+        }
+
+        const _: () = assert_schema_order(&[$(std::mem::offset_of!(smoe_config, $name)),*]);
+
+        /// Each setting of `config`, by name, as `Debug` shows it.
+        #[cfg(test)]
+        fn config_field_values(config: &Config) -> Vec<(&'static str, String)> {
+            vec![$((stringify!($name), format!("{:?}", config.$name))),*]
+        }
+
+        /// `config` with the field `name` set to another valid value.
+        #[cfg(test)]
+        fn with_another_value(mut config: smoe_config, name: &str) -> smoe_config {
+            $(if name == stringify!($name) {
+                config.$name = <$ty as CValue>::another_c(config.$name);
+            })*
+            config
+        }
+    };
+}
+
+crate::streamer::config_schema!(config_conversions);
+
+/// Generates, from `stats_schema!`, the conversion from [`Stats`] to
+/// `smoe_stats` (see the module doc).
+macro_rules! stats_conversions {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        impl smoe_stats {
+            /// The names of the fields after `struct_size`, in C order.
+            #[doc(hidden)]
+            pub const FIELD_NAMES: &'static [&'static str] = &[$(stringify!($name)),*];
+
+            /// `stats` in C terms with `struct_size` set to `struct_size`,
+            /// built in zeroed memory field by field, so the padding after
+            /// `struct_size` is zero rather than whatever the stack held.
+            fn from_core(stats: &Stats, struct_size: u32) -> MaybeUninit<smoe_stats> {
+                let mut value = MaybeUninit::<smoe_stats>::zeroed();
+                // SAFETY: all-zero bytes are a valid `smoe_stats` (integers
+                // only).
+                let v = unsafe { value.assume_init_mut() };
+                v.struct_size = struct_size;
+                $(v.$name = stats.$name;)*
+                value
+            }
+
+            /// Never called: its destructuring and its struct literal name
+            /// every field of both sides, so a field missing from either
+            /// does not compile.
+            #[allow(dead_code)]
+            fn every_field_is_in_the_schema(stats: &Stats) -> smoe_stats {
+                let Stats { $($name,)* } = stats.clone();
+                smoe_stats {
+                    struct_size: 0,
+                    $($name,)*
+                }
+            }
+        }
+
+        const _: () = assert_schema_order(&[$(std::mem::offset_of!(smoe_stats, $name)),*]);
+
+        /// Each counter of `stats` (the C side), in schema order.
+        #[cfg(test)]
+        fn c_stats_values(stats: &smoe_stats) -> Vec<u64> {
+            vec![$(stats.$name),*]
+        }
+
+        /// A `Stats` whose counters are 1, 2, 3, ... in schema order.
+        #[cfg(test)]
+        fn numbered_stats() -> Stats {
+            let mut n = 0;
+            Stats {
+                $($name: {
+                    n += 1;
+                    n
+                },)*
+            }
+        }
+    };
+}
+
+crate::streamer::stats_schema!(stats_conversions);
 
 /// The C value of a direct-I/O policy.
 fn direct_io_value(policy: DirectIo) -> u32 {
@@ -290,17 +579,6 @@ fn direct_io_value(policy: DirectIo) -> u32 {
         DirectIo::Auto => 0,
         DirectIo::Require => 1,
         DirectIo::Off => 2,
-    }
-}
-
-/// A 0/1 field as a bool; anything else is an argument error naming it.
-fn flag(field: &str, value: u32) -> Result<bool, Error> {
-    match value {
-        0 => Ok(false),
-        1 => Ok(true),
-        other => Err(Error::argument(format!(
-            "cfg->{field} is {other}, expected 0 or 1"
-        ))),
     }
 }
 
@@ -342,29 +620,7 @@ impl smoe_stats {
         let size = unsafe { out.cast::<u32>().as_ptr().read() };
         check_size_v1("out", "smoe_stats", size, STATS_SIZE_V1)?;
         let written = (size as usize).min(STATS_SIZE);
-        // Built in zeroed memory, field by field, so the padding after
-        // `struct_size` is zero rather than whatever the stack held.
-        let mut value = MaybeUninit::<smoe_stats>::zeroed();
-        // SAFETY: all-zero bytes are a valid `smoe_stats` (integers only).
-        let v = unsafe { value.assume_init_mut() };
-        v.struct_size = written as u32;
-        v.claims = stats.claims;
-        v.hits = stats.hits;
-        v.pending = stats.pending;
-        v.bytes_read = stats.bytes_read;
-        v.reads_demand = stats.reads_demand;
-        v.reads_speculative = stats.reads_speculative;
-        v.reads_prewarm = stats.reads_prewarm;
-        v.evictions = stats.evictions;
-        v.io_errors = stats.io_errors;
-        v.checksum_errors = stats.checksum_errors;
-        v.resident = stats.resident;
-        v.ring_slots = stats.ring_slots;
-        v.slot_bytes = stats.slot_bytes;
-        v.workers = stats.workers;
-        v.direct_io = stats.direct_io;
-        v.freq_ignored = stats.freq_ignored;
-        v.prewarm_slots = stats.prewarm_slots;
+        let value = smoe_stats::from_core(stats, written as u32);
         // SAFETY: `written` bytes are in bounds of both the local value and
         // (by the caller's contract, `written ≤ struct_size`) of `*out`.
         unsafe {
@@ -410,7 +666,7 @@ mod tests {
     #[test]
     fn defaults_are_the_cores() {
         let c = smoe_config::defaults();
-        assert_eq!(c.struct_size as usize, CONFIG_SIZE_V1);
+        assert_eq!(c.struct_size as usize, CONFIG_SIZE);
         assert_eq!(
             (c.ring_slots, c.slot_mb, c.workers, c.direct_io),
             (0, 0, 0, 0)
@@ -455,6 +711,45 @@ mod tests {
             assert_eq!(read(&c).unwrap().direct_io, policy);
             assert_eq!(direct_io_value(policy), value);
         }
+    }
+
+    /// Guards the schema: each C field lands in the Rust field of its name
+    /// and no other, and the defaults agree both ways. Generic over the
+    /// schema, so a new field is covered without an edit here.
+    #[test]
+    fn every_config_field_round_trips() {
+        let defaults = smoe_config::defaults();
+        let base = config_field_values(&read(&defaults).unwrap());
+        assert_eq!(base, config_field_values(&Config::default()));
+        assert_eq!(base.len(), smoe_config::FIELD_NAMES.len());
+        for &name in smoe_config::FIELD_NAMES {
+            let changed = config_field_values(&read(&with_another_value(defaults, name)).unwrap());
+            let differs: Vec<&str> = changed
+                .iter()
+                .zip(&base)
+                .filter(|(now, before)| now != before)
+                .map(|(now, _)| now.0)
+                .collect();
+            assert_eq!(differs, [name], "only cfg->{name} was changed");
+        }
+    }
+
+    /// Each counter reaches the C field of its name (generic, as above).
+    #[test]
+    fn every_stats_field_round_trips() {
+        let core = numbered_stats();
+        // SAFETY: all-zero bytes are a valid `smoe_stats` (integers only).
+        let mut out: smoe_stats = unsafe { std::mem::zeroed() };
+        out.struct_size = STATS_SIZE as u32;
+        // SAFETY: `out` is a whole `smoe_stats`.
+        unsafe { smoe_stats::write(NonNull::from(&mut out), &core) }.unwrap();
+        let expected: Vec<u64> = (1..=smoe_stats::FIELD_NAMES.len() as u64).collect();
+        assert_eq!(c_stats_values(&out), expected);
+        assert_eq!(
+            STATS_SIZE,
+            8 + 8 * smoe_stats::FIELD_NAMES.len(),
+            "no C field outside the schema"
+        );
     }
 
     #[test]
@@ -513,6 +808,52 @@ mod tests {
     }
 
     #[test]
+    fn init_sized_writes_exactly_struct_size() {
+        // SAFETY: all-0xa5 bytes are a valid `Larger` (integers, and a
+        // pointer that is never dereferenced here).
+        let fresh = || -> Larger { unsafe { std::mem::transmute([0xa5u8; size_of::<Larger>()]) } };
+        let bytes = |l: &Larger| -> Vec<u8> {
+            // SAFETY: `l` is a whole `Larger`, readable for its size, with
+            // no padding (56 + 16 bytes).
+            unsafe {
+                std::slice::from_raw_parts((l as *const Larger).cast::<u8>(), size_of::<Larger>())
+            }
+            .to_vec()
+        };
+        for refused in [
+            0,
+            4,
+            CONFIG_SIZE_V1 as u32 - 1,
+            STRUCT_SIZE_MAX + 1,
+            u32::MAX,
+        ] {
+            let mut l = fresh();
+            // SAFETY: a refused size writes nothing.
+            let err = unsafe { smoe_config::init_sized(NonNull::from(&mut l.config), refused) }
+                .unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Argument);
+            assert!(bytes(&l).iter().all(|&b| b == 0xa5), "{refused}: written");
+        }
+        for size in [CONFIG_SIZE, CONFIG_SIZE + 8, size_of::<Larger>()] {
+            let mut l = fresh();
+            // SAFETY: `l` holds `size` writable bytes.
+            unsafe { smoe_config::init_sized(NonNull::from(&mut l.config), size as u32) }.unwrap();
+            let written = bytes(&l);
+            assert_eq!(l.config.struct_size as usize, size);
+            assert!(
+                written[CONFIG_SIZE..size].iter().all(|&b| b == 0),
+                "tail zeroed"
+            );
+            assert!(
+                written[size..].iter().all(|&b| b == 0xa5),
+                "{size}: overrun"
+            );
+            let core = read(&l.config).unwrap();
+            assert_eq!(format!("{core:?}"), format!("{:?}", Config::default()));
+        }
+    }
+
+    #[test]
     fn larger_struct_needs_a_zero_tail() {
         let mut larger = Larger {
             config: smoe_config {
@@ -546,25 +887,7 @@ mod tests {
             stats: smoe_stats,
             extra: [u64; 2],
         }
-        let core = Stats {
-            claims: 1,
-            hits: 2,
-            pending: 3,
-            bytes_read: 4,
-            reads_demand: 5,
-            reads_speculative: 6,
-            reads_prewarm: 7,
-            evictions: 8,
-            io_errors: 9,
-            checksum_errors: 10,
-            resident: 11,
-            ring_slots: 12,
-            slot_bytes: 13,
-            workers: 14,
-            direct_io: 15,
-            freq_ignored: 16,
-            prewarm_slots: 17,
-        };
+        let core = numbered_stats();
         // SAFETY: all-0xff bytes are a valid `LargerStats` (integers only).
         let mut out: LargerStats = unsafe { std::mem::transmute([0xffu8; STATS_SIZE + 16]) };
         out.stats.struct_size = size_of::<LargerStats>() as u32;
@@ -578,7 +901,8 @@ mod tests {
                 out.stats.direct_io,
                 out.stats.prewarm_slots
             ),
-            (1, 10, 15, 17)
+            (1, 10, 15, 17),
+            "fields numbered in schema order"
         );
         // A v1 caller (the SPEC's fields only) gets exactly those.
         // SAFETY: all-0xff bytes are a valid `LargerStats`.

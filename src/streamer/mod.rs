@@ -8,19 +8,26 @@
 #[cfg(not(loom))]
 mod prewarm;
 mod ring;
+mod schema;
 pub(crate) mod slots;
 #[cfg(not(loom))]
 mod worker;
 
 #[cfg(not(loom))]
 pub use imp::*;
-pub use ring::RING_ALIGN;
+#[cfg(not(loom))]
+pub(crate) use schema::stats_schema;
+pub(crate) use schema::{config_schema, select_budget};
+pub use schema::{Config, Stats};
+#[cfg(not(loom))]
+#[doc(hidden)]
+pub use worker::{BlobReader, FileReader};
 
 #[cfg(not(loom))]
 mod imp {
     use std::collections::HashMap;
-    use std::ops::{Deref, Range};
-    use std::path::{Path, PathBuf};
+    use std::ops::Deref;
+    use std::path::Path;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::{Arc, Mutex};
     use std::thread::JoinHandle;
@@ -29,14 +36,15 @@ mod imp {
     use crossbeam_utils::CachePadded;
 
     use super::prewarm;
-    use super::ring::{Ring, RING_ALIGN};
+    use super::ring::Ring;
     use super::slots::{Claimed, Origin, Prefetched, SlotTable};
     use super::worker;
+    use super::{Config, Stats};
     use crate::budget::RingPlan;
     use crate::error::{Error, ErrorKind, Result};
     use crate::popularity::Histogram;
-    use crate::sys::DirectIo;
-    use crate::vault::{Entry, Vault};
+    use crate::sys::{DirectIo, OpenedFile};
+    use crate::vault::{Entry, Vault, DEFAULT_ALIGNMENT};
 
     // A ring has at most one slot per vault entry, so the slot table's
     // ticket field (20 bits) holds every slot index.
@@ -54,107 +62,6 @@ mod imp {
         Demand,
         /// A bet on a deeper gate rank or the next token.
         Speculative,
-    }
-
-    /// Streamer settings (C `smoe_config`).
-    #[derive(Clone, Debug)]
-    pub struct Config {
-        /// Number of slots; 0 sizes the ring from the memory the OS can spare
-        /// (SPEC §2.1, [`crate::budget::plan_ring`]). Never more than the
-        /// vault's entries.
-        pub ring_slots: u32,
-        /// Slot size in MiB; 0 = the largest padded blob.
-        pub slot_mb: u32,
-        /// I/O worker threads, 1..=64; 0 = 16.
-        pub workers: u32,
-        /// Direct I/O policy for the workers' descriptors.
-        pub direct_io: DirectIo,
-        /// Run the pre-warm thread (SPEC §2).
-        pub prewarm: bool,
-        /// Pre-warm budget in slots; 0 = slots − max(128, slots / 4).
-        pub prewarm_slots: u32,
-        /// Check each blob's xxh3 after reading it.
-        pub verify: bool,
-        /// Bytes of dense weights the engine keeps resident; None = the size
-        /// of the vault's `scout.*` files.
-        pub scout_bytes: Option<u64>,
-        /// Memory the engine needs besides the ring and the scout; 0 = 2 GiB.
-        pub engine_overhead_bytes: u64,
-        /// Histogram file; None = `<vault>/expert_freq.bin`, empty = none.
-        pub freq_path: Option<PathBuf>,
-        /// Test hook: reads overlapping these file ranges fail with EIO, as
-        /// a bad region of a drive would.
-        #[doc(hidden)]
-        pub fail_reads: Vec<Range<u64>>,
-        /// Test hook: the first read job panics inside its worker, as a bug
-        /// would, to check that the panic is caught and reported.
-        #[doc(hidden)]
-        pub panic_in_worker: bool,
-        /// Benchmark hook: count claims in the histogram (default true).
-        /// Off only to measure what counting costs.
-        #[doc(hidden)]
-        pub count_claims: bool,
-    }
-
-    impl Default for Config {
-        fn default() -> Self {
-            Config {
-                ring_slots: 0,
-                slot_mb: 0,
-                workers: 0,
-                direct_io: DirectIo::Auto,
-                prewarm: true,
-                prewarm_slots: 0,
-                verify: false,
-                scout_bytes: None,
-                engine_overhead_bytes: 0,
-                freq_path: None,
-                fail_reads: Vec::new(),
-                panic_in_worker: false,
-                count_claims: true,
-            }
-        }
-    }
-
-    /// Counters and sizes (C `smoe_stats`).
-    #[derive(Clone, Debug, Default, PartialEq, Eq)]
-    pub struct Stats {
-        /// OK claims.
-        pub claims: u64,
-        /// OK claims that needed no demand read (`hit`).
-        pub hits: u64,
-        /// Claims answered pending (`claim` returning None, `claim_wait`
-        /// timing out; the polls inside `claim_wait` do not count).
-        pub pending: u64,
-        /// Bytes read from the vault.
-        pub bytes_read: u64,
-        /// Reads done for demand.
-        pub reads_demand: u64,
-        /// Reads done for speculation.
-        pub reads_speculative: u64,
-        /// Reads done for pre-warm.
-        pub reads_prewarm: u64,
-        /// Loads that replaced another expert.
-        pub evictions: u64,
-        /// Failed or short reads.
-        pub io_errors: u64,
-        /// Blobs that failed their checksum (verify on).
-        pub checksum_errors: u64,
-        /// Slots holding an expert's data.
-        pub resident: u64,
-        /// Slots in the ring.
-        pub ring_slots: u64,
-        /// Bytes per slot.
-        pub slot_bytes: u64,
-        /// I/O worker threads.
-        pub workers: u64,
-        /// 1 if every worker descriptor does direct I/O.
-        pub direct_io: u64,
-        /// Histogram files found at open but ignored (corrupt) or protected
-        /// (not this vault's histogram, so never replaced).
-        pub freq_ignored: u64,
-        /// Slots the pre-warm thread may fill (0 when it does not run).
-        pub prewarm_slots: u64,
     }
 
     /// Counters updated from many threads; each on its own cache line.
@@ -190,8 +97,8 @@ mod imp {
         pub(crate) broken: AtomicBool,
         pub(crate) shutdown: AtomicBool,
         pub(crate) wake: worker::Wake,
-        pub(crate) fail_reads: Vec<Range<u64>>,
-        pub(crate) panic_in_worker: bool,
+        /// How the workers read blobs ([`worker::BlobReader`]).
+        pub(crate) reader: Box<dyn worker::BlobReader>,
         /// Claim counts, persisted across sessions; drives pre-warm.
         pub(crate) histogram: Histogram,
         pub(crate) count_claims: bool,
@@ -295,153 +202,73 @@ mod imp {
 
         /// Like [`Streamer::open`], for a vault already opened.
         pub fn with_vault(vault: Vault, config: Config) -> Result<Streamer> {
-            let workers = match config.workers {
-                0 => DEFAULT_WORKERS,
-                n if n <= MAX_WORKERS => n,
-                n => {
-                    return Err(Error::argument(format!(
-                        "workers is {n}, expected 1..={MAX_WORKERS} (or 0 for {DEFAULT_WORKERS})"
-                    )))
-                }
-            };
-            let plan = crate::budget::plan_for(
-                &vault,
-                &crate::budget::BudgetConfig {
-                    ring_slots: config.ring_slots,
-                    slot_mb: config.slot_mb,
-                    scout_bytes: config.scout_bytes,
-                    engine_overhead_bytes: config.engine_overhead_bytes,
-                },
-            )?;
-            let (slots, slot_bytes) = (plan.slots, plan.slot_bytes);
-            let ring = Ring::new(slots, slot_bytes)?;
+            Self::with_reader(vault, config, worker::FileReader)
+        }
+
+        /// [`Streamer::with_vault`] whose workers read blobs through
+        /// `reader` instead of [`FileReader`](super::FileReader): the seam
+        /// tests use to put a faulty disk under the streamer (a failing
+        /// region, a panicking read). Not part of the API.
+        #[doc(hidden)]
+        pub fn with_reader(
+            vault: Vault,
+            config: Config,
+            reader: impl worker::BlobReader,
+        ) -> Result<Streamer> {
+            let resolved = Resolved::new(&vault, &config)?;
+            Self::start(vault, &config, resolved, Box::new(reader))
+        }
+
+        /// Starts a streamer from its resolved parts: shares them with the
+        /// I/O workers and the pre-warm thread, and starts those threads. On
+        /// failure, stops and joins whatever had started.
+        fn start(
+            vault: Vault,
+            config: &Config,
+            resolved: Resolved,
+            reader: Box<dyn worker::BlobReader>,
+        ) -> Result<Streamer> {
+            let Resolved {
+                workers,
+                plan,
+                ring,
+                files,
+                direct_all,
+                histogram,
+                prewarm_budget,
+                warnings,
+            } = resolved;
             let ids = vault.header().expert_ids() as u32;
-            let mut warnings = Vec::new();
-
-            let mut files = Vec::with_capacity(workers as usize);
-            for _ in 0..workers {
-                let opened = crate::sys::open_for_streaming(vault.path(), config.direct_io)
-                    .map_err(|e| {
-                        let kind = if e.kind() == std::io::ErrorKind::Unsupported {
-                            ErrorKind::Unsupported
-                        } else {
-                            ErrorKind::Io
-                        };
-                        let err = Error::io("cannot open for streaming", vault.path(), &e);
-                        Error::new(kind, err.message().to_owned())
-                    })?;
-                files.push(opened);
-            }
-            // Some filesystems accept O_DIRECT at open and refuse the reads.
-            if files.iter().any(|f| f.direct) {
-                let probe = crate::sys::probe_direct_read(&files[0].file, RING_ALIGN);
-                if let Err(e) = probe {
-                    if config.direct_io == DirectIo::Require {
-                        return Err(Error::new(
-                            ErrorKind::Unsupported,
-                            format!(
-                                "direct I/O required but {} refuses direct reads: {e}",
-                                vault.path().display()
-                            ),
-                        ));
-                    }
-                    files.clear();
-                    for _ in 0..workers {
-                        let f = crate::sys::open_for_streaming(vault.path(), DirectIo::Off)
-                            .map_err(|e| Error::io("cannot open", vault.path(), &e))?;
-                        files.push(f);
-                    }
-                }
-            }
-            let direct_all = files.iter().all(|f| f.direct);
-            if !direct_all && config.direct_io == DirectIo::Auto {
-                warnings.push(format!(
-                    "direct I/O is not available for {}: reading through the page cache",
-                    vault.path().display()
-                ));
-            }
-
-            let (histogram, histogram_warnings) =
-                Histogram::open_for_vault(&vault, config.freq_path.as_deref());
-            warnings.extend(histogram_warnings);
-            let prewarm_budget = if !config.prewarm {
-                0
-            } else if config.prewarm_slots > 0 {
-                config.prewarm_slots.min(slots)
-            } else {
-                slots.saturating_sub(slots.div_ceil(4).max(128))
-            };
             let histogram_base = histogram.total();
             let shared = Arc::new(Shared {
                 histogram,
                 count_claims: config.count_claims,
                 histogram_base,
                 prewarm: prewarm::Control::new(prewarm_budget),
-                table: SlotTable::new(slots, ids),
+                table: SlotTable::new(plan.slots, ids),
                 ring,
-                slot_bytes,
+                slot_bytes: plan.slot_bytes,
                 verify: config.verify,
                 counters: Counters::default(),
                 errors: Mutex::new(HashMap::new()),
                 broken: AtomicBool::new(false),
                 shutdown: AtomicBool::new(false),
                 wake: worker::Wake::new(workers),
-                fail_reads: config.fail_reads.clone(),
-                panic_in_worker: config.panic_in_worker,
+                reader,
                 vault,
             });
-            let mut threads = Vec::with_capacity(workers as usize);
-            for (i, opened) in files.into_iter().enumerate() {
-                let shared2 = shared.clone();
-                let spawned = std::thread::Builder::new()
-                    .name(format!("smoe-io-{i}"))
-                    .spawn(move || worker::run(shared2, i as u32, opened.file));
-                match spawned {
-                    Ok(h) => threads.push(h),
-                    Err(e) => {
-                        shared
-                            .wake
-                            .set_threads(threads.iter().map(|h| h.thread().clone()).collect());
+            let mut threads = start_workers(&shared, files)?;
+            let prewarm_thread = if prewarm_budget > 0 {
+                match start_prewarm(&shared) {
+                    Ok(thread) => Some(thread),
+                    Err(err) => {
                         stop(&shared, &mut threads, &mut None);
-                        return Err(Error::new(
-                            ErrorKind::Internal,
-                            format!("could not start I/O worker {i}: {e}"),
-                        ));
+                        return Err(err);
                     }
                 }
-            }
-            shared
-                .wake
-                .set_threads(threads.iter().map(|h| h.thread().clone()).collect());
-            let mut prewarm_thread = None;
-            if prewarm_budget > 0 {
-                let shared2 = shared.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("smoe-prewarm".into())
-                    .spawn(move || {
-                        let s = shared2.clone();
-                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            prewarm::run(s)
-                        }));
-                        if r.is_err() {
-                            // Release: later calls that Acquire `broken` fail cleanly.
-                            shared2.broken.store(true, Ordering::Release);
-                        }
-                    });
-                match spawned {
-                    Ok(h) => {
-                        shared.prewarm.set_thread(h.thread().clone());
-                        prewarm_thread = Some(h);
-                    }
-                    Err(e) => {
-                        stop(&shared, &mut threads, &mut None);
-                        return Err(Error::new(
-                            ErrorKind::Internal,
-                            format!("could not start the pre-warm thread: {e}"),
-                        ));
-                    }
-                }
-            }
+            } else {
+                None
+            };
             Ok(Streamer {
                 shared,
                 threads,
@@ -754,6 +581,177 @@ mod imp {
                 .collect();
             v.sort_unstable();
             v.into_iter().map(|(_, id)| (id / n, id % n)).collect()
+        }
+    }
+
+    /// Everything a streamer is made of before any of its threads runs:
+    /// decided (worker count, ring plan, pre-warm budget), allocated (the
+    /// ring) and opened (one vault descriptor per worker, the histogram).
+    struct Resolved {
+        workers: u32,
+        plan: RingPlan,
+        ring: Ring,
+        /// One per worker, each opened with the direct-I/O policy applied.
+        files: Vec<OpenedFile>,
+        /// Whether every descriptor in `files` does direct I/O.
+        direct_all: bool,
+        histogram: Histogram,
+        prewarm_budget: u32,
+        /// The open-time warnings, for [`Streamer::warnings`].
+        warnings: Vec<String>,
+    }
+
+    impl Resolved {
+        /// Resolves `config` for `vault`, in this order: the worker count,
+        /// the ring plan (SPEC §2.1) and its allocation, the workers'
+        /// descriptors, the histogram, the pre-warm budget. Starts no
+        /// thread.
+        fn new(vault: &Vault, config: &Config) -> Result<Resolved> {
+            let workers = worker_count(config.workers)?;
+            let plan = crate::budget::plan_for(vault, &config.budget())?;
+            let ring = Ring::new(plan.slots, plan.slot_bytes)?;
+            let mut warnings = Vec::new();
+            let files = open_worker_files(vault, workers, config.direct_io)?;
+            let direct_all = files.iter().all(|f| f.direct);
+            if !direct_all && config.direct_io == DirectIo::Auto {
+                warnings.push(format!(
+                    "direct I/O is not available for {}: reading through the page cache",
+                    vault.path().display()
+                ));
+            }
+            let (histogram, histogram_warnings) =
+                Histogram::open_for_vault(vault, config.freq_path.as_deref());
+            warnings.extend(histogram_warnings);
+            Ok(Resolved {
+                workers,
+                prewarm_budget: prewarm_budget(config, plan.slots),
+                plan,
+                ring,
+                files,
+                direct_all,
+                histogram,
+                warnings,
+            })
+        }
+    }
+
+    /// The worker count `requested` stands for: 0 is the default.
+    fn worker_count(requested: u32) -> Result<u32> {
+        match requested {
+            0 => Ok(DEFAULT_WORKERS),
+            n if n <= MAX_WORKERS => Ok(n),
+            n => Err(Error::argument(format!(
+                "workers is {n}, expected 1..={MAX_WORKERS} (or 0 for {DEFAULT_WORKERS})"
+            ))),
+        }
+    }
+
+    /// The slots the pre-warm thread may fill in a ring of `slots`: 0 when
+    /// it is off, else the configured count (at most `slots`), else
+    /// `slots − max(128, slots / 4)` (SPEC §2).
+    fn prewarm_budget(config: &Config, slots: u32) -> u32 {
+        if !config.prewarm {
+            0
+        } else if config.prewarm_slots > 0 {
+            config.prewarm_slots.min(slots)
+        } else {
+            slots.saturating_sub(slots.div_ceil(4).max(128))
+        }
+    }
+
+    /// Opens one descriptor of the vault per worker with the `policy`. Some
+    /// filesystems accept `O_DIRECT` at open and refuse the reads, so a
+    /// direct descriptor is probed with one read; if it is refused, all are
+    /// reopened buffered (or, under `Require`, it is an error).
+    fn open_worker_files(vault: &Vault, workers: u32, policy: DirectIo) -> Result<Vec<OpenedFile>> {
+        let mut files = Vec::with_capacity(workers as usize);
+        for _ in 0..workers {
+            let opened = crate::sys::open_for_streaming(vault.path(), policy).map_err(|e| {
+                let kind = if e.kind() == std::io::ErrorKind::Unsupported {
+                    ErrorKind::Unsupported
+                } else {
+                    ErrorKind::Io
+                };
+                let err = Error::io("cannot open for streaming", vault.path(), &e);
+                Error::new(kind, err.message().to_owned())
+            })?;
+            files.push(opened);
+        }
+        if files.iter().any(|f| f.direct) {
+            let probe = crate::sys::probe_direct_read(&files[0].file, DEFAULT_ALIGNMENT as usize);
+            if let Err(e) = probe {
+                if policy == DirectIo::Require {
+                    return Err(Error::new(
+                        ErrorKind::Unsupported,
+                        format!(
+                            "direct I/O required but {} refuses direct reads: {e}",
+                            vault.path().display()
+                        ),
+                    ));
+                }
+                files.clear();
+                for _ in 0..workers {
+                    let f = crate::sys::open_for_streaming(vault.path(), DirectIo::Off)
+                        .map_err(|e| Error::io("cannot open", vault.path(), &e))?;
+                    files.push(f);
+                }
+            }
+        }
+        Ok(files)
+    }
+
+    /// Starts one I/O worker per descriptor, then tells the wake-up logic
+    /// their threads. If one cannot start, stops those that did.
+    fn start_workers(shared: &Arc<Shared>, files: Vec<OpenedFile>) -> Result<Vec<JoinHandle<()>>> {
+        let mut threads = Vec::with_capacity(files.len());
+        for (i, opened) in files.into_iter().enumerate() {
+            let shared2 = shared.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("smoe-io-{i}"))
+                .spawn(move || worker::run(shared2, i as u32, opened.file));
+            match spawned {
+                Ok(h) => threads.push(h),
+                Err(e) => {
+                    shared
+                        .wake
+                        .set_threads(threads.iter().map(|h| h.thread().clone()).collect());
+                    stop(shared, &mut threads, &mut None);
+                    return Err(Error::new(
+                        ErrorKind::Internal,
+                        format!("could not start I/O worker {i}: {e}"),
+                    ));
+                }
+            }
+        }
+        shared
+            .wake
+            .set_threads(threads.iter().map(|h| h.thread().clone()).collect());
+        Ok(threads)
+    }
+
+    /// Starts the pre-warm thread, which catches its own panics and marks
+    /// the streamer broken.
+    fn start_prewarm(shared: &Arc<Shared>) -> Result<JoinHandle<()>> {
+        let shared2 = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("smoe-prewarm".into())
+            .spawn(move || {
+                let s = shared2.clone();
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prewarm::run(s)));
+                if r.is_err() {
+                    // Release: later calls that Acquire `broken` fail cleanly.
+                    shared2.broken.store(true, Ordering::Release);
+                }
+            });
+        match spawned {
+            Ok(h) => {
+                shared.prewarm.set_thread(h.thread().clone());
+                Ok(h)
+            }
+            Err(e) => Err(Error::new(
+                ErrorKind::Internal,
+                format!("could not start the pre-warm thread: {e}"),
+            )),
         }
     }
 

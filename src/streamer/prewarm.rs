@@ -18,6 +18,8 @@ use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
 use std::time::Duration;
 
+use crossbeam_utils::Backoff;
+
 use super::slots::{Origin, Prefetched};
 use super::Shared;
 
@@ -64,14 +66,11 @@ impl Control {
         // for that prefetch call to finish.
         self.paused.store(busy, Ordering::SeqCst);
         if busy {
-            let mut spins = 0u32;
+            // The wait is for at most one prefetch call (no I/O): spin
+            // briefly, then yield.
+            let backoff = Backoff::new();
             while self.issuing.load(Ordering::SeqCst) {
-                spins += 1;
-                if spins < 64 {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
+                backoff.snooze();
             }
         } else {
             self.wake();

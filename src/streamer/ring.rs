@@ -1,5 +1,5 @@
 //! The ring's memory: one allocation of `slots × slot_bytes`, aligned to
-//! 16384, so slot `i` starts at `base + i × slot_bytes` and a host can wrap
+//! [`DEFAULT_ALIGNMENT`] (16384), so slot `i` starts at `base + i × slot_bytes` and a host can wrap
 //! the whole ring once (one `MTLBuffer`, one `cudaHostRegister`).
 //!
 //! It owns the allocation and hands out raw slot pointers; who may read or
@@ -9,9 +9,7 @@ use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
 
 use crate::error::{Error, ErrorKind, Result};
-
-/// Alignment of the ring and of every slot (SPEC §2).
-pub const RING_ALIGN: usize = 16384;
+use crate::vault::DEFAULT_ALIGNMENT;
 
 pub(crate) struct Ring {
     base: NonNull<u8>,
@@ -29,9 +27,12 @@ unsafe impl Sync for Ring {}
 
 impl Ring {
     /// Allocates `slots × slot_bytes` zeroed bytes (pages are committed
-    /// lazily by the OS). `slot_bytes` must be a multiple of 16384.
+    /// lazily by the OS). `slot_bytes` must be a multiple of
+    /// [`DEFAULT_ALIGNMENT`].
     pub(crate) fn new(slots: u32, slot_bytes: u64) -> Result<Ring> {
-        debug_assert!(slots > 0 && slot_bytes > 0 && slot_bytes % RING_ALIGN as u64 == 0);
+        debug_assert!(
+            slots > 0 && slot_bytes > 0 && slot_bytes % u64::from(DEFAULT_ALIGNMENT) == 0
+        );
         let total = u64::from(slots)
             .checked_mul(slot_bytes)
             .and_then(|t| usize::try_from(t).ok())
@@ -41,7 +42,7 @@ impl Ring {
                     format!("ring of {slots} slots × {slot_bytes} bytes does not fit in memory"),
                 )
             })?;
-        let layout = Layout::from_size_align(total, RING_ALIGN).map_err(|_| {
+        let layout = Layout::from_size_align(total, DEFAULT_ALIGNMENT as usize).map_err(|_| {
             Error::new(
                 ErrorKind::NoMemory,
                 format!("ring of {total} bytes is too large to allocate"),

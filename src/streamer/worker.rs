@@ -5,6 +5,9 @@
 //! Idle workers park (a futex underneath) and are unparked by whoever queues
 //! a read; they never spin when there is nothing to read. A panic inside a
 //! worker is caught, marks the streamer broken, and ends only that thread.
+//!
+//! Every read goes through a [`BlobReader`], the seam where tests put a
+//! faulty disk; the streamer's own is [`FileReader`].
 
 use std::fs::File;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -17,6 +20,35 @@ use xxhash_rust::xxh3::xxh3_64;
 use super::slots::{Origin, ReadJob};
 use super::Shared;
 use crate::error::{Error, ErrorKind};
+use crate::sys::ReadError;
+
+/// How the I/O workers read a blob: the one seam between the streamer and
+/// the disk, as [`crate::vault`]'s `Source` is for the vault's table. The
+/// streamer reads through [`FileReader`]; a test passes
+/// [`Streamer::with_reader`](super::Streamer::with_reader) a reader that
+/// fails or panics where it wants, so no test hook sits on the read path.
+///
+/// Not part of the API: for tests (hidden from the docs).
+#[doc(hidden)]
+pub trait BlobReader: Send + Sync + 'static {
+    /// Fills `buf` with the bytes at `offset` of the vault file, through
+    /// `file`, the calling worker's own descriptor of it (opened for direct
+    /// I/O when possible: `buf`, `offset` and `buf.len()` are aligned for
+    /// it). An error says how far the read got ([`ReadError::done`]).
+    fn read_exact_at(&self, file: &File, buf: &mut [u8], offset: u64) -> Result<(), ReadError>;
+}
+
+/// The streamer's reader: [`crate::sys::read_at_exact`] (`pread`, retrying
+/// on `EINTR` and after short reads). A test's reader may delegate to it.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FileReader;
+
+impl BlobReader for FileReader {
+    fn read_exact_at(&self, file: &File, buf: &mut [u8], offset: u64) -> Result<(), ReadError> {
+        crate::sys::read_at_exact(file, buf, offset)
+    }
+}
 
 /// Which workers are parked, and how to wake them.
 pub(crate) struct Wake {
@@ -108,9 +140,6 @@ fn work(shared: &Shared, me: u32, file: &File) {
 }
 
 fn read_job(shared: &Shared, file: &File, job: ReadJob) {
-    if shared.panic_in_worker {
-        panic!("injected panic in an I/O worker (test hook)");
-    }
     let Some(&entry) = shared.vault.entry_by_id(job.id) else {
         // Every caller checks ids against the vault before queueing; should
         // one slip through, fail its read rather than the worker.
@@ -134,20 +163,10 @@ fn read_job(shared: &Shared, file: &File, job: ReadJob) {
     let path = shared.vault.path();
     let at = format!("layer {} expert {}", entry.layer, entry.expert);
 
-    let injected = shared
-        .fail_reads
-        .iter()
-        .any(|r| r.start < entry.offset + entry.padded_size && entry.offset < r.end);
-    let read = if injected {
-        Err(format!(
-            "read 0 of {len} bytes at offset {} in {}: {} (injected fault)",
-            entry.offset,
-            path.display(),
-            std::io::Error::from_raw_os_error(libc::EIO)
-        ))
-    } else {
-        crate::sys::read_at_exact(file, buf, entry.offset).map_err(|e| e.message(path))
-    };
+    let read = shared
+        .reader
+        .read_exact_at(file, buf, entry.offset)
+        .map_err(|e| e.message(path));
     if let Err(message) = read {
         c.io_errors.fetch_add(1, Ordering::Relaxed);
         fail(

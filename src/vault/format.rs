@@ -18,7 +18,11 @@ pub const VERSION: u32 = 1;
 pub const HEADER_BYTES: usize = 128;
 /// Bytes of one table entry.
 pub const ENTRY_BYTES: usize = 48;
-/// The alignment every v1 writer uses (and the ring's slot alignment).
+/// 16384, the crate's one alignment: what every v1 writer aligns blobs to,
+/// and the alignment of the streamer's ring, of every slot and of every
+/// slot size. It is Apple silicon's page size (a host can wrap the ring in
+/// one `MTLBuffer`) and a multiple of every direct-I/O block size. Other
+/// modules use this constant rather than a name of their own.
 pub const DEFAULT_ALIGNMENT: u32 = 16384;
 /// Smallest alignment a reader accepts.
 pub const MIN_ALIGNMENT: u32 = 4096;

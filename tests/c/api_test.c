@@ -102,7 +102,7 @@ static smoe_stats get_stats(smoe_streamer *s) {
 static void test_config_init(void) {
   smoe_config cfg;
   memset(&cfg, 0xa5, sizeof cfg);
-  smoe_config_init(&cfg);
+  EXPECT(smoe_config_init(&cfg), SMOE_OK);
   CHECK(cfg.struct_size == sizeof(smoe_config), "struct_size %u", cfg.struct_size);
   CHECK(cfg.ring_slots == 0 && cfg.slot_mb == 0 && cfg.workers == 0, "sizes");
   CHECK(cfg.direct_io == 0, "direct_io %u", cfg.direct_io);
@@ -112,8 +112,73 @@ static void test_config_init(void) {
   CHECK(cfg.scout_bytes == UINT64_MAX, "scout_bytes");
   CHECK(cfg.engine_overhead_bytes == 0, "engine_overhead_bytes");
   CHECK(cfg.freq_path == NULL, "freq_path");
-  smoe_config_init(NULL); /* a no-op */
+  EXPECT(smoe_config_init(NULL), SMOE_ERR_ARGUMENT);
   CHECK(strcmp(smoe_last_error(), "cfg is NULL") == 0, "config_init(NULL) message");
+
+  /* The v1 function behind the macro, as programs built before the macro
+   * call it: it writes the v1 struct, which this header's still is. */
+  smoe_config v1;
+  memset(&v1, 0xa5, sizeof v1);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  (smoe_config_init)(&v1);
+  (smoe_config_init)(NULL); /* a no-op */
+#pragma GCC diagnostic pop
+  CHECK(strcmp(smoe_last_error(), "cfg is NULL") == 0, "(smoe_config_init)(NULL) message");
+  EXPECT(smoe_config_init(&cfg), SMOE_OK);
+  CHECK(memcmp(&v1, &cfg, sizeof cfg) == 0, "the v1 function wrote other defaults");
+}
+
+/* smoe_config_init_sized writes exactly the caller's struct_size bytes. */
+static void test_config_init_sizes(void) {
+  struct {
+    smoe_config cfg;
+    unsigned char tail[64];
+  } larger;
+  const unsigned char *bytes = (const unsigned char *)&larger;
+  const size_t size = sizeof(smoe_config);
+
+  /* Smaller than v1, or larger than any config: refused, nothing written. */
+  const uint32_t refused[] = {0, 4, (uint32_t)size - 8, 4097, UINT32_MAX};
+  for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+    memset(&larger, 0xa5, sizeof larger);
+    EXPECT(smoe_config_init_sized(&larger.cfg, refused[i]), SMOE_ERR_ARGUMENT);
+    CHECK(strstr(smoe_last_error(), "struct_size") != NULL, "message names struct_size");
+    size_t written = 0;
+    for (size_t b = 0; b < sizeof larger; b++) {
+      written += bytes[b] != 0xa5;
+    }
+    CHECK(written == 0, "struct_size %u refused but %zu byte(s) written", (unsigned)refused[i],
+          written);
+  }
+
+  /* A newer header's larger struct: this library's fields take their
+   * defaults, the tail it does not know is zeroed (so smoe_open accepts it),
+   * and nothing past the caller's struct_size is written. */
+  const size_t extra[] = {0, 8, 24, 64};
+  for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
+    memset(&larger, 0xa5, sizeof larger);
+    const size_t caller = size + extra[i];
+    EXPECT(smoe_config_init_sized(&larger.cfg, (uint32_t)caller), SMOE_OK);
+    CHECK(larger.cfg.struct_size == caller, "struct_size %u, want %zu",
+          (unsigned)larger.cfg.struct_size, caller);
+    CHECK(larger.cfg.prewarm == 1 && larger.cfg.scout_bytes == UINT64_MAX, "defaults");
+    size_t nonzero = 0, overrun = 0;
+    for (size_t b = size; b < caller; b++) {
+      nonzero += bytes[b] != 0;
+    }
+    for (size_t b = caller; b < sizeof larger; b++) {
+      overrun += bytes[b] != 0xa5;
+    }
+    CHECK(nonzero == 0, "%zu byte(s) of the unknown tail not zeroed", nonzero);
+    CHECK(overrun == 0, "%zu byte(s) written past struct_size %zu", overrun, caller);
+    larger.cfg.ring_slots = 2;
+    larger.cfg.workers = 1;
+    larger.cfg.freq_path = "";
+    smoe_streamer *s = NULL;
+    EXPECT(smoe_open(vault_file, &larger.cfg, &s), SMOE_OK);
+    smoe_close(s);
+  }
 }
 
 static void test_open_defaults(void) {
@@ -430,6 +495,7 @@ int main(int argc, char **argv) {
   CHECK(smoe_last_error()[0] == '\0', "last error starts non-empty");
 
   test_config_init();
+  test_config_init_sizes();
   test_open_defaults();
   test_config_sizes();
   test_config_values();

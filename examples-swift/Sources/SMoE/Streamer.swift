@@ -107,7 +107,13 @@ public final class Streamer {
     /// Opens `vault` (its directory or its `experts.smoe`).
     public init(vault: String, config: Config = Config()) throws {
         var cfg = smoe_config()
-        smoe_config_init(&cfg)
+        // In C, smoe_config_init(cfg) is a macro that passes the caller's
+        // sizeof(smoe_config); Swift cannot call a macro, so it passes the
+        // size of the struct this module's header declares itself. (The
+        // function named smoe_config_init is ABI v1's, for programs built
+        // before the macro, and writes only the v1 struct.)
+        try SMoEError.check(
+            smoe_config_init_sized(&cfg, UInt32(MemoryLayout<smoe_config>.size)))
         cfg.ring_slots = config.ringSlots
         cfg.slot_mb = config.slotMiB
         cfg.workers = config.workers

@@ -1,0 +1,230 @@
+//! The streamer's settings and counters, each declared once.
+//!
+//! A setting is one entry of [`config_schema!`] (its doc, name, Rust type and
+//! default), a counter one entry of [`stats_schema!`] (its doc and name; every
+//! counter is a `u64`). Every Rust view is generated from those entries:
+//! [`Config`] and its `Default`, the ring sizing's
+//! [`BudgetConfig`](crate::budget::BudgetConfig) (the settings marked
+//! `[budget]`) and [`Config::budget`], and [`Stats`]. The C API converts to
+//! and from its structs with the same entries (`src/ffi/types.rs`).
+//!
+//! The C structs `smoe_config` and `smoe_stats` themselves stay written out
+//! in `src/ffi/types.rs`, with their C types and C docs: cbindgen reads
+//! source, not macro expansions. The generated conversions name every field
+//! of both sides and check their order, so a field added here and not there,
+//! or the other way round, or in another place, does not compile.
+//!
+//! To add a setting: an entry at the end of [`config_schema!`], and its C
+//! field at the end of `smoe_config` (the C type is the one its Rust type
+//! converts to, see `CValue` in `src/ffi/types.rs`). A counter: an entry at
+//! the end of [`stats_schema!`], its `uint64_t` at the end of `smoe_stats`,
+//! and its value in `Streamer::stats`.
+//!
+//! This module holds declarations only; it must never decide anything.
+
+/// Calls `$then! { $($prefix)* <entries> }` with every streamer setting, in
+/// `smoe_config`'s order. An entry is
+/// `[budget]` (read by the ring sizing) or `[]`, the doc, then
+/// `name: RustType = default,`.
+macro_rules! config_schema {
+    ($then:ident $($prefix:tt)*) => {
+        $then! {
+            $($prefix)*
+            [budget]
+            /// Number of slots; 0 sizes the ring from the memory the OS can
+            /// spare (SPEC §2.1, [`crate::budget::plan_ring`]). Either way
+            /// there are never more slots than the vault has entries.
+            ring_slots: u32 = 0,
+            [budget]
+            /// Slot size in MiB (`slot_mb × 1048576` bytes); 0 = the largest
+            /// padded blob rounded up to
+            /// [`DEFAULT_ALIGNMENT`](crate::vault::DEFAULT_ALIGNMENT) bytes.
+            /// Every blob must fit a slot of the size given here.
+            slot_mb: u32 = 0,
+            []
+            /// I/O worker threads, 1..=64; 0 = 16.
+            workers: u32 = 0,
+            []
+            /// Direct I/O policy for the workers' descriptors.
+            direct_io: $crate::sys::DirectIo = $crate::sys::DirectIo::Auto,
+            []
+            /// Run the pre-warm thread (SPEC §2).
+            prewarm: bool = true,
+            []
+            /// Pre-warm budget in slots; 0 = slots − max(128, slots / 4).
+            prewarm_slots: u32 = 0,
+            []
+            /// Check each blob's xxh3 after reading it.
+            verify: bool = false,
+            [budget]
+            /// Bytes of dense weights the engine keeps resident; `None` = the
+            /// total size of the vault's `scout.*` files.
+            scout_bytes: Option<u64> = None,
+            [budget]
+            /// Memory the engine needs besides the ring and the scout; 0 =
+            /// [`DEFAULT_ENGINE_OVERHEAD_BYTES`](crate::budget::DEFAULT_ENGINE_OVERHEAD_BYTES)
+            /// (2 GiB).
+            engine_overhead_bytes: u64 = 0,
+            []
+            /// Histogram file; `None` = `<vault>/expert_freq.bin`, empty = do
+            /// not persist.
+            freq_path: Option<::std::path::PathBuf> = None,
+        }
+    };
+}
+pub(crate) use config_schema;
+
+/// Calls `$then! { $($prefix)* <entries> }` with the `[budget]` entries of
+/// [`config_schema!`] only, markers dropped: `doc name: Type = default,`.
+/// Use it as `config_schema!(select_budget <callback>)`.
+macro_rules! select_budget {
+    // Done: hand the kept entries on.
+    (@keep $then:ident [$($kept:tt)*]) => {
+        $then! { $($kept)* }
+    };
+    (@keep $then:ident [$($kept:tt)*]
+        [budget] $(#[$doc:meta])* $name:ident : $ty:ty = $default:expr, $($rest:tt)*) => {
+        select_budget!(@keep $then [$($kept)* $(#[$doc])* $name: $ty = $default,] $($rest)*);
+    };
+    (@keep $then:ident [$($kept:tt)*]
+        [] $(#[$doc:meta])* $name:ident : $ty:ty = $default:expr, $($rest:tt)*) => {
+        select_budget!(@keep $then [$($kept)*] $($rest)*);
+    };
+    ($then:ident $($entries:tt)*) => {
+        select_budget!(@keep $then [] $($entries)*);
+    };
+}
+pub(crate) use select_budget;
+
+/// Calls `$then! { $($prefix)* <entries> }` with every counter, in
+/// `smoe_stats`'s order (each a `u64`). An entry is the doc, then `name,`.
+macro_rules! stats_schema {
+    ($then:ident $($prefix:tt)*) => {
+        $then! {
+            $($prefix)*
+            /// OK claims.
+            claims,
+            /// OK claims that needed no demand read (`hit`).
+            hits,
+            /// Claims answered pending (`claim` returning None, `claim_wait`
+            /// timing out; the polls inside `claim_wait` do not count).
+            pending,
+            /// Bytes read from the vault.
+            bytes_read,
+            /// Reads done for demand.
+            reads_demand,
+            /// Reads done for speculation.
+            reads_speculative,
+            /// Reads done for pre-warm.
+            reads_prewarm,
+            /// Loads that replaced another expert.
+            evictions,
+            /// Failed or short reads.
+            io_errors,
+            /// Blobs that failed their checksum (verify on).
+            checksum_errors,
+            /// Slots holding an expert's data.
+            resident,
+            /// Slots in the ring.
+            ring_slots,
+            /// Bytes per slot.
+            slot_bytes,
+            /// I/O worker threads.
+            workers,
+            /// 1 if every worker descriptor does direct I/O.
+            direct_io,
+            /// Histogram files found at open but ignored (corrupt) or
+            /// protected (not this vault's histogram, so never replaced).
+            freq_ignored,
+            /// Slots the pre-warm thread may fill (0 when it does not run).
+            prewarm_slots,
+        }
+    };
+}
+// Its one user outside this module, the ffi, is not built under loom.
+#[cfg_attr(loom, allow(unused_imports))]
+pub(crate) use stats_schema;
+
+macro_rules! define_config {
+    ($([$($marker:ident)?] $(#[$doc:meta])* $name:ident : $ty:ty = $default:expr,)*) => {
+        /// Streamer settings (C `smoe_config`).
+        #[derive(Clone, Debug)]
+        pub struct Config {
+            $($(#[$doc])* pub $name: $ty,)*
+            /// Benchmark hook: count claims in the histogram (default true).
+            /// Off only to measure what counting costs; not a setting of
+            /// the C API. (Unlike a fault, it cannot be injected through
+            /// the read seam: it is the claim path's one branch, on a field
+            /// the claim reads anyway.)
+            #[doc(hidden)]
+            pub count_claims: bool,
+        }
+
+        impl Default for Config {
+            fn default() -> Self {
+                Config {
+                    $($name: $default,)*
+                    count_claims: true,
+                }
+            }
+        }
+    };
+}
+
+config_schema!(define_config);
+
+macro_rules! define_budget_of {
+    ($($(#[$doc:meta])* $name:ident : $ty:ty = $default:expr,)*) => {
+        impl Config {
+            /// The settings the ring sizing reads
+            /// ([`crate::budget::plan_for`]).
+            pub fn budget(&self) -> crate::budget::BudgetConfig {
+                crate::budget::BudgetConfig {
+                    $($name: self.$name,)*
+                }
+            }
+        }
+    };
+}
+
+config_schema!(select_budget define_budget_of);
+
+macro_rules! define_stats {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        /// Counters and sizes (C `smoe_stats`).
+        #[derive(Clone, Debug, Default, PartialEq, Eq)]
+        pub struct Stats {
+            $($(#[$doc])* pub $name: u64,)*
+        }
+    };
+}
+
+stats_schema!(define_stats);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::budget::BudgetConfig;
+
+    #[test]
+    fn budget_defaults_are_the_configs() {
+        assert_eq!(Config::default().budget(), BudgetConfig::default());
+        let config = Config {
+            ring_slots: 7,
+            slot_mb: 3,
+            scout_bytes: Some(5),
+            engine_overhead_bytes: 9,
+            workers: 2,
+            ..Config::default()
+        };
+        assert_eq!(
+            config.budget(),
+            BudgetConfig {
+                ring_slots: 7,
+                slot_mb: 3,
+                scout_bytes: Some(5),
+                engine_overhead_bytes: 9,
+            }
+        );
+    }
+}
