@@ -268,7 +268,7 @@ impl Gguf {
         // 8 + 4 + 4 + 8: counts beyond what the file could hold are lies.
         if n_kvs > file_bytes / 13 || n_tensors > file_bytes / 24 {
             return Err(bad(format!(
-                "header claims {n_tensors} tensors and {n_kvs} key/values, more than a {file_bytes}-byte file can hold"
+                "header claims {n_tensors} tensors and {n_kvs} key/values, more than a {file_bytes}-byte file can hold (truncated?)"
             )));
         }
         let mut kvs = Vec::with_capacity(n_kvs as usize);
