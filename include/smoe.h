@@ -122,7 +122,7 @@ typedef struct smoe_config {
    */
   uint32_t direct_io;
   /**
-   * 1 on (default), 0 off: the pre-warm thread (SPEC §2).
+   * 1 on (default), 0 off: the pre-warm thread (docs/c-api.md).
    */
   uint32_t prewarm;
   /**
@@ -260,12 +260,12 @@ typedef struct smoe_stats {
    */
   uint64_t direct_io;
   /**
-   * Added after the SPEC's list: histogram files found at open but
+   * Added after version 1's list: histogram files found at open but
    * ignored (corrupt, truncated, another vault's or shape).
    */
   uint64_t freq_ignored;
   /**
-   * Added after the SPEC's list: slots the pre-warm thread may fill
+   * Added after version 1's list: slots the pre-warm thread may fill
    * (0 when it does not run).
    */
   uint64_t prewarm_slots;

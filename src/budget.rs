@@ -1,4 +1,4 @@
-//! Ring sizing (SPEC §2.1): how many slots, of what size, when the caller
+//! Ring sizing (docs/c-api.md, "Ring sizing"): how many slots, of what size, when the caller
 //! leaves `ring_slots` at 0.
 //!
 //! The sizing is [`plan_ring`], a pure function of a [`MemorySnapshot`], the
@@ -88,7 +88,7 @@ macro_rules! define_budget_config {
     ($($(#[$doc:meta])* $name:ident : $ty:ty = $default:expr,)*) => {
         /// The caller's say in the sizing: the settings of
         /// [`Config`](crate::Config) marked `[budget]` in its schema
-        /// (`src/streamer/schema.rs`), the `smoe_config` fields of SPEC §3
+        /// (`src/streamer/schema.rs`), the `smoe_config` fields of docs/c-api.md
         /// that §2.1 reads. Zero (or `None`) in a field means "choose for
         /// me". [`Config::budget`](crate::Config::budget) gives a config's.
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,7 +109,7 @@ macro_rules! define_budget_config {
 crate::streamer::config_schema!(select_budget define_budget_config);
 
 /// Which bound, if any, changed the slot count (the last one that did, in
-/// the order SPEC §2.1 applies them: 64..=4096, then the entry count).
+/// the order docs/c-api.md, "Ring sizing" applies them: 64..=4096, then the entry count).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SlotClamp {
     /// The count is what the budget (or `ring_slots`) gave.
@@ -153,7 +153,7 @@ pub struct PlanSources {
     pub slots: String,
 }
 
-/// The ring size SPEC §2.1 gives, with every input and intermediate value.
+/// The ring size docs/c-api.md, "Ring sizing" gives, with every input and intermediate value.
 ///
 /// The memory figures are computed even when `ring_slots` overrides the
 /// count, so a person can compare the two.
@@ -173,7 +173,7 @@ pub struct RingPlan {
     pub subtractive_budget_bytes: u64,
     /// `avail / 4`, the least the ring is given however tight memory is.
     pub quarter_avail_bytes: u64,
-    /// The ring's byte budget (SPEC §2.1's `bytes`):
+    /// The ring's byte budget (docs/c-api.md "Ring sizing"'s `bytes`):
     /// `max(subtractive_budget_bytes, quarter_avail_bytes)`.
     pub budget_bytes: u64,
     /// Bytes per slot, a multiple of [`DEFAULT_ALIGNMENT`] that every blob
@@ -193,7 +193,7 @@ pub struct RingPlan {
     pub sources: PlanSources,
 }
 
-/// Sizes the ring (SPEC §2.1) from fixed inputs; touches nothing outside.
+/// Sizes the ring (docs/c-api.md, "Ring sizing") from fixed inputs; touches nothing outside.
 ///
 /// ```text
 /// floor  = max(ram / 8, 4 GiB)

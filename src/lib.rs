@@ -19,8 +19,9 @@
 //! benchmarks and the tests what they need of them, with no stability
 //! promise.
 //!
-//! The contract (vault bytes, histogram file, C API) is `SPEC.md` in the
-//! shared folder; the README lists what this crate adds to it.
+//! The formats (vault bytes, metadata, histogram file, routing traces) are
+//! described in the repository's `docs/format.md`, the C API's rules in
+//! `docs/c-api.md`.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
@@ -61,7 +62,7 @@ pub use sys::DirectIo;
 /// `smoe verify`, and the queue for its benchmark.
 #[doc(hidden)]
 pub mod internals {
-    /// Ring sizing (SPEC §2.1) from fixed inputs: `smoe budget`, and the
+    /// Ring sizing (docs/c-api.md, "Ring sizing") from fixed inputs: `smoe budget`, and the
     /// tests of every clamp. The plan itself is [`crate::RingPlan`].
     pub mod budget {
         pub use crate::budget::{
@@ -70,7 +71,7 @@ pub mod internals {
         };
     }
 
-    /// The claim histogram and its file (SPEC §1.3).
+    /// The claim histogram and its file (docs/format.md §4).
     pub mod popularity {
         pub use crate::popularity::{
             encode, file_bytes, is_temp_file_name, load, save, Histogram, LoadOutcome, Persistence,
@@ -78,7 +79,7 @@ pub mod internals {
     }
 
     /// The synthetic router of `smoe demo`/`smoe bench` and the routing-trace
-    /// parser of `smoe bench --trace` (SPEC §4).
+    /// parser of `smoe bench --trace` (docs/format.md §5).
     pub mod router {
         pub use crate::router::{
             parse_trace, trace_tokens, Rng, RouterConfig, SyntheticRouter, TraceRow, TraceTokens,

@@ -1,4 +1,4 @@
-//! The claim histogram and its file, `expert_freq.bin` (SPEC §1.3, §2).
+//! The claim histogram and its file, `expert_freq.bin` (docs/format.md §4).
 //!
 //! This module owns:
 //! - [`Histogram`]: one claim counter per dense expert id
@@ -84,7 +84,7 @@ pub fn file_bytes(n_layers: u32, n_experts: u32) -> Option<u64> {
         .checked_add(FREQ_HEADER_BYTES as u64 + 8)
 }
 
-/// The bytes of a histogram file (SPEC §1.3). `counts` must hold
+/// The bytes of a histogram file (docs/format.md §4). `counts` must hold
 /// `n_layers × n_experts` values.
 pub fn encode(
     vault_id: &[u8; 16],
@@ -657,8 +657,8 @@ impl VaultKey {
     /// is one. Each field is judged on the bytes of it the file has, so a
     /// file cut short inside the vault_id is still told apart by the part it
     /// keeps. Only the header is judged: a bad length or checksum is damage
-    /// to our own file, which [`load`] ignores and [`save`] replaces (SPEC
-    /// §1.3). An empty file holds nothing to lose and is ours too.
+    /// to our own file, which [`load`] ignores and [`save`] replaces (docs/format.md
+    /// §4). An empty file holds nothing to lose and is ours too.
     fn foreign_header(&self, head: &[u8]) -> Option<String> {
         // Whether the bytes of `head` in `at..at + expected.len()` differ
         // from `expected` (false when the file ends before `at`).
@@ -754,7 +754,7 @@ pub struct Histogram {
     /// only experts a claim can name), or `None` for every id of the shape.
     /// Counting entries, not the id space, keeps memory and every walk over
     /// the counters (stats, pre-warm) proportional to the vault's experts;
-    /// only the file (SPEC §1.3) is dense.
+    /// only the file (docs/format.md §4) is dense.
     counted: Option<Box<[u32]>>,
     /// Ids in the shape (0 above [`MAX_EXPERT_IDS`]).
     n_ids: usize,

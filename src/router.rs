@@ -1,5 +1,5 @@
 //! Expert routing for demos and benchmarks: a synthetic router with the
-//! statistics real MoE routers show, and the routing-trace format of SPEC §4.
+//! statistics real MoE routers show, and the routing-trace format of docs/format.md §5.
 //!
 //! The synthetic router keeps each of the previous token's experts with
 //! probability `keep` (per layer) and fills the rest of the top-k from a Zipf
@@ -166,7 +166,7 @@ pub struct TraceRow {
     pub experts: Vec<u32>,
 }
 
-/// Parses a routing trace (SPEC §4): CSV with header
+/// Parses a routing trace (docs/format.md §5): CSV with header
 /// `token,layer,r0,r1,...` and one row per (token, layer). Every field is
 /// checked; errors name the line.
 pub fn parse_trace(text: &str) -> Result<Vec<TraceRow>> {

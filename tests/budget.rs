@@ -1,4 +1,4 @@
-//! Ring sizing (SPEC §2.1) over fixed memory snapshots: every clamp, the
+//! Ring sizing (docs/c-api.md, "Ring sizing") over fixed memory snapshots: every clamp, the
 //! avail/4 fallback, saturation, the overrides, the oversize-blob error, the
 //! design's 48 GB Mac. `smoe budget` run as a process is tested with the
 //! tool, in `cli/tests/budget.rs`.
@@ -353,7 +353,7 @@ mod budget_plan {
     }
 
     proptest! {
-        /// Any inputs give a plan that obeys SPEC §2.1, or an Argument error for
+        /// Any inputs give a plan that obeys docs/c-api.md, "Ring sizing", or an Argument error for
         /// a too-small slot_mb; nothing panics or wraps.
         #[test]
         fn plan_obeys_the_formula(

@@ -1,4 +1,4 @@
-//! The whole C API (SPEC §3) exercised from a real C program: `tests/c/
+//! The whole C API (docs/c-api.md) exercised from a real C program: `tests/c/
 //! api_test.c` is compiled as C11 with `-Wall -Wextra -Wpedantic -Werror`,
 //! linked against the `libsmoe.a` this `cargo test` built (plus the native
 //! libraries Rust's std needs), and run on a synthetic vault made here.
@@ -115,7 +115,7 @@ fn old_structs_are_never_overrun() {
     }
 }
 
-/// Every SPEC §3 prototype, as the header must declare it once the
+/// Every docs/c-api.md prototype, as the header must declare it once the
 /// nullability macros and cbindgen's `struct`/`enum` tags (equivalent in C
 /// and C++) are taken out.
 #[test]
@@ -150,7 +150,7 @@ fn header_declares_every_spec_function() {
             "include/smoe.h lacks {prototype:?}"
         );
     }
-    // SPEC's `void smoe_config_init(smoe_config *cfg)`: the v1 symbol stays,
+    // Version 1's `void smoe_config_init(smoe_config *cfg)`: the v1 symbol stays,
     // deprecated, and the name is a macro passing the caller's size.
     assert!(
         header
@@ -197,7 +197,7 @@ fn field_name(declaration: &str) -> &str {
         .unwrap()
 }
 
-/// The opaque handle and the structs, field by field: the v1 fields SPEC §3
+/// The opaque handle and the structs, field by field: the v1 fields docs/c-api.md
 /// fixes are pinned here in order (ABI); the whole of each versioned struct
 /// is the library's schema in order (`FIELD_NAMES`), so a field appended to
 /// the schema needs no edit here.

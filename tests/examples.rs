@@ -56,7 +56,12 @@ fn make(target: &str, build: &Path, extra: &[(&str, &str)]) -> Command {
         .arg(manifest_dir().join("examples-c"))
         .arg(target)
         .arg(format!("SMOE_LIB_DIR={}", lib_dir().display()))
-        .arg(format!("BUILD={}", build.display()));
+        .arg(format!("BUILD={}", build.display()))
+        // The shared example must find the library through its rpath, as a
+        // user's build would; cargo's LD_LIBRARY_PATH can name
+        // target/<profile>, where an older `cargo build` may have left a
+        // stale libsmoe.so that would shadow the one under test.
+        .env_remove("LD_LIBRARY_PATH");
     if let Some(bin) = smoe_tool() {
         command.arg(format!("SMOE_BIN={}", bin.display()));
     }

@@ -1,4 +1,4 @@
-//! Files the library finds where it expects its own (SPEC §1.3, §2):
+//! Files the library finds where it expects its own (docs/format.md §4):
 //!
 //! - `freq_path` (or `expert_freq.bin`) naming a file that is not a histogram
 //!   of this vault, a device, a FIFO, a socket, a directory, the vault file or

@@ -51,7 +51,7 @@ fn committed_header_matches_generated() {
     );
 }
 
-/// The declarations SPEC §3 fixes, as they must read in the header
+/// The declarations docs/c-api.md fixes, as they must read in the header
 /// (nullability macros aside). The statuses come from the library's own list
 /// (`smoe_status::ALL`), so a new status needs no edit here; their numbers
 /// are pinned once, in `src/ffi`'s unit tests.

@@ -114,14 +114,14 @@ fn a_one_entry_vault_at_the_cap_costs_little() {
         "idle: {:.2}% of a core",
         idle_share * 100.0
     );
-    assert_eq!(file.len(), 40 + 8 * (1 << 20) + 8, "SPEC §1.3 size");
+    assert_eq!(file.len(), 40 + 8 * (1 << 20) + 8, "docs/format.md §4 size");
     // A hang guard, not a benchmark: close writes and fsyncs 8 MiB.
     assert!(close < Duration::from_secs(2), "close took {close:?}");
 }
 
 /// A vault's histogram has a counter per entry, not per id: claims of the
 /// entries count, ids the vault lacks stay 0, and the file stays dense
-/// (SPEC §1.3) so it round-trips across sessions.
+/// (docs/format.md §4) so it round-trips across sessions.
 #[test]
 fn the_histogram_counts_entries_and_saves_a_dense_file() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,4 +1,4 @@
-//! The histogram file (SPEC §1.3): round trip, accumulation across sessions,
+//! The histogram file (docs/format.md §4): round trip, accumulation across sessions,
 //! every kind of bad file ignored with a reason (a damaged one of this vault
 //! replaced, a foreign one protected), persistence off and read-only, and
 //! crash safety of the atomic replace under SIGKILL.

@@ -9,8 +9,8 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-use smoe::streamer::{BlobReader, FileReader};
 use smoe::internals::sys::ReadError;
+use smoe::streamer::{BlobReader, FileReader};
 use smoe::vault::Vault;
 use smoe::{Config, DirectIo, ErrorKind, Priority, Streamer};
 

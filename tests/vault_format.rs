@@ -1,4 +1,4 @@
-//! One damaged vault per rule of SPEC §1.1, each rejected with a message that
+//! One damaged vault per rule of docs/format.md §2, each rejected with a message that
 //! names the field and both values; plus the writer/reader round trip.
 
 use smoe::vault::{Vault, VaultWriter, WriterOptions, ENTRY_BYTES};

@@ -74,7 +74,7 @@ pub struct BenchArgs {
     /// previous token used there.
     #[arg(long)]
     pub speculate: bool,
-    /// Replay a routing trace (SPEC §4 CSV) instead of the synthetic router
+    /// Replay a routing trace (CSV, docs/format.md §5) instead of the synthetic router
     /// (decode mode): the first --top-k ranks of each row are demanded.
     #[arg(long)]
     pub trace: Option<PathBuf>,

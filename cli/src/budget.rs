@@ -1,4 +1,4 @@
-//! `smoe budget`: how the ring would be sized on this machine (SPEC §2.1),
+//! `smoe budget`: how the ring would be sized on this machine (docs/c-api.md, "Ring sizing"),
 //! with every input, every intermediate value and where each input came
 //! from, for people or (with `--json`) for programs.
 //!

@@ -7,7 +7,7 @@
 //!   allows) and checks its checksum and zero padding.
 //! - `smoe synth DIR ...`: writes a synthetic vault.
 //! - `smoe budget VAULT [--json]`: how the ring would be sized on this
-//!   machine (SPEC §2.1), with every input, intermediate value and source.
+//!   machine (docs/c-api.md, "Ring sizing"), with every input, intermediate value and source.
 //! - `smoe bench VAULT`: streams a vault (synthetic decode or cold scan).
 //! - `smoe demo`: writes a ~1 GB synthetic vault, reads it back, checks every
 //!   byte and reports the throughput.
@@ -78,7 +78,7 @@ enum Command {
     /// Pack a GGUF or safetensors model into a vault: the experts into
     /// experts.smoe, everything else into the scout.
     Pack(pack::PackArgs),
-    /// Show how the ring would be sized on this machine (SPEC §2.1): every
+    /// Show how the ring would be sized on this machine (docs/c-api.md, "Ring sizing"): every
     /// input, intermediate value and source.
     Budget(budget::BudgetArgs),
 }

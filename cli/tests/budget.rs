@@ -1,5 +1,5 @@
 //! `smoe budget`, the real binary, on synthetic vaults: its JSON checked
-//! against the formula of SPEC §2.1, its human output, its errors. The
+//! against the formula of docs/c-api.md, "Ring sizing", its human output, its errors. The
 //! sizing itself is tested over fixed snapshots in the library's
 //! `tests/budget.rs`.
 
@@ -68,7 +68,7 @@ mod budget_cli {
             .unwrap_or_else(|| panic!("{key} is not a u64 in {v}"))
     }
 
-    /// The exact key set, and every value consistent with SPEC §2.1.
+    /// The exact key set, and every value consistent with docs/c-api.md, "Ring sizing".
     fn check_json(v: &Value, vault: &Vault) {
         let keys: BTreeSet<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
         let want: BTreeSet<&str> = [

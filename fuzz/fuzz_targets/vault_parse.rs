@@ -1,4 +1,4 @@
-//! Every byte of a vault is untrusted (SPEC §1.1): parsing arbitrary bytes
+//! Every byte of a vault is untrusted (docs/format.md §2): parsing arbitrary bytes
 //! must return Ok or Err, never panic, overflow or allocate without bound.
 //! When it accepts, the vault's accessors must agree with what was parsed.
 //!

@@ -1,4 +1,4 @@
-//! The streamer's exports (SPEC §3), in the order the spec lists them. Each
+//! The streamer's exports (docs/c-api.md), in the order the spec lists them. Each
 //! converts its arguments, calls the core, and converts the result; see the
 //! parent module for the boundary rules every one of them follows.
 

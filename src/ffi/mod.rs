@@ -1,4 +1,4 @@
-//! The C API (SPEC §3): the only place in the crate with `extern "C"`.
+//! The C API (docs/c-api.md): the only place in the crate with `extern "C"`.
 //!
 //! This module owns the boundary and nothing else. It converts: C pointers to
 //! Rust references (checking NULL), [`crate::Error`] to [`smoe_status`] plus a
@@ -12,7 +12,7 @@
 //! # Writing an export
 //!
 //! Keep the real signature on the function, so cbindgen sees it, and put the
-//! body inside [`ffi_status`] (status-returning calls) or [`ffi_guard`]
+//! body inside `ffi_status` (status-returning calls) or `ffi_guard`
 //! (anything else), which catch panics:
 //!
 //! ```ignore
@@ -499,7 +499,7 @@ mod tests {
             .to_owned()
     }
 
-    /// The one place the numbers are pinned: SPEC §3's values are ABI and
+    /// The one place the numbers are pinned: the C API's values are ABI and
     /// never change (a new status is appended with a new number).
     #[test]
     fn status_values_are_the_abi() {

@@ -1,4 +1,4 @@
-//! The C structs of SPEC §3 and their conversions to and from the core's
+//! The C structs of docs/c-api.md and their conversions to and from the core's
 //! types. Nothing here decides anything: defaults come from
 //! [`Config::default`], limits from the core, except the checks that only
 //! exist because C can pass any bit pattern (an enum-like `uint32_t`, a
@@ -49,7 +49,7 @@ pub struct smoe_config {
     pub workers: u32,
     /// 0 auto (fall back to buffered, with a warning), 1 require, 2 off.
     pub direct_io: u32,
-    /// 1 on (default), 0 off: the pre-warm thread (SPEC §2).
+    /// 1 on (default), 0 off: the pre-warm thread (docs/c-api.md).
     pub prewarm: u32,
     /// Pre-warm budget in slots; 0 = slots − max(128, slots/4).
     pub prewarm_slots: u32,
@@ -129,10 +129,10 @@ pub struct smoe_stats {
     pub workers: u64,
     /// 1 if every worker descriptor does direct I/O.
     pub direct_io: u64,
-    /// Added after the SPEC's list: histogram files found at open but
+    /// Added after version 1's list: histogram files found at open but
     /// ignored (corrupt, truncated, another vault's or shape).
     pub freq_ignored: u64,
-    /// Added after the SPEC's list: slots the pre-warm thread may fill
+    /// Added after version 1's list: slots the pre-warm thread may fill
     /// (0 when it does not run).
     pub prewarm_slots: u64,
 }
@@ -148,7 +148,7 @@ pub struct smoe_streamer {
     pub(crate) warnings: CString,
 }
 
-// SPEC §3: every call but `smoe_close` may run on one streamer from many
+// docs/c-api.md: every call but `smoe_close` may run on one streamer from many
 // threads at once, and the exports share it as `&smoe_streamer`.
 const _: fn() = || {
     fn send_and_sync<T: Send + Sync>() {}
@@ -171,7 +171,7 @@ fn c_string_until_nul(text: &str) -> CString {
     CString::new(&bytes[..end]).unwrap_or_default()
 }
 
-/// The v1 size of `smoe_config` (SPEC §3, up to and including `freq_path`,
+/// The v1 size of `smoe_config` (docs/c-api.md, up to and including `freq_path`,
 /// padded to the struct's alignment): the smallest `struct_size` accepted,
 /// and what the unsized `smoe_config_init` of v1 writes. Fixed forever.
 pub(crate) const CONFIG_SIZE_V1: usize = (std::mem::offset_of!(smoe_config, freq_path)
@@ -180,7 +180,7 @@ pub(crate) const CONFIG_SIZE_V1: usize = (std::mem::offset_of!(smoe_config, freq
 /// `sizeof(smoe_config)` of this library.
 pub(crate) const CONFIG_SIZE: usize = size_of::<smoe_config>();
 /// The v1 size of `smoe_stats`, the smallest `struct_size` accepted: the
-/// fields SPEC §3 lists, up to and including `direct_io`.
+/// fields docs/c-api.md lists, up to and including `direct_io`.
 pub(crate) const STATS_SIZE_V1: usize = std::mem::offset_of!(smoe_stats, direct_io) + 8;
 /// `sizeof(smoe_stats)` of this library: v1 plus the fields added since.
 pub(crate) const STATS_SIZE: usize = size_of::<smoe_stats>();
@@ -904,7 +904,7 @@ mod tests {
             (1, 10, 15, 17),
             "fields numbered in schema order"
         );
-        // A v1 caller (the SPEC's fields only) gets exactly those.
+        // A v1 caller (version 1's fields only) gets exactly those.
         // SAFETY: all-0xff bytes are a valid `LargerStats`.
         let mut v1: LargerStats = unsafe { std::mem::transmute([0xffu8; STATS_SIZE + 16]) };
         v1.stats.struct_size = STATS_SIZE_V1 as u32;

@@ -1,4 +1,4 @@
-//! The streamer (SPEC §2): a ring of aligned slots, the slot table that
+//! The streamer (docs/c-api.md): a ring of aligned slots, the slot table that
 //! governs them, and the I/O workers that fill them from the vault.
 //!
 //! [`Streamer::prefetch`] and [`Streamer::claim`] run in the caller's thread
@@ -109,7 +109,7 @@ mod imp {
     }
 
     /// Streams expert blobs from a vault into a ring of slots. See the module
-    /// doc and SPEC §2.
+    /// doc and docs/c-api.md.
     pub struct Streamer {
         shared: Arc<Shared>,
         threads: Vec<JoinHandle<()>>,
@@ -135,7 +135,7 @@ mod imp {
         pub layer: u32,
         /// Expert id.
         pub expert: u32,
-        /// No demand read was needed (SPEC §3).
+        /// No demand read was needed (docs/c-api.md).
         pub hit: bool,
     }
 
@@ -195,6 +195,22 @@ mod imp {
     impl Streamer {
         /// Opens the vault at `path` (directory or `experts.smoe`), allocates
         /// the ring and starts the workers.
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// use smoe::{Config, Streamer};
+        ///
+        /// # let dir = tempfile::tempdir()?;
+        /// # let spec = smoe::vault::synth::SynthSpec {
+        /// #     n_layers: 2, n_experts: 8, blob_bytes: 20_000, dense_layers: vec![], seed: 7, top_k: 2,
+        /// # };
+        /// # spec.write(dir.path(), &mut |_| {})?;
+        /// # let vault_dir = dir.path();
+        /// let s = Streamer::open(vault_dir, Config { ring_slots: 4, ..Config::default() })?;
+        /// assert_eq!(s.stats().ring_slots, 4);
+        /// # Ok::<(), Box<dyn std::error::Error>>(())
+        /// ```
         pub fn open(path: impl AsRef<Path>, config: Config) -> Result<Streamer> {
             let vault = Vault::open(path)?;
             Self::with_vault(vault, config)
@@ -330,6 +346,30 @@ mod imp {
         /// Makes sure (layer, expert) is resident or on its way; never waits
         /// for I/O. Prefetching an expert that is resident or in flight reads
         /// nothing.
+        ///
+        /// # Examples
+        ///
+        /// An engine prefetches a layer's chosen experts as demand as soon as
+        /// its router has run, and bets on the next layer's as speculation:
+        ///
+        /// ```
+        /// use smoe::{Config, Priority, Streamer};
+        ///
+        /// # let dir = tempfile::tempdir()?;
+        /// # let spec = smoe::vault::synth::SynthSpec {
+        /// #     n_layers: 2, n_experts: 8, blob_bytes: 20_000, dense_layers: vec![], seed: 7, top_k: 2,
+        /// # };
+        /// # spec.write(dir.path(), &mut |_| {})?;
+        /// # let vault_dir = dir.path();
+        /// let s = Streamer::open(vault_dir, Config::default())?;
+        /// for expert in [3, 5] {
+        ///     s.prefetch(0, expert, Priority::Demand)?;
+        /// }
+        /// s.prefetch(1, 2, Priority::Speculative)?;
+        /// s.prefetch(0, 3, Priority::Demand)?; // in flight already: no second read
+        /// assert!(s.prefetch(0, 99, Priority::Demand).is_err(), "not in the vault");
+        /// # Ok::<(), Box<dyn std::error::Error>>(())
+        /// ```
         pub fn prefetch(&self, layer: u32, expert: u32, priority: Priority) -> Result<()> {
             self.check_alive()?;
             let (id, _, _) = self.id_of(layer, expert)?;
@@ -350,6 +390,33 @@ mod imp {
         /// Claims (layer, expert) if its data is in the ring; `Ok(None)`
         /// (pending) otherwise, after making sure a demand read is queued.
         /// Never blocks. The claim releases when dropped.
+        ///
+        /// # Examples
+        ///
+        /// A polling loop always ends: the first claim queues the read.
+        ///
+        /// ```
+        /// use smoe::{Config, Streamer};
+        ///
+        /// # let dir = tempfile::tempdir()?;
+        /// # let spec = smoe::vault::synth::SynthSpec {
+        /// #     n_layers: 2, n_experts: 8, blob_bytes: 20_000, dense_layers: vec![], seed: 7, top_k: 2,
+        /// # };
+        /// # spec.write(dir.path(), &mut |_| {})?;
+        /// # let vault_dir = dir.path();
+        /// let s = Streamer::open(vault_dir, Config::default())?;
+        /// let claim = loop {
+        ///     if let Some(c) = s.claim(1, 4)? {
+        ///         break c;
+        ///     }
+        ///     std::thread::yield_now();
+        /// };
+        /// assert!(!claim.hit(), "the first claim needed a read");
+        /// assert_eq!(claim.as_ptr() as usize % 16384, 0, "slot data is aligned");
+        /// drop(claim); // released; the data stays retained
+        /// assert!(s.claim(1, 4)?.unwrap().hit(), "a later claim is a hit");
+        /// # Ok::<(), Box<dyn std::error::Error>>(())
+        /// ```
         pub fn claim(&self, layer: u32, expert: u32) -> Result<Option<Claim<'_>>> {
             Ok(self.claim_ticket(layer, expert)?.map(|info| Claim {
                 streamer: self,
@@ -359,6 +426,29 @@ mod imp {
 
         /// [`Streamer::claim`] for callers that keep the claim past a Rust
         /// scope (the C API): release with [`Streamer::release_ticket`].
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// use std::time::Duration;
+        /// use smoe::{Config, ErrorKind, Priority, Streamer};
+        ///
+        /// # let dir = tempfile::tempdir()?;
+        /// # let spec = smoe::vault::synth::SynthSpec {
+        /// #     n_layers: 2, n_experts: 8, blob_bytes: 20_000, dense_layers: vec![], seed: 7, top_k: 2,
+        /// # };
+        /// # spec.write(dir.path(), &mut |_| {})?;
+        /// # let vault_dir = dir.path();
+        /// let s = Streamer::open(vault_dir, Config::default())?;
+        /// s.prefetch(0, 1, Priority::Demand)?;
+        /// drop(s.claim_wait(0, 1, Duration::from_secs(10))?.expect("read in time"));
+        /// let info = s.claim_ticket(0, 1)?.expect("retained");
+        /// // ... hand `info.data` and `info.size` to the engine ...
+        /// s.release_ticket(info.ticket)?;
+        /// let again = s.release_ticket(info.ticket).unwrap_err();
+        /// assert_eq!(again.kind(), ErrorKind::Stale, "each claim is released once");
+        /// # Ok::<(), Box<dyn std::error::Error>>(())
+        /// ```
         pub fn claim_ticket(&self, layer: u32, expert: u32) -> Result<Option<SlotInfo>> {
             let claimed = self.try_claim(layer, expert)?;
             if claimed.is_none() {
@@ -426,6 +516,26 @@ mod imp {
         /// Claims (layer, expert), waiting up to `timeout` for its read: it
         /// spins briefly, then yields, then sleeps in short steps. `Ok(None)`
         /// at the timeout.
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// use std::time::Duration;
+        /// use smoe::{Config, Streamer};
+        ///
+        /// # let dir = tempfile::tempdir()?;
+        /// # let spec = smoe::vault::synth::SynthSpec {
+        /// #     n_layers: 2, n_experts: 8, blob_bytes: 20_000, dense_layers: vec![], seed: 7, top_k: 2,
+        /// # };
+        /// # spec.write(dir.path(), &mut |_| {})?;
+        /// # let vault_dir = dir.path();
+        /// let s = Streamer::open(vault_dir, Config::default())?;
+        /// if let Some(claim) = s.claim_wait(1, 6, Duration::from_secs(10))? {
+        ///     let weights: &[u8] = &claim; // the blob's bytes, in the ring
+        ///     assert_eq!(weights.len() as u64, s.expert_info(1, 6)?.size);
+        /// }
+        /// # Ok::<(), Box<dyn std::error::Error>>(())
+        /// ```
         pub fn claim_wait(
             &self,
             layer: u32,
@@ -489,6 +599,28 @@ mod imp {
         }
 
         /// Counters and sizes.
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// use std::time::Duration;
+        /// use smoe::{Config, Streamer};
+        ///
+        /// # let dir = tempfile::tempdir()?;
+        /// # let spec = smoe::vault::synth::SynthSpec {
+        /// #     n_layers: 2, n_experts: 8, blob_bytes: 20_000, dense_layers: vec![], seed: 7, top_k: 2,
+        /// # };
+        /// # spec.write(dir.path(), &mut |_| {})?;
+        /// # let vault_dir = dir.path();
+        /// let s = Streamer::open(vault_dir, Config { prewarm: false, ..Config::default() })?;
+        /// for _ in 0..3 {
+        ///     drop(s.claim_wait(0, 0, Duration::from_secs(10))?.expect("read in time"));
+        /// }
+        /// let st = s.stats();
+        /// assert_eq!((st.claims, st.hits, st.reads_demand), (3, 2, 1));
+        /// println!("coverage {:.0}%", 100.0 * st.hits as f64 / st.claims as f64);
+        /// # Ok::<(), Box<dyn std::error::Error>>(())
+        /// ```
         pub fn stats(&self) -> Stats {
             let c = &self.shared.counters;
             let r = |a: &CachePadded<AtomicU64>| a.load(Ordering::Relaxed);
@@ -603,7 +735,7 @@ mod imp {
 
     impl Resolved {
         /// Resolves `config` for `vault`, in this order: the worker count,
-        /// the ring plan (SPEC §2.1) and its allocation, the workers'
+        /// the ring plan (docs/c-api.md, "Ring sizing") and its allocation, the workers'
         /// descriptors, the histogram, the pre-warm budget. Starts no
         /// thread.
         fn new(vault: &Vault, config: &Config) -> Result<Resolved> {
@@ -648,7 +780,7 @@ mod imp {
 
     /// The slots the pre-warm thread may fill in a ring of `slots`: 0 when
     /// it is off, else the configured count (at most `slots`), else
-    /// `slots − max(128, slots / 4)` (SPEC §2).
+    /// `slots − max(128, slots / 4)` (docs/c-api.md).
     fn prewarm_budget(config: &Config, slots: u32) -> u32 {
         if !config.prewarm {
             0

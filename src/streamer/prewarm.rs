@@ -1,4 +1,4 @@
-//! The pre-warm thread (SPEC §2): while the engine is not busy, it brings the
+//! The pre-warm thread (docs/c-api.md): while the engine is not busy, it brings the
 //! historically hottest experts into the ring, so the first tokens of a
 //! session find them resident.
 //!

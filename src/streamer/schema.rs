@@ -32,7 +32,7 @@ macro_rules! config_schema {
             $($prefix)*
             [budget]
             /// Number of slots; 0 sizes the ring from the memory the OS can
-            /// spare (SPEC §2.1, [`crate::budget::plan_ring`]). Either way
+            /// spare (docs/c-api.md, "Ring sizing", [`crate::budget::plan_ring`]). Either way
             /// there are never more slots than the vault has entries.
             ring_slots: u32 = 0,
             [budget]
@@ -48,7 +48,7 @@ macro_rules! config_schema {
             /// Direct I/O policy for the workers' descriptors.
             direct_io: $crate::sys::DirectIo = $crate::sys::DirectIo::Auto,
             []
-            /// Run the pre-warm thread (SPEC §2).
+            /// Run the pre-warm thread (docs/c-api.md).
             prewarm: bool = true,
             []
             /// Pre-warm budget in slots; 0 = slots − max(128, slots / 4).

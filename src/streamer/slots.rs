@@ -60,7 +60,7 @@
 //!
 //! The LRU tick of a slot is refreshed when its load completes, when it is
 //! claimed, and when a prefetch finds it already loaded (see the README's
-//! changelog for why the last one was added to SPEC §2).
+//! changelog for why the last one was added to docs/c-api.md).
 //!
 //! A slot with refcount > 0 is never taken, so its bytes never change while a
 //! claim holds them. CONSUMED with refcount 0 means *retained*: its identity

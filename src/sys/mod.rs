@@ -1,7 +1,7 @@
 //! Every platform call the library makes: opening a file for direct I/O,
 //! opening a file without ever blocking on a FIFO or device, positional reads,
 //! dropping a file's cached pages, asking whether a process exists, and the
-//! memory probe the ring's auto-sizing starts from (SPEC §2 Workers, §2.1).
+//! memory probe the ring's auto-sizing starts from (docs/c-api.md, "Ring sizing").
 //!
 //! This module owns the types the rest of the crate sees ([`DirectIo`],
 //! [`OpenedFile`], [`FileKind`], [`OpenRegularError`], [`ReadError`],
@@ -460,7 +460,7 @@ pub fn free_bytes(path: &Path) -> Option<u64> {
 }
 
 /// What the OS says about memory, the input of the ring's auto-sizing
-/// (SPEC §2.1). The sizing itself is a pure function elsewhere.
+/// (docs/c-api.md, "Ring sizing"). The sizing itself is a pure function elsewhere.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemorySnapshot {
     /// Memory available before pressure, bounded by the process's cgroup.

@@ -1,4 +1,4 @@
-//! The bytes of `experts.smoe` (SPEC §1.1): the header, the table entries,
+//! The bytes of `experts.smoe` (docs/format.md §2): the header, the table entries,
 //! their encoding and every rule a reader checks.
 //!
 //! Everything here is pure: it turns bytes into validated values or values
@@ -33,7 +33,7 @@ pub const FLAG_CHECKSUMS: u32 = 1;
 /// This reader's limit on `n_layers × n_experts`: 2^20 = 1,048,576 ids.
 /// Some costs follow the id space, not the entries: the dense expert index
 /// (4 bytes per id), the streamer's identity map (9 bytes per id) and the
-/// histogram file (8 bytes per id, SPEC §1.3; in memory the histogram keeps
+/// histogram file (8 bytes per id, docs/format.md §4; in memory the histogram keeps
 /// one counter per entry). At 2^20 they stay near 13 MiB and an 8 MiB
 /// histogram file; at the earlier limit of 2^24 a one-entry
 /// vault cost 210 MiB at open and a 134 MB file write at every close. Real
@@ -44,7 +44,7 @@ pub const MAX_EXPERT_IDS: u64 = 1 << 20;
 /// This reader's limit on `meta_bytes`: 64 MiB. The metadata is held in
 /// memory for the streamer's life (one copy, handed to C as is), so a hostile
 /// header must not make `open` read and keep gigabytes; real metadata (the
-/// keys of SPEC §1.2, a layout per layer) is kilobytes.
+/// keys of docs/format.md §3, a layout per layer) is kilobytes.
 pub const MAX_META_BYTES: u64 = 64 << 20;
 
 /// The validated header of a vault.
@@ -141,7 +141,7 @@ impl Header {
         b
     }
 
-    /// Parses and validates the header against every rule of SPEC §1.1 that
+    /// Parses and validates the header against every rule of docs/format.md §2 that
     /// the header alone decides, given the real length of the file.
     ///
     /// `bytes` is the start of the file (at most its first 128 bytes are
@@ -368,7 +368,7 @@ impl Entry {
     }
 }
 
-/// Parses and validates the table (SPEC §1.1): checksum, sort order, ranges,
+/// Parses and validates the table (docs/format.md §2): checksum, sort order, ranges,
 /// sizes and overlaps. `table` is exactly `header.table_bytes` long.
 pub fn parse_table(header: &Header, table: &[u8]) -> Result<Vec<Entry>> {
     debug_assert_eq!(table.len() as u64, header.table_bytes);
@@ -507,7 +507,7 @@ fn check_overlaps(entries: &[Entry]) -> Result<()> {
 }
 
 /// Validates the metadata bytes: checksum, text rules and the shape of a JSON
-/// object (the library does not interpret it further; SPEC §1.2). Takes the
+/// object (the library does not interpret it further; docs/format.md §3). Takes the
 /// buffer and returns it as the one C string the vault keeps: its NUL is
 /// appended in place (the caller reserves room for it), never a copy.
 pub fn parse_meta(header: &Header, mut meta: Vec<u8>) -> Result<CString> {

@@ -1,7 +1,7 @@
-//! The vault (SPEC §1): a directory holding `experts.smoe` (the expert blobs
+//! The vault (docs/format.md §1): a directory holding `experts.smoe` (the expert blobs
 //! and their table), optional `scout.*` files and the histogram.
 //!
-//! [`Vault::open`] validates every rule of SPEC §1.1 before it hands out a
+//! [`Vault::open`] validates every rule of docs/format.md §2 before it hands out a
 //! single entry; after that, [`Vault::entry`] maps (layer, expert) to its blob
 //! in O(1) through a dense index (`layer × n_experts + expert`), without
 //! hashing. [`VaultWriter`] writes vaults; [`synth`] makes synthetic ones.
@@ -311,7 +311,7 @@ impl Vault {
         self.entries.iter().map(|e| e.size).sum()
     }
 
-    /// Total bytes of the vault directory's `scout.*` files (SPEC §1), 0 when
+    /// Total bytes of the vault directory's `scout.*` files (docs/format.md §1), 0 when
     /// there are none or the directory cannot be listed. A symbolic link
     /// counts its target (a scout is often a link to the model's file);
     /// anything but a regular file (a FIFO, a directory) counts 0. Only

@@ -1,5 +1,5 @@
 /*
- * The C API (SPEC §3) exercised from C, the way a host uses it.
+ * The C API (docs/c-api.md) exercised from C, the way a host uses it.
  *
  * Usage: api_test <experts.smoe> <n_layers> <n_experts> <dense_layer>
  *

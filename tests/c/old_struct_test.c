@@ -17,7 +17,7 @@
 
 #include "smoe_v1.h"
 
-/* The v1 sizes (SPEC §3) on this target: up to and including freq_path,
+/* The v1 sizes (docs/c-api.md) on this target: up to and including freq_path,
  * and up to and including direct_io. */
 #define V1_CONFIG_SIZE ((sizeof(uint32_t) * 8 + sizeof(uint64_t) * 2 + sizeof(const char *) + 7) / 8 * 8)
 #define V1_STATS_SIZE (8 + 15 * sizeof(uint64_t))

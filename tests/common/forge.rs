@@ -23,7 +23,7 @@ pub fn set_u64(b: &mut [u8], at: usize, v: u64) {
     b[at..at + 8].copy_from_slice(&v.to_le_bytes());
 }
 
-/// Recomputes the table and header checksums (SPEC §1.1: xxh3 of the table,
+/// Recomputes the table and header checksums (docs/format.md §2: xxh3 of the table,
 /// of header bytes 0..120), so the change under test is the only one.
 pub fn reseal(b: &mut [u8]) {
     let t0 = u64_at(b, 32) as usize;

@@ -29,7 +29,7 @@ do {
         + "\(shape.workers) workers, direct I/O \(shape.direct_io == 1 ? "on" : "off")")
     if !streamer.warnings.isEmpty { print("warnings: \(streamer.warnings)") }
 
-    // The shape, from the header (SPEC §1.1: n_layers and n_experts are
+    // The shape, from the header (docs/format.md §2: n_layers and n_experts are
     // little-endian u32 at offsets 16 and 20); the C API does not expose it.
     // Layers without experts (dense) answer NOT_FOUND and are skipped.
     let header = try file.read(upToCount: 24) ?? Data()
