@@ -1,0 +1,340 @@
+//! `smoe pack` as a process: bad input is one line and exit 1 with nothing
+//! left behind (no OUT_DIR, no temporary directory); Ctrl-C mid-pack leaves
+//! no OUT_DIR; a SIGKILLed run's temporary directory is removed by the next
+//! run; the summary and `smoe inspect`'s layout on a real fixture.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn smoe() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_smoe"))
+}
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models")
+}
+
+/// Entries of `dir` whose names start with `prefix`.
+fn entries_with_prefix(dir: &Path, prefix: &str) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(prefix))
+        .collect()
+}
+
+/// A GGUF v3 file: `kvs` as (key, u32 value), tensors as (name, ne, type),
+/// laid out back to back at 32-byte alignment; the data is a hole (zeros),
+/// so large tensors cost no disk.
+fn write_gguf(path: &Path, kvs: &[(&str, u32)], tensors: &[(&str, Vec<u64>, u32, u64)]) {
+    let mut b = Vec::new();
+    b.extend_from_slice(b"GGUF");
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    b.extend_from_slice(&(kvs.len() as u64 + 1).to_le_bytes());
+    let s = |b: &mut Vec<u8>, t: &str| {
+        b.extend_from_slice(&(t.len() as u64).to_le_bytes());
+        b.extend_from_slice(t.as_bytes());
+    };
+    s(&mut b, "general.architecture");
+    b.extend_from_slice(&8u32.to_le_bytes());
+    s(&mut b, "qwen3moe");
+    for (k, v) in kvs {
+        s(&mut b, k);
+        b.extend_from_slice(&4u32.to_le_bytes());
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    let mut offset = 0u64;
+    for (name, ne, ty, bytes) in tensors {
+        s(&mut b, name);
+        b.extend_from_slice(&(ne.len() as u32).to_le_bytes());
+        for n in ne {
+            b.extend_from_slice(&n.to_le_bytes());
+        }
+        b.extend_from_slice(&ty.to_le_bytes());
+        b.extend_from_slice(&offset.to_le_bytes());
+        offset = (offset + bytes).next_multiple_of(32);
+    }
+    let data = (b.len() as u64).next_multiple_of(32);
+    std::fs::write(path, &b).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.set_len(data + offset).unwrap();
+}
+
+/// Runs `smoe pack SRC OUT` and checks the failure contract: exit 1, one
+/// stderr line containing `needle`, no OUT_DIR, no temporary directory.
+#[track_caller]
+fn refuses(src: &Path, needle: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("vault");
+    let out = smoe().arg("pack").arg(src).arg(&out_dir).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}: {stderr}", src.display());
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.starts_with("smoe: "), "{stderr}");
+    assert!(stderr.contains(needle), "{needle:?} not in {stderr}");
+    assert!(!out_dir.exists(), "OUT_DIR was created");
+    assert!(
+        entries_with_prefix(dir.path(), ".vault").is_empty(),
+        "a temporary directory was left"
+    );
+}
+
+#[test]
+fn bad_input_is_one_line_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n);
+
+    // A truncated file: the converter's output cut in half.
+    let whole = std::fs::read(fixtures().join("mixtral-q8_0.gguf")).unwrap();
+    std::fs::write(p("truncated.gguf"), &whole[..whole.len() / 2]).unwrap();
+    refuses(&p("truncated.gguf"), "outside the file (truncated?)");
+    std::fs::write(p("header-cut.gguf"), &whole[..100]).unwrap();
+    refuses(&p("header-cut.gguf"), "truncated");
+
+    // Random bytes named .gguf.
+    let noise: Vec<u8> = (0..4096u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(p("noise.gguf"), &noise).unwrap();
+    refuses(&p("noise.gguf"), "not a GGUF file");
+
+    // A sharded checkpoint missing a shard.
+    let sharded = fixtures().join("qwen2moe-f32-sharded");
+    let copy = p("sharded");
+    std::fs::create_dir(&copy).unwrap();
+    for e in std::fs::read_dir(&sharded).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), copy.join(e.file_name())).unwrap();
+    }
+    std::fs::remove_file(copy.join("model-00003-of-00011.safetensors")).unwrap();
+    refuses(&copy, "shard model-00003-of-00011.safetensors is missing");
+
+    // No expert tensors.
+    write_gguf(
+        &p("dense.gguf"),
+        &[],
+        &[("token_embd.weight", vec![64, 256], 0, 64 * 256 * 4)],
+    );
+    refuses(&p("dense.gguf"), "no expert tensors found");
+
+    // An unknown GGML type.
+    write_gguf(
+        &p("unknown.gguf"),
+        &[],
+        &[("blk.0.ffn_up_exps.weight", vec![64, 32, 4], 99, 0)],
+    );
+    refuses(
+        &p("unknown.gguf"),
+        "GGML type 99, which this packer does not know",
+    );
+
+    // Neither format.
+    std::fs::write(p("model.bin"), b"not a model").unwrap();
+    refuses(&p("model.bin"), "not a GGUF or safetensors model");
+    refuses(&p("missing.gguf"), "No such file");
+}
+
+#[test]
+fn an_existing_out_dir_is_kept_unless_force_and_a_vault() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixtures().join("qwen3moe-q8_0.gguf");
+    let out_dir = dir.path().join("vault");
+    std::fs::create_dir(&out_dir).unwrap();
+    std::fs::write(out_dir.join("notes.txt"), b"mine").unwrap();
+    let run = |force: bool| -> Output {
+        let mut c = smoe();
+        c.arg("pack").arg(&src).arg(&out_dir);
+        if force {
+            c.arg("--force");
+        }
+        c.output().unwrap()
+    };
+    for force in [false, true] {
+        let out = run(force);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains(if force {
+                "is not a vault"
+            } else {
+                "already exists"
+            }),
+            "{stderr}"
+        );
+        assert_eq!(std::fs::read(out_dir.join("notes.txt")).unwrap(), b"mine");
+    }
+    std::fs::remove_file(out_dir.join("notes.txt")).unwrap();
+    // An empty directory, then a vault, may be replaced with --force.
+    assert!(run(true).status.success());
+    let id = std::fs::read(out_dir.join("experts.smoe")).unwrap()[80..96].to_vec();
+    assert!(!run(false).status.success());
+    assert!(run(true).status.success());
+    let id2 = std::fs::read(out_dir.join("experts.smoe")).unwrap()[80..96].to_vec();
+    assert_ne!(id, id2, "replaced by a new vault");
+    assert!(entries_with_prefix(dir.path(), ".vault").is_empty());
+}
+
+/// A model big enough that packing takes a while: one layer of 8 experts,
+/// 3 × 128 MiB of F32 zeros (a hole on disk).
+fn big_model(dir: &Path) -> PathBuf {
+    let path = dir.join("big.gguf");
+    let (n_embd, n_ff, n_exp) = (4096u64, 1024u64, 8u64);
+    let bytes = n_embd * n_ff * n_exp * 4;
+    write_gguf(
+        &path,
+        &[],
+        &[
+            (
+                "blk.0.ffn_gate_exps.weight",
+                vec![n_embd, n_ff, n_exp],
+                0,
+                bytes,
+            ),
+            (
+                "blk.0.ffn_up_exps.weight",
+                vec![n_embd, n_ff, n_exp],
+                0,
+                bytes,
+            ),
+            (
+                "blk.0.ffn_down_exps.weight",
+                vec![n_ff, n_embd, n_exp],
+                0,
+                bytes,
+            ),
+        ],
+    );
+    path
+}
+
+/// Starts `smoe pack SRC OUT` and waits until its temporary directory has
+/// a partly written vault file in it.
+fn start_pack(src: &Path, out_dir: &Path) -> (std::process::Child, PathBuf) {
+    let child = smoe()
+        .arg("pack")
+        .arg(src)
+        .arg(out_dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let tmp = out_dir
+        .parent()
+        .unwrap()
+        .join(format!(".vault.smoe-pack-{}", child.id()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let started = std::fs::read_dir(&tmp).is_ok_and(|mut e| e.next().is_some());
+        if started {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the pack never started writing");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    (child, tmp)
+}
+
+#[test]
+fn ctrl_c_mid_pack_leaves_no_out_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = big_model(dir.path());
+    let out_dir = dir.path().join("vault");
+    let (child, tmp) = start_pack(&src, &out_dir);
+    // SAFETY: kill(2) with the pid of our own child and a valid signal.
+    assert_eq!(
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) },
+        0
+    );
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert!(!out_dir.exists(), "OUT_DIR exists after Ctrl-C");
+    assert!(!tmp.exists(), "the temporary directory was left");
+}
+
+#[test]
+fn a_killed_packs_leftover_is_removed_by_the_next_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = big_model(dir.path());
+    let out_dir = dir.path().join("vault");
+    let (mut child, tmp) = start_pack(&src, &out_dir);
+    child.kill().unwrap(); // SIGKILL: no chance to clean up
+    child.wait().unwrap();
+    assert!(!out_dir.exists(), "OUT_DIR exists after SIGKILL");
+    assert!(
+        tmp.exists(),
+        "the killed run's temporary directory is there"
+    );
+    let out = smoe()
+        .arg("pack")
+        .arg(fixtures().join("qwen3moe-q8_0.gguf"))
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!tmp.exists(), "the leftover was not removed");
+    assert!(entries_with_prefix(dir.path(), ".vault").is_empty());
+}
+
+#[test]
+fn summary_and_inspect_show_the_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("vault");
+    let out = smoe()
+        .arg("pack")
+        .arg(fixtures().join("synthetic-mixed.gguf"))
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for needle in [
+        "layers: 4",
+        "experts per layer: 4",
+        "blob size:",
+        "scout: scout.gguf",
+        "smoe budget",
+    ] {
+        assert!(stdout.contains(needle), "{needle:?} not in {stdout}");
+    }
+    let out = smoe().arg("inspect").arg(&out_dir).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(stdout.contains("layout"), "{stdout}");
+    // Every layer's items, with dtype, shape and bytes.
+    let vault = smoe::vault::Vault::open(&out_dir).unwrap();
+    let layouts = vault.layouts().unwrap().unwrap();
+    for (_, items) in &layouts.layers {
+        for i in items {
+            let shape = format!(
+                "[{}]",
+                i.shape
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            assert!(
+                stdout.lines().any(|l| l.contains(&i.role)
+                    && l.contains(&i.dtype)
+                    && l.contains(&shape)
+                    && l.contains(&format!("{} bytes", i.bytes))),
+                "{} {} {shape} not in {stdout}",
+                i.role,
+                i.dtype
+            );
+        }
+    }
+}
