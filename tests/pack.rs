@@ -440,10 +440,20 @@ fn dequant(dtype: &str, bytes: &[u8], rows: usize, cols: usize) -> Vec<f64> {
     }
 }
 
+/// Builds `examples-c/expert_ffn` once per test process (the tests here
+/// run in parallel and would otherwise rewrite a running executable).
 fn build_expert_ffn() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(build_expert_ffn_now).clone()
+}
+
+fn build_expert_ffn_now() -> PathBuf {
     let out = native::manifest_dir().join("target/expert_ffn-test");
     std::fs::create_dir_all(&out).unwrap();
+    // Built under a name of its own, then renamed into place: another test
+    // process may be running the previous build.
     let exe = out.join("expert_ffn");
+    let tmp = out.join(format!("expert_ffn.{}.tmp", std::process::id()));
     let lib = native::staticlib().expect("libsmoe.a built with the tests");
     native::run(
         Command::new(native::default_c_compiler())
@@ -459,10 +469,11 @@ fn build_expert_ffn() -> PathBuf {
             .arg(native::include_dir())
             .arg(native::manifest_dir().join("examples-c/expert_ffn.c"))
             .arg("-o")
-            .arg(&exe)
+            .arg(&tmp)
             .arg(&lib)
             .args(["-lpthread", "-ldl", "-lm"]),
     );
+    std::fs::rename(&tmp, &exe).unwrap();
     exe
 }
 
