@@ -87,14 +87,7 @@ fn describe(s: &PackSummary) -> String {
         &mut text,
         format!(
             "packed {} ({}{}) into {}",
-            s.files
-                .iter()
-                .map(|f| f
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default())
-                .collect::<Vec<_>>()
-                .join(", "),
+            file_list(&s.files),
             s.kind.name(),
             s.arch
                 .as_deref()
@@ -153,4 +146,22 @@ fn describe(s: &PackSummary) -> String {
         ),
     }
     text
+}
+
+/// The source files, shortened for a split or sharded model: "11 files,
+/// model-00001-of-00011.safetensors … model-00011-of-00011.safetensors".
+fn file_list(files: &[PathBuf]) -> String {
+    let names: Vec<String> = files
+        .iter()
+        .map(|f| {
+            f.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        })
+        .collect();
+    match names.as_slice() {
+        [] => String::new(),
+        [one] => one.clone(),
+        [first, .., last] => format!("{} files, {first} … {last}", names.len()),
+    }
 }
