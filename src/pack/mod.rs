@@ -497,6 +497,15 @@ fn plan(model: &Model) -> Result<(u32, u32, Vec<LayerPlan>)> {
         None => max_layer + 1,
     };
 
+    // Before anything is sized by them: a config.json or a header may claim
+    // any count.
+    let ids = u64::from(n_layers) * u64::from(n_experts);
+    if ids > crate::vault::MAX_EXPERT_IDS {
+        return Err(bad(format!(
+            "{n_layers} layers × {n_experts} experts = {ids} ids, above the vault's limit of {}",
+            crate::vault::MAX_EXPERT_IDS
+        )));
+    }
     let mut by_layer: BTreeMap<u32, BTreeMap<String, Vec<&ExpertTensor>>> = BTreeMap::new();
     for x in &model.experts {
         by_layer
@@ -767,14 +776,6 @@ pub fn pack(
     }
     let model = open_model(source)?;
     let (n_layers, n_experts, plans) = plan(&model)?;
-    let ids = u64::from(n_layers) * u64::from(n_experts);
-    if ids > crate::vault::MAX_EXPERT_IDS {
-        return Err(Error::format(format!(
-            "{}: {n_layers} layers × {n_experts} experts = {ids} ids, above the vault's limit of {}",
-            source.display(),
-            crate::vault::MAX_EXPERT_IDS
-        )));
-    }
     let files: Vec<File> = model
         .files
         .iter()
@@ -1128,6 +1129,32 @@ mod tests {
             expert_template("model.layers.3.mlp.experts.7.gate_proj.weight"),
             "model.layers.3.mlp.experts.{expert}.gate_proj.weight"
         );
+    }
+
+    /// A config.json may claim any expert count: it is checked against the
+    /// id cap before anything is sized by it.
+    #[test]
+    fn a_huge_claimed_expert_count_is_refused_before_allocating() {
+        let dir = tempfile::tempdir().unwrap();
+        let header = r#"{"model.layers.0.mlp.experts.0.up_proj.weight":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}"#;
+        let mut file = (header.len() as u64).to_le_bytes().to_vec();
+        file.extend_from_slice(header.as_bytes());
+        file.extend_from_slice(&[0u8; 16]);
+        std::fs::write(dir.path().join("model.safetensors"), file).unwrap();
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"num_local_experts": 4000000000, "num_hidden_layers": 1}"#,
+        )
+        .unwrap();
+        let e = pack(
+            &dir.path().to_path_buf(),
+            &dir.path().join("out"),
+            &PackOptions::default(),
+            &mut |_, _| {},
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("above the vault's limit"), "{e}");
+        assert!(!dir.path().join("out").exists());
     }
 
     #[test]
