@@ -251,9 +251,16 @@ impl Gguf {
             ))
         })?;
         if magic != MAGIC {
+            let shown = if magic.iter().all(|b| b.is_ascii_graphic()) {
+                format!("{:?}", String::from_utf8_lossy(&magic))
+            } else {
+                format!(
+                    "{:02x} {:02x} {:02x} {:02x}",
+                    magic[0], magic[1], magic[2], magic[3]
+                )
+            };
             return Err(bad(format!(
-                "not a GGUF file (magic {:?}, expected \"GGUF\")",
-                String::from_utf8_lossy(&magic)
+                "not a GGUF file (magic {shown}, expected \"GGUF\")"
             )));
         }
         let version = r.u32()?;
