@@ -735,11 +735,11 @@ impl VaultKey {
             Found::Foreign(what) => Err(Error::new(
                 ErrorKind::Io,
                 format!(
-                    "{}: {what} (put there after the histogram was opened); the library replaces \
-                     only its own histogram file, so the histogram was not saved",
-                    path.display()
+                    "{what} (put there after the histogram was opened); the library replaces \
+                     only its own histogram file, so the histogram was not saved"
                 ),
-            )),
+            )
+            .with_path(path)),
         }
     }
 }

@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime};
 
 use smoe::internals::popularity::{encode, load, LoadOutcome};
 use smoe::vault::Vault;
-use smoe::{Config, Streamer};
+use smoe::{Config, ErrorKind, Streamer};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 const FREQ: &str = "expert_freq.bin";
@@ -362,11 +362,9 @@ fn file_placed_after_open_is_not_clobbered() {
     let flushed = s.flush_stats();
     assert_unchanged(&path, b"placed after open\n", "the file placed after open");
     let err = flushed.unwrap_err();
-    assert!(
-        err.message().contains(&path.display().to_string())
-            && err.message().contains("not a histogram"),
-        "{err}"
-    );
+    assert_eq!(err.kind(), ErrorKind::Io);
+    assert_eq!(err.path(), Some(path.as_path()));
+    assert!(err.message().contains("not a histogram"), "{err}");
     drop(s);
     assert_unchanged(&path, b"placed after open\n", "the file placed after open");
     assert_no_temp_files(v.dir.path());
@@ -384,6 +382,7 @@ fn file_placed_after_open_is_not_clobbered() {
         r
     })
     .unwrap_err();
+    assert_eq!(err.path(), Some(path.as_path()));
     assert!(err.message().contains("is a FIFO"), "{err}");
     assert!(std::fs::symlink_metadata(&path)
         .unwrap()
@@ -507,6 +506,8 @@ fn fifo_vault_file_does_not_block_the_library() {
         let err = within_timeout("Vault::open of a FIFO", &fifo, move || {
             Vault::open(&p).unwrap_err()
         });
+        assert_eq!(err.kind(), ErrorKind::Argument);
+        assert_eq!(err.path(), Some(fifo.as_path()));
         assert_eq!(
             err.message(),
             format!("{}: is a FIFO, not a vault file", fifo.display())

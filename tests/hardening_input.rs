@@ -32,9 +32,11 @@ fn metadata_with_a_nul_is_rejected_at_open() {
     let meta_offset = u64_at(&std::fs::read(&path).unwrap(), 48);
     let err = Vault::open(&path).expect_err("metadata with a NUL was accepted");
     assert_eq!(err.kind(), ErrorKind::Format, "{err}");
+    assert_eq!(err.path(), Some(path.as_path()));
+    assert_eq!(err.field(), Some("meta"));
+    assert_eq!(err.offset(), Some(meta_offset + 13));
     let msg = err.to_string();
     for needle in [
-        path.display().to_string(),
         "field meta".to_owned(),
         "byte 13 ".to_owned(),
         format!("file offset {}", meta_offset + 13),
@@ -73,9 +75,11 @@ fn metadata_with_invalid_utf8_is_rejected_naming_field_and_byte() {
     let meta_offset = u64_at(&std::fs::read(&path).unwrap(), 48);
     let err = Vault::open(&path).expect_err("invalid UTF-8 was accepted");
     assert_eq!(err.kind(), ErrorKind::Format, "{err}");
+    assert_eq!(err.path(), Some(path.as_path()));
+    assert_eq!(err.field(), Some("meta"));
+    assert_eq!(err.offset(), Some(meta_offset + 6));
     let msg = err.to_string();
     for needle in [
-        path.display().to_string(),
         "field meta".to_owned(),
         "byte 6 ".to_owned(),
         format!("file offset {}", meta_offset + 6),
@@ -106,9 +110,10 @@ fn meta_bytes_above_the_cap_is_rejected_from_the_header() {
     let err = Vault::open(&path).expect_err("1 GiB of metadata was accepted");
     let took = start.elapsed();
     assert_eq!(err.kind(), ErrorKind::Format, "{err}");
+    assert_eq!(err.path(), Some(path.as_path()));
+    assert_eq!(err.field(), Some("meta_bytes"));
     let msg = err.to_string();
     for needle in [
-        path.display().to_string(),
         "meta_bytes is 1073741824".to_owned(),
         "67108864".to_owned(),
         "64 MiB".to_owned(),

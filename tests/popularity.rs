@@ -72,6 +72,20 @@ mod popularity {
     }
 
     #[test]
+    fn save_into_a_missing_directory_carries_the_path_and_errno() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("gone");
+        let err = save(&freq_path(&missing), &VAULT_ID, 4, 8, &[0; 32]).unwrap_err();
+        assert_eq!(err.kind(), smoe::ErrorKind::Io, "{err}");
+        assert_eq!(err.os_error(), Some(libc::ENOENT));
+        // The temporary file next to the target is the one that failed.
+        let tmp = err.path().expect("an I/O error names its file");
+        assert_eq!(tmp.parent(), Some(missing.as_path()));
+        let name = tmp.file_name().unwrap().to_str().unwrap();
+        assert!(is_temp_file_name(name, FREQ), "{name}");
+    }
+
+    #[test]
     fn counts_accumulate_across_sessions() {
         let dir = tempfile::tempdir().unwrap();
         let (h, warnings) = open4x8(dir.path());

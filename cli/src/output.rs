@@ -19,7 +19,7 @@ pub enum Failure {
 
 impl From<smoe::Error> for Failure {
     fn from(e: smoe::Error) -> Self {
-        Failure::Message(e.message().to_owned())
+        Failure::Message(e.message())
     }
 }
 

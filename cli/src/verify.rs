@@ -123,7 +123,7 @@ pub fn pass(vault: &Vault, label: &str, checksums: bool) -> Result<PassStats, Fa
         });
         let problems = match read {
             Ok(()) => check.finish(),
-            Err(e) => vec![e.message().to_owned()],
+            Err(e) => vec![e.message()],
         };
         if !problems.is_empty() {
             stats.bad_blobs += 1;

@@ -210,7 +210,7 @@ thread_local! {
 
 /// Records `err`'s message as this thread's last error.
 pub(crate) fn set_last_error(err: &Error) {
-    set_last_error_message(err.message());
+    set_last_error_message(&err.message());
 }
 
 /// Records `message` as this thread's last error. An interior NUL (which C

@@ -331,10 +331,12 @@ mod imp {
                     Some((id, index, &v.entries()[index as usize]))
                 })
                 .ok_or_else(|| {
-                    Error::new(
+                    Error::expert_is(
                         ErrorKind::NotFound,
+                        layer,
+                        expert,
                         format!(
-                            "layer {layer} expert {expert} is not in the vault ({} layers × {} experts, {} entries)",
+                            "is not in the vault ({} layers × {} experts, {} entries)",
                             v.n_layers(),
                             v.n_experts(),
                             v.entries().len()
@@ -499,17 +501,16 @@ mod imp {
                         .unwrap_or_else(|p| p.into_inner())
                         .remove(&id);
                     Err(err.unwrap_or_else(|| {
-                        Error::new(
-                            ErrorKind::Io,
-                            format!("layer {layer} expert {expert}: the last read failed"),
-                        )
+                        Error::new(ErrorKind::Io, "the last read failed").with_expert(layer, expert)
                     }))
                 }
                 Claimed::RingFull => Err(ring_full(&self.shared, layer, expert)),
-                Claimed::TooManyClaims => Err(Error::argument(format!(
-                    "layer {layer} expert {expert} already has {} unreleased claims",
-                    super::slots::MAX_REFS
-                ))),
+                Claimed::TooManyClaims => Err(Error::expert_is(
+                    ErrorKind::Argument,
+                    layer,
+                    expert,
+                    format!("already has {} unreleased claims", super::slots::MAX_REFS),
+                )),
             }
         }
 
@@ -588,12 +589,10 @@ mod imp {
         /// slot was evicted and reloaded.
         pub fn release_ticket(&self, ticket: u64) -> Result<()> {
             self.shared.table.release(ticket).map(|_| ()).map_err(|_| {
-                let (slot, generation) = super::slots::split_ticket(ticket);
-                Error::new(
-                    ErrorKind::Stale,
-                    format!(
-                        "ticket {ticket:#x} (slot {slot}, generation {generation}) is not held: never claimed, already released, or its slot was reloaded",
-                    ),
+                Error::stale_ticket(
+                    ticket,
+                    super::slots::split_ticket(ticket),
+                    "is not held: never claimed, already released, or its slot was reloaded",
                 )
             })
         }
@@ -804,8 +803,7 @@ mod imp {
                 } else {
                     ErrorKind::Io
                 };
-                let err = Error::io("cannot open for streaming", vault.path(), &e);
-                Error::new(kind, err.message().to_owned())
+                Error::io("cannot open for streaming", vault.path(), &e).with_kind(kind)
             })?;
             files.push(opened);
         }
@@ -819,7 +817,8 @@ mod imp {
                             "direct I/O required but {} refuses direct reads: {e}",
                             vault.path().display()
                         ),
-                    ));
+                    )
+                    .with_os_error(e.raw_os_error()));
                 }
                 files.clear();
                 for _ in 0..workers {
@@ -891,10 +890,11 @@ mod imp {
         Error::new(
             ErrorKind::RingFull,
             format!(
-                "layer {layer} expert {expert}: every one of the {} slots is claimed or loading; release a claim and retry",
+                "every one of the {} slots is claimed or loading; release a claim and retry",
                 shared.table.slots()
             ),
         )
+        .with_expert(layer, expert)
     }
 
     fn stop(

@@ -147,10 +147,7 @@ fn read_job(shared: &Shared, file: &File, job: ReadJob) {
             job.id / shared.vault.n_experts(),
             job.id % shared.vault.n_experts(),
         );
-        let err = Error::new(
-            ErrorKind::NotFound,
-            format!("layer {layer} expert {expert} is not in the vault"),
-        );
+        let err = Error::expert_is(ErrorKind::NotFound, layer, expert, "is not in the vault");
         fail(shared, job, err);
         return;
     };
@@ -161,19 +158,12 @@ fn read_job(shared: &Shared, file: &File, job: ReadJob) {
     let buf = unsafe { std::slice::from_raw_parts_mut(shared.ring.slot_ptr(job.slot), len) };
     let c = &shared.counters;
     let path = shared.vault.path();
-    let at = format!("layer {} expert {}", entry.layer, entry.expert);
 
-    let read = shared
-        .reader
-        .read_exact_at(file, buf, entry.offset)
-        .map_err(|e| e.message(path));
-    if let Err(message) = read {
+    let read = shared.reader.read_exact_at(file, buf, entry.offset);
+    if let Err(e) = read {
         c.io_errors.fetch_add(1, Ordering::Relaxed);
-        fail(
-            shared,
-            job,
-            Error::new(ErrorKind::Io, format!("{at}: {message}")),
-        );
+        let err = Error::read(path, &e).with_expert(entry.layer, entry.expert);
+        fail(shared, job, err);
         return;
     }
     c.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
@@ -187,16 +177,10 @@ fn read_job(shared: &Shared, file: &File, job: ReadJob) {
         let sum = xxh3_64(&buf[..entry.size as usize]);
         if sum != entry.xxh3 {
             c.checksum_errors.fetch_add(1, Ordering::Relaxed);
-            fail(
-                shared,
-                job,
-                Error::format(format!(
-                    "{at}: blob at offset {} in {} hashes to {sum:016x}, expected xxh3 {:016x}",
-                    entry.offset,
-                    path.display(),
-                    entry.xxh3
-                )),
-            );
+            let err = Error::checksum(path, entry.offset, entry.xxh3, sum)
+                .with_expert(entry.layer, entry.expert)
+                .with_length(entry.size);
+            fail(shared, job, err);
             return;
         }
     }

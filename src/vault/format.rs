@@ -156,14 +156,16 @@ impl Header {
             return Err(Error::format(format!(
                 "magic is {}, expected \"SMOEVALT\": not a smoe vault",
                 printable(&bytes[0..8])
-            )));
+            ))
+            .with_field("magic"));
         }
         if bytes.len() < HEADER_BYTES {
             if bytes.len() < 8 && !MAGIC.starts_with(bytes) {
                 return Err(Error::format(format!(
                     "file is {} bytes and does not start with \"SMOEVALT\": not a smoe vault",
                     bytes.len()
-                )));
+                ))
+                .with_field("magic"));
             }
             return Err(Error::format(format!(
                 "file is truncated: {} bytes, shorter than the {HEADER_BYTES}-byte header",
@@ -174,14 +176,16 @@ impl Header {
         if version != VERSION {
             return Err(Error::format(format!(
                 "header field version is {version}, expected {VERSION} (this library reads version {VERSION} only)"
-            )));
+            ))
+            .with_field("version"));
         }
         let stored_sum = get_u64(bytes, 120);
         let actual_sum = xxh3_64(&bytes[..120]);
         if stored_sum != actual_sum {
             return Err(Error::format(format!(
                 "header_xxh3 is {stored_sum:016x} but header bytes 0..120 hash to {actual_sum:016x}: the header is corrupt"
-            )));
+            ))
+            .with_field("header_xxh3"));
         }
         let mut vault_id = [0u8; 16];
         vault_id.copy_from_slice(&bytes[80..96]);
@@ -206,7 +210,8 @@ impl Header {
         if reserved != 0 {
             return Err(Error::format(format!(
                 "header field reserved (offset 112) is {reserved}, expected 0"
-            )));
+            ))
+            .with_field("reserved"));
         }
         h.validate(actual_file_bytes)?;
         Ok(h)
@@ -217,7 +222,8 @@ impl Header {
         if !a.is_power_of_two() || !(MIN_ALIGNMENT..=MAX_ALIGNMENT).contains(&a) {
             return Err(Error::format(format!(
                 "header field alignment is {a}, expected a power of two from {MIN_ALIGNMENT} to {MAX_ALIGNMENT}"
-            )));
+            ))
+            .with_field("alignment"));
         }
         let a = u64::from(a);
         if self.file_bytes != actual_file_bytes {
@@ -229,17 +235,20 @@ impl Header {
                 } else {
                     ""
                 }
-            )));
+            ))
+            .with_field("file_bytes"));
         }
         if self.n_layers == 0 {
-            return Err(Error::format(
-                "header field n_layers is 0, expected at least 1",
-            ));
+            return Err(
+                Error::format("header field n_layers is 0, expected at least 1")
+                    .with_field("n_layers"),
+            );
         }
         if self.n_experts == 0 {
-            return Err(Error::format(
-                "header field n_experts is 0, expected at least 1",
-            ));
+            return Err(
+                Error::format("header field n_experts is 0, expected at least 1")
+                    .with_field("n_experts"),
+            );
         }
         let ids = self.expert_ids();
         if ids > MAX_EXPERT_IDS {
@@ -252,26 +261,30 @@ impl Header {
             return Err(Error::format(format!(
                 "header field n_entries is {}, expected 1..={ids} (n_layers × n_experts)",
                 self.n_entries
-            )));
+            ))
+            .with_field("n_entries"));
         }
         if self.flags & !FLAG_CHECKSUMS != 0 {
             return Err(Error::format(format!(
                 "header field flags is {:#x}, expected only bit 0 (0x1) to be used",
                 self.flags
-            )));
+            ))
+            .with_field("flags"));
         }
         if self.table_offset < a || self.table_offset % a != 0 {
             return Err(Error::format(format!(
                 "header field table_offset is {}, expected a multiple of alignment {a} that is at least {a}",
                 self.table_offset
-            )));
+            ))
+            .with_field("table_offset"));
         }
         let want_table = u64::from(self.n_entries) * ENTRY_BYTES as u64;
         if self.table_bytes != want_table {
             return Err(Error::format(format!(
                 "header field table_bytes is {}, expected n_entries × {ENTRY_BYTES} = {want_table}",
                 self.table_bytes
-            )));
+            ))
+            .with_field("table_bytes"));
         }
         let table_end = self
             .table_offset
@@ -281,12 +294,14 @@ impl Header {
                     "table_offset {} + table_bytes {} overflows",
                     self.table_offset, self.table_bytes
                 ))
+                .with_field("table_offset")
             })?;
         if table_end > self.file_bytes {
             return Err(Error::format(format!(
                 "table ends at {table_end} (table_offset {} + table_bytes {}), past file_bytes {}",
                 self.table_offset, self.table_bytes, self.file_bytes
-            )));
+            ))
+            .with_field("table_offset"));
         }
         let mut used_end = table_end;
         if self.meta_bytes == 0 {
@@ -294,20 +309,23 @@ impl Header {
                 return Err(Error::format(format!(
                     "header field meta_offset is {}, expected 0 because meta_bytes is 0",
                     self.meta_offset
-                )));
+                ))
+                .with_field("meta_offset"));
             }
             if self.meta_xxh3 != 0 {
                 return Err(Error::format(format!(
                     "header field meta_xxh3 is {:016x}, expected 0 because meta_bytes is 0",
                     self.meta_xxh3
-                )));
+                ))
+                .with_field("meta_xxh3"));
             }
         } else {
             if self.meta_offset < table_end {
                 return Err(Error::format(format!(
                     "header field meta_offset is {}, expected at least {table_end} (after the table)",
                     self.meta_offset
-                )));
+                ))
+            .with_field("meta_offset"));
             }
             let meta_end = self
                 .meta_offset
@@ -317,18 +335,21 @@ impl Header {
                         "meta_offset {} + meta_bytes {} overflows",
                         self.meta_offset, self.meta_bytes
                     ))
+                    .with_field("meta_bytes")
                 })?;
             if meta_end > self.file_bytes {
                 return Err(Error::format(format!(
                     "metadata ends at {meta_end} (meta_offset {} + meta_bytes {}), past file_bytes {}",
                     self.meta_offset, self.meta_bytes, self.file_bytes
-                )));
+                ))
+            .with_field("meta_bytes"));
             }
             if self.meta_bytes > MAX_META_BYTES {
                 return Err(Error::format(format!(
                     "header field meta_bytes is {}, expected at most {MAX_META_BYTES} (64 MiB, this reader's limit on metadata)",
                     self.meta_bytes
-                )));
+                ))
+            .with_field("meta_bytes"));
             }
             used_end = meta_end;
         }
@@ -336,13 +357,15 @@ impl Header {
             return Err(Error::format(format!(
                 "header field data_offset is {}, expected a multiple of alignment {a} at or after {used_end} (end of table and metadata)",
                 self.data_offset
-            )));
+            ))
+            .with_field("data_offset"));
         }
         if self.data_offset > self.file_bytes {
             return Err(Error::format(format!(
                 "header field data_offset is {}, past file_bytes {}",
                 self.data_offset, self.file_bytes
-            )));
+            ))
+            .with_field("data_offset"));
         }
         Ok(())
     }
@@ -377,7 +400,8 @@ pub fn parse_table(header: &Header, table: &[u8]) -> Result<Vec<Entry>> {
         return Err(Error::format(format!(
             "header field table_xxh3 is {:016x} but the table hashes to {sum:016x}: the table is corrupt",
             header.table_xxh3
-        )));
+        ))
+            .with_field("table_xxh3"));
     }
     let a = u64::from(header.alignment);
     let mut entries: Vec<Entry> = Vec::with_capacity(header.n_entries as usize);
@@ -391,91 +415,125 @@ pub fn parse_table(header: &Header, table: &[u8]) -> Result<Vec<Entry>> {
             xxh3: get_u64(raw, 32),
         };
         let reserved = get_u64(raw, 40);
-        let at = format!("table entry {i} (layer {} expert {})", e.layer, e.expert);
-        let fail = |msg: String| Err(Error::format(format!("{at}: {msg}")));
+        let fail = |field: Option<&'static str>, msg: String| {
+            Err(Error::table_entry(i as u32, e.layer, e.expert, field, msg))
+        };
         if e.layer >= header.n_layers {
-            return fail(format!(
-                "layer is {}, expected less than n_layers {}",
-                e.layer, header.n_layers
-            ));
+            return fail(
+                Some("layer"),
+                format!(
+                    "layer is {}, expected less than n_layers {}",
+                    e.layer, header.n_layers
+                ),
+            );
         }
         if e.expert >= header.n_experts {
-            return fail(format!(
-                "expert is {}, expected less than n_experts {}",
-                e.expert, header.n_experts
-            ));
+            return fail(
+                Some("expert"),
+                format!(
+                    "expert is {}, expected less than n_experts {}",
+                    e.expert, header.n_experts
+                ),
+            );
         }
         if let Some(prev) = entries.last() {
             let (p, c) = ((prev.layer, prev.expert), (e.layer, e.expert));
             if c == p {
-                return fail(format!(
-                    "duplicate of entry {}: (layer, expert) ({}, {}) appears twice",
-                    i - 1,
-                    e.layer,
-                    e.expert
-                ));
+                return fail(
+                    None,
+                    format!(
+                        "duplicate of entry {}: (layer, expert) ({}, {}) appears twice",
+                        i - 1,
+                        e.layer,
+                        e.expert
+                    ),
+                );
             }
             if c < p {
-                return fail(format!(
+                return fail(None, format!(
                     "entries are unsorted: (layer, expert) ({}, {}) follows ({}, {}), expected strictly ascending order",
                     e.layer, e.expert, prev.layer, prev.expert
                 ));
             }
         }
         if e.offset % a != 0 {
-            return fail(format!(
-                "offset is {}, expected a multiple of alignment {a} (misaligned)",
-                e.offset
-            ));
+            return fail(
+                Some("offset"),
+                format!(
+                    "offset is {}, expected a multiple of alignment {a} (misaligned)",
+                    e.offset
+                ),
+            );
         }
         if e.offset < header.data_offset {
-            return fail(format!(
-                "offset is {}, expected at least data_offset {}",
-                e.offset, header.data_offset
-            ));
+            return fail(
+                Some("offset"),
+                format!(
+                    "offset is {}, expected at least data_offset {}",
+                    e.offset, header.data_offset
+                ),
+            );
         }
         if e.size == 0 {
-            return fail("size is 0, expected at least 1".into());
+            return fail(Some("size"), "size is 0, expected at least 1".into());
         }
         if e.size > e.padded_size {
-            return fail(format!(
-                "size {} is greater than padded_size {}",
-                e.size, e.padded_size
-            ));
+            return fail(
+                Some("size"),
+                format!(
+                    "size {} is greater than padded_size {}",
+                    e.size, e.padded_size
+                ),
+            );
         }
         let want_padded = e.size.checked_next_multiple_of(a);
         if want_padded != Some(e.padded_size) {
-            return fail(match want_padded {
-                Some(w) => format!(
-                    "padded_size is {}, expected size {} rounded up to alignment {a} = {w}",
-                    e.padded_size, e.size
-                ),
-                None => format!("size {} rounded up to alignment {a} overflows", e.size),
-            });
+            return fail(
+                Some("padded_size"),
+                match want_padded {
+                    Some(w) => format!(
+                        "padded_size is {}, expected size {} rounded up to alignment {a} = {w}",
+                        e.padded_size, e.size
+                    ),
+                    None => format!("size {} rounded up to alignment {a} overflows", e.size),
+                },
+            );
         }
         let end = match e.offset.checked_add(e.padded_size) {
             Some(end) => end,
             None => {
-                return fail(format!(
-                    "offset {} + padded_size {} overflows",
-                    e.offset, e.padded_size
-                ))
+                return fail(
+                    Some("offset"),
+                    format!(
+                        "offset {} + padded_size {} overflows",
+                        e.offset, e.padded_size
+                    ),
+                )
             }
         };
         if end > header.file_bytes {
-            return fail(format!(
+            return fail(
+                Some("offset"),
+                format!(
                 "blob ends at {end} (offset {} + padded_size {}), outside the file (file_bytes {})",
                 e.offset, e.padded_size, header.file_bytes
-            ));
+            ),
+            );
         }
         if !header.has_checksums() && e.xxh3 != 0 {
-            return fail(format!(
-                "xxh3 is {:016x}, expected 0 because header flags bit 0 (checksums) is clear",
-                e.xxh3
-            ));
+            return fail(
+                Some("xxh3"),
+                format!(
+                    "xxh3 is {:016x}, expected 0 because header flags bit 0 (checksums) is clear",
+                    e.xxh3
+                ),
+            );
         }
         if reserved != 0 {
-            return fail(format!("reserved (offset 40) is {reserved}, expected 0"));
+            return fail(
+                Some("reserved"),
+                format!("reserved (offset 40) is {reserved}, expected 0"),
+            );
         }
         entries.push(e);
     }
@@ -500,7 +558,9 @@ fn check_overlaps(entries: &[Entry]) -> Result<()> {
                 b.layer,
                 b.expert,
                 b.offset
-            )));
+            ))
+            .with_field("offset")
+            .with_offset(b.offset));
         }
     }
     Ok(())
@@ -516,23 +576,28 @@ pub fn parse_meta(header: &Header, mut meta: Vec<u8>) -> Result<CString> {
         return Err(Error::format(format!(
             "header field meta_xxh3 is {:016x} but the metadata hashes to {sum:016x}: the metadata is corrupt",
             header.meta_xxh3
-        )));
+        ))
+            .with_field("meta_xxh3"));
     }
     let text = check_meta_text(&meta).map_err(|bad| {
         Error::format(format!(
             "field meta: {}",
             bad.describe(meta.len(), Some(header.meta_offset))
         ))
+        .with_field("meta")
+        .with_offset(header.meta_offset.saturating_add(bad.at() as u64))
     })?;
     let trimmed = text.trim();
     if !(trimmed.starts_with('{') && trimmed.ends_with('}')) {
         return Err(Error::format(
             "metadata is not a JSON object (expected text starting with '{' and ending with '}')",
-        ));
+        )
+        .with_field("meta"));
     }
     meta.push(0);
     // The text has no NUL (checked above), so this only takes the buffer.
-    CString::from_vec_with_nul(meta).map_err(|e| Error::format(format!("field meta: {e}")))
+    CString::from_vec_with_nul(meta)
+        .map_err(|e| Error::format(format!("field meta: {e}")).with_field("meta"))
 }
 
 /// The first byte of metadata that breaks the text rules.
@@ -553,12 +618,17 @@ pub enum BadMetaByte {
 }
 
 impl BadMetaByte {
+    /// Offset of the byte in the metadata.
+    pub fn at(self) -> usize {
+        match self {
+            BadMetaByte::NotUtf8 { at, .. } | BadMetaByte::Nul { at } => at,
+        }
+    }
+
     /// "byte 13 of 17 (file offset 4157) is NUL: ..." for metadata of `len`
     /// bytes stored at `file_offset`, when it is in a file.
     pub fn describe(self, len: usize, file_offset: Option<u64>) -> String {
-        let at = match self {
-            BadMetaByte::NotUtf8 { at, .. } | BadMetaByte::Nul { at } => at,
-        };
+        let at = self.at();
         let in_file = file_offset.map_or(String::new(), |o| {
             format!(" (file offset {})", o.saturating_add(at as u64))
         });

@@ -24,7 +24,7 @@ pub use format::{
 pub(crate) use writer::random_id;
 pub use writer::{VaultWriter, WriterOptions};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::sys::{self, FileKind, OpenRegularError};
 
 /// The file name of the blob container inside a vault directory.
@@ -85,14 +85,14 @@ impl Vault {
         // Never `File::open` first: on a FIFO that waits for a writer forever.
         let (file, meta) = sys::open_regular(&file_path).map_err(|e| match e {
             OpenRegularError::Os(e) => Error::io("cannot open", &file_path, &e),
-            OpenRegularError::NotRegular(FileKind::Directory) => Error::argument(format!(
-                "{} is a directory without {EXPERTS_FILE}",
-                file_path.display()
-            )),
-            OpenRegularError::NotRegular(kind) => Error::argument(format!(
-                "{}: is {kind}, not a vault file",
-                file_path.display()
-            )),
+            OpenRegularError::NotRegular(FileKind::Directory) => Error::path_is(
+                ErrorKind::Argument,
+                &file_path,
+                format!("is a directory without {EXPERTS_FILE}"),
+            ),
+            OpenRegularError::NotRegular(kind) => {
+                Error::argument(format!("is {kind}, not a vault file")).with_path(&file_path)
+            }
         })?;
         let len = meta.len();
         Self::parse(&file, len, &file_path)
@@ -104,7 +104,12 @@ impl Vault {
                 index,
                 meta,
             })
-            .map_err(|e| e.context(file_path.display()))
+            .map_err(|e| match e.path() {
+                // A read error names the file in its sentence; it is named
+                // in front as well, as every error of `open` is.
+                Some(_) => e.context(file_path.display()),
+                None => e.with_path(&file_path),
+            })
     }
 
     /// Validates a whole vault held in memory (used by the fuzzer and tests).
@@ -137,6 +142,8 @@ impl Vault {
                     path,
                     &e,
                 )
+                .with_offset(offset)
+                .with_length(buf.len() as u64)
             })
         };
         let mut head = [0u8; HEADER_BYTES];
@@ -156,7 +163,8 @@ impl Vault {
                     "byte {} of page 0 is {:#04x}, expected 0 (page 0 holds only the 128-byte header)",
                     at + i as u64,
                     page[i]
-                )));
+                ))
+                .with_offset(at + i as u64));
             }
             at += n as u64;
         }
@@ -230,19 +238,20 @@ impl Vault {
                 Some(end) if end <= e.size => {}
                 Some(end) => {
                     return Err(Error::format(format!(
-                        "{}: layer {} expert {}: the layout ends at byte {end}, the blob has {}",
-                        self.path.display(),
-                        e.layer,
-                        e.expert,
+                        "the layout ends at byte {end}, the blob has {}",
                         e.size
-                    )))
+                    ))
+                    .with_path(&self.path)
+                    .with_expert(e.layer, e.expert)
+                    .with_field("layer_blob_layouts"))
                 }
                 None => {
                     return Err(Error::format(format!(
-                        "{}: layer {} has blobs but no entry in layer_blob_layouts",
-                        self.path.display(),
+                        "layer {} has blobs but no entry in layer_blob_layouts",
                         e.layer
-                    )))
+                    ))
+                    .with_path(&self.path)
+                    .with_field("layer_blob_layouts"))
                 }
             }
         }
@@ -335,7 +344,7 @@ impl Vault {
 fn zeroed(len: u64, spare: usize, what: &str) -> Result<Vec<u8>> {
     let no_memory = || {
         Error::new(
-            crate::ErrorKind::NoMemory,
+            ErrorKind::NoMemory,
             format!("cannot allocate {len} bytes for {what}"),
         )
     };

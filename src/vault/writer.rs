@@ -185,10 +185,13 @@ impl VaultWriter {
                 Error::new(
                     crate::ErrorKind::Io,
                     format!(
-                        "layer {layer} expert {expert}: reading the blob's {size} bytes failed after {}: {e}",
+                        "reading the blob's {size} bytes failed after {}: {e}",
                         size - left
                     ),
                 )
+                .with_expert(layer, expert)
+                .with_length(size)
+                .with_os_error(e.raw_os_error())
             })?;
             if self.opts.checksums {
                 hasher.update(&buf[..n]);
