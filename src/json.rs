@@ -249,71 +249,68 @@ impl Parser<'_> {
         }
     }
 
-    fn object(&mut self, depth: usize) -> Result<Value, ParseError> {
+    /// Parses the items of an array or object after its opening byte, up
+    /// to `close`, calling `item` for each (at its first byte).
+    fn sequence(
+        &mut self,
+        depth: usize,
+        close: u8,
+        mut item: impl FnMut(&mut Self) -> Result<(), ParseError>,
+    ) -> Result<(), ParseError> {
         if depth > MAX_DEPTH {
             return Err(self.error(format!("nested deeper than {MAX_DEPTH}")));
         }
         self.at += 1;
-        let mut members: Vec<(String, Value)> = Vec::new();
         self.skip_ws();
-        if self.peek() == Some(b'}') {
+        if self.peek() == Some(close) {
             self.at += 1;
-            return Ok(Value::Object(members));
+            return Ok(());
         }
         loop {
             self.skip_ws();
-            if self.peek() != Some(b'"') {
-                return Err(self.error("expected a string key"));
+            item(self)?;
+            self.skip_ws();
+            match self.peek() {
+                Some(b',') => self.at += 1,
+                Some(b) if b == close => {
+                    self.at += 1;
+                    return Ok(());
+                }
+                _ => return Err(self.error(format!("expected ',' or '{}'", close as char))),
             }
-            let key_at = self.at;
-            let key = self.string()?;
+        }
+    }
+
+    fn object(&mut self, depth: usize) -> Result<Value, ParseError> {
+        let mut members: Vec<(String, Value)> = Vec::new();
+        self.sequence(depth, b'}', |p| {
+            if p.peek() != Some(b'"') {
+                return Err(p.error("expected a string key"));
+            }
+            let key_at = p.at;
+            let key = p.string()?;
             if members.iter().any(|(k, _)| *k == key) {
                 return Err(ParseError {
                     offset: key_at,
                     message: format!("duplicate key \"{key}\""),
                 });
             }
-            self.skip_ws();
-            self.expect(b':')?;
-            self.skip_ws();
-            let v = self.value(depth)?;
-            members.push((key, v));
-            self.skip_ws();
-            match self.peek() {
-                Some(b',') => self.at += 1,
-                Some(b'}') => {
-                    self.at += 1;
-                    return Ok(Value::Object(members));
-                }
-                _ => return Err(self.error("expected ',' or '}'")),
-            }
-        }
+            p.skip_ws();
+            p.expect(b':')?;
+            p.skip_ws();
+            members.push((key, p.value(depth)?));
+            Ok(())
+        })?;
+        Ok(Value::Object(members))
     }
 
     fn array(&mut self, depth: usize) -> Result<Value, ParseError> {
-        if depth > MAX_DEPTH {
-            return Err(self.error(format!("nested deeper than {MAX_DEPTH}")));
-        }
-        self.at += 1;
         let mut items = Vec::new();
-        self.skip_ws();
-        if self.peek() == Some(b']') {
-            self.at += 1;
-            return Ok(Value::Array(items));
-        }
-        loop {
-            self.skip_ws();
-            items.push(self.value(depth)?);
-            self.skip_ws();
-            match self.peek() {
-                Some(b',') => self.at += 1,
-                Some(b']') => {
-                    self.at += 1;
-                    return Ok(Value::Array(items));
-                }
-                _ => return Err(self.error("expected ',' or ']'")),
-            }
-        }
+        self.sequence(depth, b']', |p| {
+            items.push(p.value(depth)?);
+            Ok(())
+        })?;
+        Ok(Value::Array(items))
     }
 
     fn hex4(&mut self) -> Result<u32, ParseError> {

@@ -104,19 +104,6 @@ fn within_timeout<T: Send + 'static>(
     }
 }
 
-fn mkfifo(path: &Path) {
-    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
-    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
-    let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o644) };
-    assert_eq!(
-        rc,
-        0,
-        "mkfifo {}: {}",
-        path.display(),
-        std::io::Error::last_os_error()
-    );
-}
-
 /// Makes a character device node with /dev/null's numbers (1, 3); `false`
 /// when this process may not (not root, or no CAP_MKNOD).
 fn mknod_null(path: &Path) -> bool {
@@ -375,7 +362,7 @@ fn file_placed_after_open_is_not_clobbered() {
     let s = Streamer::open(&vault_dir, config(None)).unwrap();
     s.flush_stats().unwrap();
     std::fs::remove_file(&path).unwrap();
-    mkfifo(&path);
+    common::mkfifo(&path);
     let err = within_timeout("flush_stats over a FIFO", &path, move || {
         let r = s.flush_stats();
         drop(s);
@@ -451,7 +438,7 @@ fn c_api_freq_path_at_the_vault_file_leaves_the_vault_intact() {
 fn fifo_as_expert_freq_bin_does_not_block_open() {
     let v = small_vault();
     let fifo = v.dir.path().join(FREQ);
-    mkfifo(&fifo);
+    common::mkfifo(&fifo);
     let dir = v.dir.path().to_path_buf();
     let s = within_timeout(
         "Streamer::open with a FIFO expert_freq.bin",
@@ -471,7 +458,7 @@ fn fifo_as_freq_path_does_not_block_open() {
     let v = small_vault();
     let other = tempfile::tempdir().unwrap();
     let fifo = other.path().join("counts.fifo");
-    mkfifo(&fifo);
+    common::mkfifo(&fifo);
     let (dir, freq) = (v.dir.path().to_path_buf(), fifo.clone());
     let s = within_timeout("Streamer::open with a FIFO freq_path", &fifo, move || {
         session(&dir, Some(&freq))
@@ -487,7 +474,7 @@ fn fifo_as_freq_path_does_not_block_open() {
 fn load_of_a_fifo_does_not_block() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join(FREQ);
-    mkfifo(&fifo);
+    common::mkfifo(&fifo);
     let path = fifo.clone();
     let outcome = within_timeout("popularity::load of a FIFO", &fifo, move || {
         load(&path, &[0; 16], 1, 1)
@@ -500,7 +487,7 @@ fn load_of_a_fifo_does_not_block() {
 fn fifo_vault_file_does_not_block_the_library() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("experts.smoe");
-    mkfifo(&fifo);
+    common::mkfifo(&fifo);
     for path in [dir.path().to_path_buf(), fifo.clone()] {
         let p = path.clone();
         let err = within_timeout("Vault::open of a FIFO", &fifo, move || {
@@ -524,7 +511,7 @@ fn fifo_vault_file_does_not_block_the_library() {
 fn fifo_scout_does_not_block_open() {
     let v = small_vault();
     let scout = v.dir.path().join("scout.gguf");
-    mkfifo(&scout);
+    common::mkfifo(&scout);
     // (`smoe budget` with a FIFO scout: cli/tests/hardening_files.rs.)
     let dir = v.dir.path().to_path_buf();
     within_timeout("Streamer::open with a FIFO scout", &scout, move || {

@@ -23,18 +23,6 @@ fn rss_bytes() -> u64 {
     pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64
 }
 
-/// User + system CPU time of the whole process.
-fn process_cpu() -> Duration {
-    // SAFETY: getrusage writes one `rusage` into the zeroed struct we own.
-    let usage = unsafe {
-        let mut u: libc::rusage = std::mem::zeroed();
-        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, &mut u), 0);
-        u
-    };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(usage.ru_utime) + tv(usage.ru_stime)
-}
-
 #[test]
 fn more_than_2_pow_20_ids_is_refused_with_the_cap_named() {
     for (layers, experts) in [(4096, 4096), (1 << 20, 2), (1024, 1025)] {
@@ -81,9 +69,9 @@ fn a_one_entry_vault_at_the_cap_costs_little() {
     drop(c);
     // Idle, with the pre-warm thread running.
     std::thread::sleep(Duration::from_millis(300));
-    let (cpu0, t0) = (process_cpu(), Instant::now());
+    let (cpu0, t0) = (common::process_cpu(), Instant::now());
     std::thread::sleep(Duration::from_secs(1));
-    let idle = process_cpu() - cpu0;
+    let idle = common::process_cpu() - cpu0;
     let idle_share = idle.as_secs_f64() / t0.elapsed().as_secs_f64();
     let rss = rss_bytes().saturating_sub(rss0);
     for _ in 0..100 {

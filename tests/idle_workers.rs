@@ -8,18 +8,6 @@ use std::time::{Duration, Instant};
 
 use smoe::{Config, Priority, Streamer};
 
-/// User + system CPU time of the whole process.
-fn process_cpu() -> Duration {
-    // SAFETY: getrusage writes one `rusage` into the zeroed struct we own.
-    let usage = unsafe {
-        let mut u: libc::rusage = std::mem::zeroed();
-        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, &mut u), 0);
-        u
-    };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(usage.ru_utime) + tv(usage.ru_stime)
-}
-
 #[test]
 fn sixteen_idle_workers_use_under_one_percent_of_a_core() {
     let v = common::vault(2, 16, 20_000, &[]);
@@ -44,9 +32,9 @@ fn sixteen_idle_workers_use_under_one_percent_of_a_core() {
         );
     }
     std::thread::sleep(Duration::from_millis(100));
-    let (cpu0, t0) = (process_cpu(), Instant::now());
+    let (cpu0, t0) = (common::process_cpu(), Instant::now());
     std::thread::sleep(Duration::from_secs(2));
-    let (cpu, wall) = (process_cpu() - cpu0, t0.elapsed());
+    let (cpu, wall) = (common::process_cpu() - cpu0, t0.elapsed());
     let share = cpu.as_secs_f64() / wall.as_secs_f64();
     eprintln!(
         "16 idle workers: {cpu:?} CPU over {wall:?} = {:.3}% of a core",

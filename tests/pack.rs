@@ -139,6 +139,15 @@ fn read_gguf(path: &Path, into: &mut Source) {
     }
 }
 
+/// A JSON array, each element read by `f`.
+fn array<T>(v: &serde_json::Value, f: impl Fn(&serde_json::Value) -> Option<T>) -> Vec<T> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| f(x).unwrap())
+        .collect()
+}
+
 fn read_safetensors(path: &Path, into: &mut Source) {
     let b = std::fs::read(path).unwrap();
     let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
@@ -151,12 +160,7 @@ fn read_safetensors(path: &Path, into: &mut Source) {
             }
             continue;
         }
-        let offsets: Vec<u64> = v["data_offsets"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|o| o.as_u64().unwrap())
-            .collect();
+        let offsets: Vec<u64> = array(&v["data_offsets"], serde_json::Value::as_u64);
         into.tensors.insert(
             name.clone(),
             Tensor {
@@ -164,12 +168,7 @@ fn read_safetensors(path: &Path, into: &mut Source) {
                 offset: 8 + n as u64 + offsets[0],
                 bytes: offsets[1] - offsets[0],
                 dtype: v["dtype"].as_str().unwrap().into(),
-                shape: v["shape"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|d| d.as_u64().unwrap())
-                    .collect(),
+                shape: array(&v["shape"], serde_json::Value::as_u64),
             },
         );
     }
@@ -440,6 +439,50 @@ fn dequant(dtype: &str, bytes: &[u8], rows: usize, cols: usize) -> Vec<f64> {
     }
 }
 
+/// Runs `expert_ffn VAULT LAYER EXPERT x y` with `x` written into `dir`;
+/// returns y.
+fn run_expert_ffn(
+    exe: &Path,
+    vault: &Path,
+    layer: u32,
+    expert: u32,
+    x: &[f32],
+    dir: &Path,
+) -> Vec<f64> {
+    let (input, output) = (dir.join("x.f32"), dir.join("y.f32"));
+    std::fs::write(
+        &input,
+        x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    native::run(
+        Command::new(exe)
+            .arg(vault)
+            .arg(layer.to_string())
+            .arg(expert.to_string())
+            .arg(&input)
+            .arg(&output),
+    );
+    std::fs::read(&output)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap())))
+        .collect()
+}
+
+/// ‖got − reference‖ / ‖reference‖.
+fn relative_error(got: &[f64], reference: &[f64]) -> f64 {
+    assert_eq!(got.len(), reference.len());
+    let norm = reference.iter().map(|v| v * v).sum::<f64>().sqrt();
+    let err = got
+        .iter()
+        .zip(reference)
+        .map(|(a, b)| (a - b).powi(2))
+        .sum::<f64>()
+        .sqrt();
+    err / norm.max(1e-30)
+}
+
 /// Builds `examples-c/expert_ffn` once per test process (the tests here
 /// run in parallel and would otherwise rewrite a running executable).
 fn build_expert_ffn() -> PathBuf {
@@ -549,35 +592,9 @@ fn expert_ffn_matches_a_reference_from_the_source() {
             .collect();
         let reference = mv(&down_w, n_embd, n_ff, &h);
 
-        let input = out.path().join("x.f32");
-        let output = out.path().join("y.f32");
-        std::fs::write(
-            &input,
-            x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
-        )
-        .unwrap();
-        native::run(
-            Command::new(&exe)
-                .arg(&vault_dir)
-                .arg(layer.to_string())
-                .arg(expert.to_string())
-                .arg(&input)
-                .arg(&output),
-        );
-        let y: Vec<f64> = std::fs::read(&output)
-            .unwrap()
-            .chunks_exact(4)
-            .map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap())))
-            .collect();
+        let y = run_expert_ffn(&exe, &vault_dir, *layer, expert, &x, out.path());
         assert_eq!(y.len(), n_embd);
-        let norm = reference.iter().map(|v| v * v).sum::<f64>().sqrt();
-        let err = y
-            .iter()
-            .zip(&reference)
-            .map(|(a, b)| (a - b).powi(2))
-            .sum::<f64>()
-            .sqrt();
-        let rel = err / norm.max(1e-30);
+        let rel = relative_error(&y, &reference);
         eprintln!(
             "{}: layer {layer} expert {expert}, {} → relative error {rel:.2e}",
             src.file_name().unwrap().to_string_lossy(),
@@ -664,48 +681,11 @@ fn blobs_and_expert_ffn_match_the_python_readers() {
             if !readable || gpt_oss || biases {
                 continue; // expert_ffn reads F32/F16/BF16/Q8_0 SwiGLU without biases
             }
-            let input: Vec<f32> = r["input"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap() as f32)
-                .collect();
-            let reference: Vec<f64> = r["output"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap())
-                .collect();
-            let (x, y) = (out.path().join("x.f32"), out.path().join("y.f32"));
-            std::fs::write(
-                &x,
-                input
-                    .iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect::<Vec<u8>>(),
-            )
-            .unwrap();
-            native::run(
-                Command::new(&exe)
-                    .arg(&vault_dir)
-                    .arg(layer.to_string())
-                    .arg(r["expert"].as_u64().unwrap().to_string())
-                    .arg(&x)
-                    .arg(&y),
-            );
-            let got: Vec<f64> = std::fs::read(&y)
-                .unwrap()
-                .chunks_exact(4)
-                .map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap())))
-                .collect();
-            let norm = reference.iter().map(|v| v * v).sum::<f64>().sqrt();
-            let err = got
-                .iter()
-                .zip(&reference)
-                .map(|(a, b)| (a - b).powi(2))
-                .sum::<f64>()
-                .sqrt();
-            let rel = err / norm.max(1e-30);
+            let input: Vec<f32> = array(&r["input"], |x| x.as_f64().map(|v| v as f32));
+            let reference: Vec<f64> = array(&r["output"], serde_json::Value::as_f64);
+            let expert = r["expert"].as_u64().unwrap() as u32;
+            let got = run_expert_ffn(&exe, &vault_dir, layer, expert, &input, out.path());
+            let rel = relative_error(&got, &reference);
             eprintln!("{name}: layer {layer}: expert_ffn vs the Python reference: relative error {rel:.2e}");
             assert!(rel <= 1e-3, "{name}: layer {layer}: relative error {rel}");
             outputs += 1;

@@ -120,14 +120,21 @@ mod popularity {
         assert_eq!(h.snapshot().iter().sum::<u64>(), 7);
     }
 
-    /// Writes `bytes` as the histogram file, opens the vault's histogram and
-    /// checks that the file was ignored for the expected reason with counts at
-    /// 0. The file is this vault's, damaged, so persisting replaces it.
-    fn check_bad_file(bytes: &[u8], needle: &str) {
+    /// Writes `bytes` as the histogram file of a fresh vault directory and
+    /// checks that `load` ignores it, naming the file and `needle`.
+    fn ignored_file(bytes: &[u8], needle: &str) -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let path = freq_path(dir.path());
         std::fs::write(&path, bytes).unwrap();
         assert_ignored(&load(&path, &VAULT_ID, 4, 8), &path, needle);
+        (dir, path)
+    }
+
+    /// Writes `bytes` as the histogram file, opens the vault's histogram and
+    /// checks that the file was ignored for the expected reason with counts at
+    /// 0. The file is this vault's, damaged, so persisting replaces it.
+    fn check_bad_file(bytes: &[u8], needle: &str) {
+        let (dir, path) = ignored_file(bytes, needle);
         let (h, warnings) = open4x8(dir.path());
         assert_eq!(h.freq_ignored(), 1);
         assert_eq!(warnings.len(), 1, "{warnings:?}");
@@ -149,10 +156,7 @@ mod popularity {
     /// and `open` protects it (counted as ignored, one warning naming the
     /// reason), so persisting writes nothing and leaves it as it was.
     fn check_foreign_file(bytes: &[u8], needle: &str) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = freq_path(dir.path());
-        std::fs::write(&path, bytes).unwrap();
-        assert_ignored(&load(&path, &VAULT_ID, 4, 8), &path, needle);
+        let (dir, path) = ignored_file(bytes, needle);
         let (h, warnings) = open4x8(dir.path());
         assert!(
             matches!(h.persistence(), Persistence::Protected(p, _) if *p == path),

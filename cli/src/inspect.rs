@@ -183,14 +183,7 @@ fn layout_lines(layouts: &BlobLayouts) -> String {
             ranges(layers)
         ));
         for item in *items {
-            let shape = format!(
-                "[{}]",
-                item.shape
-                    .iter()
-                    .map(u64::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
+            let shape = item.shape_text();
             s.push_str(&format!(
                 "{:<16}{:<13} {:<8} {:<16} {:>10} bytes at {}\n",
                 "", item.role, item.dtype, shape, item.bytes, item.offset

@@ -3,9 +3,10 @@
 //! sizing itself is tested over fixed snapshots in the library's
 //! `tests/budget.rs`.
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use serde_json::Value;
 use smoe::vault::DEFAULT_ALIGNMENT;
@@ -22,17 +23,7 @@ const GIB: u64 = 1 << 30;
 /// `smoe budget`, the real binary.
 mod budget_cli {
     use super::*;
-
-    fn smoe(args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_smoe"))
-            .args(args)
-            .output()
-            .expect("the smoe binary runs")
-    }
-
-    fn text(bytes: &[u8]) -> String {
-        String::from_utf8_lossy(bytes).into_owned()
-    }
+    use support::{smoe, text};
 
     fn synth(dir: &Path, experts: &str, blob_kib: &str) -> PathBuf {
         let vault = dir.join("vault");

@@ -3,47 +3,16 @@
 //! demo. Each failure must exit 1 with exactly one `smoe: ...` line on
 //! stderr, and nothing may panic.
 
+mod support;
+
+use support::{smoe, synth, text};
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
 use smoe::vault::Vault;
-
-fn smoe(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_smoe"))
-        .args(args)
-        .output()
-        .expect("the smoe binary runs")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn synth(dir: &Path, extra: &[&str]) -> PathBuf {
-    let vault = dir.join("vault");
-    let mut args = vec![
-        "synth",
-        vault.to_str().unwrap(),
-        "--layers",
-        "4",
-        "--experts",
-        "6",
-        "--blob-kib",
-        "20",
-        "--dense",
-        "0",
-        "--seed",
-        "42",
-    ];
-    args.extend_from_slice(extra);
-    let out = smoe(&args);
-    assert!(out.status.success(), "synth failed: {}", text(&out.stderr));
-    let stdout = text(&out.stdout);
-    assert!(stdout.contains("experts.smoe"), "{stdout}");
-    vault
-}
 
 /// Exit code 1, exactly one stderr line `smoe: ...` containing every needle,
 /// and no panic.

@@ -6,9 +6,6 @@
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -18,19 +15,6 @@ const EXPERTS: u32 = 4;
 
 fn small_vault() -> common::TestVault {
     common::vault(LAYERS, EXPERTS, 5000, &[])
-}
-
-fn mkfifo(path: &Path) {
-    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
-    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
-    let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o644) };
-    assert_eq!(
-        rc,
-        0,
-        "mkfifo {}: {}",
-        path.display(),
-        std::io::Error::last_os_error()
-    );
 }
 
 /// Runs the CLI with a 5 s limit; kills it and fails on a timeout.
@@ -63,7 +47,7 @@ fn smoe_within_timeout(args: &[&str]) -> Output {
 fn cli_on_a_fifo_vault_file_fails_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("experts.smoe");
-    mkfifo(&fifo);
+    common::mkfifo(&fifo);
     let expected = format!("smoe: {}: is a FIFO, not a vault file", fifo.display());
     for vault in [dir.path(), fifo.as_path()] {
         let vault = vault.to_str().unwrap();
@@ -95,7 +79,7 @@ fn cli_on_a_fifo_vault_file_fails_at_once() {
 fn fifo_scout_does_not_block_budget() {
     let v = small_vault();
     let scout = v.dir.path().join("scout.gguf");
-    mkfifo(&scout);
+    common::mkfifo(&scout);
     let out = smoe_within_timeout(&["budget", v.dir.path().to_str().unwrap(), "--json"]);
     assert!(
         out.status.success(),

@@ -10,6 +10,10 @@
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
+mod support;
+
+use support::{smoe, synth, text};
+
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::FileExt;
@@ -24,17 +28,6 @@ use xxhash_rust::xxh3::Xxh3;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 const TIB: u64 = 1 << 40;
-
-fn smoe(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_smoe"))
-        .args(args)
-        .output()
-        .expect("the smoe binary runs")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 /// Exit `code`, no signal, exactly one stderr line `smoe: ...` holding every
 /// needle, and no panic.
@@ -321,21 +314,8 @@ fn synth_streams_blobs_without_a_blob_sized_buffer() {
 #[test]
 fn numeric_flags_out_of_range_fail_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
-    let v = dir.path().join("vault");
+    let v = synth(dir.path(), &[]);
     let vs = v.to_str().unwrap().to_owned();
-    let out = smoe(&[
-        "synth",
-        &vs,
-        "--layers",
-        "4",
-        "--experts",
-        "6",
-        "--blob-kib",
-        "20",
-        "--dense",
-        "0",
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
     let new = dir.path().join("new").to_str().unwrap().to_owned();
     let synth = |extra: &[&str]| -> Vec<String> {
         let mut a = vec!["synth".to_owned(), new.clone()];

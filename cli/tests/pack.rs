@@ -11,6 +11,11 @@ fn smoe() -> Command {
     Command::new(env!("CARGO_BIN_EXE_smoe"))
 }
 
+/// Runs `smoe pack SRC OUT` to completion.
+fn pack(src: &Path, out_dir: &Path) -> Output {
+    smoe().arg("pack").arg(src).arg(out_dir).output().unwrap()
+}
+
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models")
 }
@@ -68,7 +73,7 @@ fn write_gguf(path: &Path, kvs: &[(&str, u32)], tensors: &[(&str, Vec<u64>, u32,
 fn refuses(src: &Path, needle: &str) {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("vault");
-    let out = smoe().arg("pack").arg(src).arg(&out_dir).output().unwrap();
+    let out = pack(&src, &out_dir);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{}: {stderr}", src.display());
     assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
@@ -269,12 +274,7 @@ fn a_killed_packs_leftover_is_removed_by_the_next_run() {
         tmp.exists(),
         "the killed run's temporary directory is there"
     );
-    let out = smoe()
-        .arg("pack")
-        .arg(fixtures().join("qwen3moe-q8_0.gguf"))
-        .arg(&out_dir)
-        .output()
-        .unwrap();
+    let out = pack(&fixtures().join("qwen3moe-q8_0.gguf"), &out_dir);
     assert!(
         out.status.success(),
         "{}",
@@ -288,12 +288,7 @@ fn a_killed_packs_leftover_is_removed_by_the_next_run() {
 fn summary_and_inspect_show_the_layout() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("vault");
-    let out = smoe()
-        .arg("pack")
-        .arg(fixtures().join("synthetic-mixed.gguf"))
-        .arg(&out_dir)
-        .output()
-        .unwrap();
+    let out = pack(&fixtures().join("synthetic-mixed.gguf"), &out_dir);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -318,14 +313,7 @@ fn summary_and_inspect_show_the_layout() {
     let layouts = vault.layouts().unwrap().unwrap();
     for (_, items) in &layouts.layers {
         for i in items {
-            let shape = format!(
-                "[{}]",
-                i.shape
-                    .iter()
-                    .map(u64::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
+            let shape = i.shape_text();
             assert!(
                 stdout.lines().any(|l| l.contains(&i.role)
                     && l.contains(&i.dtype)

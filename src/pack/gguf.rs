@@ -109,21 +109,22 @@ impl GgmlType {
     }
 }
 
-/// GGUF value types (the u32 before each value).
+/// GGUF value types (the u32 before each value): 0 u8, 1 i8, 2 u16, 3 i16,
+/// 4 u32, 5 i32, 6 f32, 7 bool, 8 string, 9 array, 10 u64, 11 i64, 12 f64.
 mod value_type {
-    pub const U8: u32 = 0;
-    pub const I8: u32 = 1;
-    pub const U16: u32 = 2;
-    pub const I16: u32 = 3;
-    pub const U32: u32 = 4;
-    pub const I32: u32 = 5;
-    pub const F32: u32 = 6;
-    pub const BOOL: u32 = 7;
     pub const STRING: u32 = 8;
     pub const ARRAY: u32 = 9;
-    pub const U64: u32 = 10;
-    pub const I64: u32 = 11;
-    pub const F64: u32 = 12;
+    /// The byte size of a fixed-size type, None for strings, arrays and
+    /// unknown types.
+    pub fn fixed_size(t: u32) -> Option<usize> {
+        match t {
+            0 | 1 | 7 => Some(1),
+            2 | 3 => Some(2),
+            4..=6 => Some(4),
+            10..=12 => Some(8),
+            _ => None,
+        }
+    }
 }
 
 /// One key/value of a GGUF file.
@@ -142,14 +143,14 @@ impl KeyValue {
     pub fn as_u64(&self) -> Option<u64> {
         let b = &self.raw;
         Some(match self.value_type {
-            value_type::U8 => u64::from(b[0]),
-            value_type::U16 => u64::from(u16::from_le_bytes(b[..2].try_into().ok()?)),
-            value_type::U32 => u64::from(u32::from_le_bytes(b[..4].try_into().ok()?)),
-            value_type::U64 => u64::from_le_bytes(b[..8].try_into().ok()?),
-            value_type::I8 => u64::try_from(b[0] as i8).ok()?,
-            value_type::I16 => u64::try_from(i16::from_le_bytes(b[..2].try_into().ok()?)).ok()?,
-            value_type::I32 => u64::try_from(i32::from_le_bytes(b[..4].try_into().ok()?)).ok()?,
-            value_type::I64 => u64::try_from(i64::from_le_bytes(b[..8].try_into().ok()?)).ok()?,
+            0 => u64::from(b[0]),
+            2 => u64::from(u16::from_le_bytes(b[..2].try_into().ok()?)),
+            4 => u64::from(u32::from_le_bytes(b[..4].try_into().ok()?)),
+            10 => u64::from_le_bytes(b[..8].try_into().ok()?),
+            1 => u64::try_from(b[0] as i8).ok()?,
+            3 => u64::try_from(i16::from_le_bytes(b[..2].try_into().ok()?)).ok()?,
+            5 => u64::try_from(i32::from_le_bytes(b[..4].try_into().ok()?)).ok()?,
+            11 => u64::try_from(i64::from_le_bytes(b[..8].try_into().ok()?)).ok()?,
             _ => return None,
         })
     }
@@ -187,16 +188,6 @@ pub struct TensorInfo {
     pub offset: u64,
     /// Bytes of its data.
     pub bytes: u64,
-}
-
-impl TensorInfo {
-    /// Bytes of one slice along the outermost dimension (`ne[last]`).
-    pub fn outer_stride(&self) -> u64 {
-        match self.ne.last() {
-            Some(&n) if n > 0 => self.bytes / n,
-            _ => 0,
-        }
-    }
 }
 
 /// A parsed GGUF file: everything but the tensor data.
@@ -280,9 +271,7 @@ impl Gguf {
         }
         let mut kvs = Vec::with_capacity(n_kvs as usize);
         for i in 0..n_kvs {
-            let key = r
-                .string()
-                .map_err(|e| e.context(format!("key/value {i}")))?;
+            let key = r.string_of("key/value", i)?;
             let value_type = r.u32()?;
             let mut raw = Vec::new();
             r.value(value_type, &mut raw, 0)
@@ -302,9 +291,7 @@ impl Gguf {
         };
         let mut tensors = Vec::with_capacity(n_tensors as usize);
         for i in 0..n_tensors {
-            let name = r
-                .string()
-                .map_err(|e| e.context(format!("tensor info {i}")))?;
+            let name = r.string_of("tensor info", i)?;
             let n_dims = r.u32()?;
             if !(1..=4).contains(&n_dims) {
                 return Err(bad(format!(
@@ -419,6 +406,11 @@ impl Reader<'_> {
         Ok(u64::from_le_bytes(b))
     }
 
+    /// The string that names item `i` of a section (`what`).
+    fn string_of(&mut self, what: &str, i: u64) -> Result<String> {
+        self.string().map_err(|e| e.context(format!("{what} {i}")))
+    }
+
     fn string(&mut self) -> Result<String> {
         let n = self.u64()?;
         if n > self.len - self.at {
@@ -438,10 +430,7 @@ impl Reader<'_> {
     /// Reads one value of type `t`, appending its raw bytes to `out`.
     fn value(&mut self, t: u32, out: &mut Vec<u8>, depth: u32) -> Result<()> {
         let fixed = match t {
-            value_type::U8 | value_type::I8 | value_type::BOOL => 1,
-            value_type::U16 | value_type::I16 => 2,
-            value_type::U32 | value_type::I32 | value_type::F32 => 4,
-            value_type::U64 | value_type::I64 | value_type::F64 => 8,
+            t if value_type::fixed_size(t).is_some() => value_type::fixed_size(t).unwrap_or(0),
             value_type::STRING => {
                 let n = self.u64()?;
                 if n > self.len - self.at {

@@ -93,19 +93,22 @@ pub struct PackSummary {
     pub vault_id: String,
 }
 
-/// A tensor of the source, wherever it lives.
-#[derive(Clone, Debug)]
-struct SourceTensor {
-    name: String,
-    /// Index into the source's files.
-    file: usize,
-    /// Absolute offset of its data.
-    offset: u64,
-    bytes: u64,
-    /// Element type name.
-    dtype: String,
-    /// Shape, outermost first.
-    shape: Vec<u64>,
+/// A tensor of a source model, wherever it lives: GGUF and safetensors
+/// tensors alike, located by file and byte range.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tensor {
+    /// Its name in the source.
+    pub name: String,
+    /// Index into the source's files (a shard or a split part).
+    pub file: usize,
+    /// Absolute offset of its data in that file.
+    pub offset: u64,
+    /// Bytes of its data.
+    pub bytes: u64,
+    /// Its element type as the source names it (`Q8_0`, `BF16`, ...).
+    pub dtype: String,
+    /// Its shape, outermost first.
+    pub shape: Vec<u64>,
 }
 
 /// An expert tensor found by name.
@@ -122,7 +125,7 @@ struct ExpertTensor {
 struct Model {
     kind: SourceKind,
     files: Vec<PathBuf>,
-    tensors: Vec<SourceTensor>,
+    tensors: Vec<Tensor>,
     experts: Vec<ExpertTensor>,
     arch: Option<String>,
     top_k: Option<u64>,
@@ -295,7 +298,7 @@ fn open_gguf(source: &Path) -> Result<Model> {
     let mut tensors = Vec::new();
     for (i, g) in files.iter().enumerate() {
         for t in &g.tensors {
-            tensors.push(SourceTensor {
+            tensors.push(Tensor {
                 name: t.name.clone(),
                 file: i,
                 offset: g.data_offset + t.offset,
@@ -345,18 +348,7 @@ fn open_gguf(source: &Path) -> Result<Model> {
 
 fn open_safetensors(source: &Path) -> Result<Model> {
     let ckpt = safetensors::Checkpoint::open(source)?;
-    let tensors: Vec<SourceTensor> = ckpt
-        .tensors
-        .iter()
-        .map(|t| SourceTensor {
-            name: t.name.clone(),
-            file: t.file,
-            offset: t.offset,
-            bytes: t.bytes,
-            dtype: t.dtype.clone(),
-            shape: t.shape.clone(),
-        })
-        .collect();
+    let tensors = ckpt.tensors.clone();
     let config = ckpt.config.as_ref();
     let cfg_u64 = |keys: &[&str]| {
         keys.iter()
@@ -553,8 +545,7 @@ fn plan(model: &Model) -> Result<(u32, u32, Vec<LayerPlan>)> {
                     "layer {layer} {role}: more than one stacked tensor"
                 )));
             } else {
-                let mut slices: Vec<Option<(Slice, &SourceTensor)>> =
-                    vec![None; n_experts as usize];
+                let mut slices: Vec<Option<(Slice, &Tensor)>> = vec![None; n_experts as usize];
                 for x in &xs {
                     let e = x.expert.expect("per-expert");
                     let t = &model.tensors[x.tensor];
@@ -871,22 +862,13 @@ pub fn pack(
         progress(copied, total);
         Ok(())
     };
-    match model.kind {
-        SourceKind::Gguf => write_gguf_scout(
-            &model,
-            &scout_tensors,
-            &vault_id,
-            &scout_path,
-            &mut copy_tensor,
-        )?,
-        SourceKind::Safetensors => write_safetensors_scout(
-            &model,
-            &scout_tensors,
-            &vault_id,
-            &scout_path,
-            &mut copy_tensor,
-        )?,
-    }
+    write_scout(
+        &model,
+        &scout_tensors,
+        &vault_id,
+        &scout_path,
+        &mut copy_tensor,
+    )?;
     let scout_size = std::fs::metadata(&scout_path)
         .map_err(|e| Error::io("cannot stat", &scout_path, &e))?
         .len();
@@ -1002,89 +984,91 @@ fn metadata(model: &Model, layouts: &BlobLayouts, scout: &str) -> String {
     Value::Object(members).to_json()
 }
 
-fn write_gguf_scout(
+/// Writes the scout: the source's non-expert `tensors`, copied by `copy`,
+/// in the source's format, with `smoe.vault_id` added to its key/values.
+/// Writes the scout: the source's non-expert `tensors`, copied by `copy`,
+/// in the source's own format, with `smoe.vault_id` added to its
+/// key/values (GGUF) or `__metadata__` (safetensors).
+fn write_scout(
     model: &Model,
     tensors: &[usize],
     vault_id: &[u8; 16],
     path: &Path,
     copy: &mut dyn FnMut(usize, &mut dyn Write) -> Result<()>,
 ) -> Result<()> {
-    let first = &model.gguf[0];
-    // The scout is one file: the split keys of a split source do not apply.
-    let mut kvs: Vec<gguf::KeyValue> = first
-        .kvs
-        .iter()
-        .filter(|kv| !kv.key.starts_with("split.") && kv.key != "smoe.vault_id")
-        .cloned()
-        .collect();
-    kvs.push(gguf::KeyValue::string("smoe.vault_id", &hex(vault_id)));
-    let infos: Vec<gguf::TensorInfo> = tensors
-        .iter()
-        .map(|&i| {
-            let t = &model.tensors[i];
-            let g = &model.gguf[t.file];
-            g.tensors
+    match model.kind {
+        SourceKind::Gguf => {
+            let first = &model.gguf[0];
+            // The scout is one file: the split keys of a split source do not apply.
+            let mut kvs: Vec<gguf::KeyValue> = first
+                .kvs
                 .iter()
-                .find(|gt| gt.name == t.name)
+                .filter(|kv| !kv.key.starts_with("split.") && kv.key != "smoe.vault_id")
                 .cloned()
-                .expect("the tensor came from this file")
-        })
-        .collect();
-    gguf::write(path, &kvs, &infos, first.alignment, copy)
-}
-
-fn write_safetensors_scout(
-    model: &Model,
-    tensors: &[usize],
-    vault_id: &[u8; 16],
-    path: &Path,
-    copy: &mut dyn FnMut(usize, &mut dyn Write) -> Result<()>,
-) -> Result<()> {
-    let mut metadata: Vec<(String, Value)> = model
-        .safetensors_metadata
-        .iter()
-        .filter(|(k, _)| k != "smoe.vault_id")
-        .map(|(k, v)| (k.clone(), v.as_str().into()))
-        .collect();
-    metadata.push(("smoe.vault_id".into(), hex(vault_id).into()));
-    let mut members = vec![("__metadata__".to_owned(), Value::Object(metadata))];
-    let mut offset = 0u64;
-    for &i in tensors {
-        let t = &model.tensors[i];
-        members.push((
-            t.name.clone(),
-            Value::Object(vec![
-                ("dtype".into(), t.dtype.as_str().into()),
-                (
-                    "shape".into(),
-                    Value::Array(t.shape.iter().map(|&d| d.into()).collect()),
-                ),
-                (
-                    "data_offsets".into(),
-                    Value::Array(vec![offset.into(), (offset + t.bytes).into()]),
-                ),
-            ]),
-        ));
-        offset += t.bytes;
+                .collect();
+            kvs.push(gguf::KeyValue::string("smoe.vault_id", &hex(vault_id)));
+            let infos: Vec<gguf::TensorInfo> = tensors
+                .iter()
+                .map(|&i| {
+                    let t = &model.tensors[i];
+                    let g = &model.gguf[t.file];
+                    g.tensors
+                        .iter()
+                        .find(|gt| gt.name == t.name)
+                        .cloned()
+                        .expect("the tensor came from this file")
+                })
+                .collect();
+            gguf::write(path, &kvs, &infos, first.alignment, copy)
+        }
+        SourceKind::Safetensors => {
+            let mut metadata: Vec<(String, Value)> = model
+                .safetensors_metadata
+                .iter()
+                .filter(|(k, _)| k != "smoe.vault_id")
+                .map(|(k, v)| (k.clone(), v.as_str().into()))
+                .collect();
+            metadata.push(("smoe.vault_id".into(), hex(vault_id).into()));
+            let mut members = vec![("__metadata__".to_owned(), Value::Object(metadata))];
+            let mut offset = 0u64;
+            for &i in tensors {
+                let t = &model.tensors[i];
+                members.push((
+                    t.name.clone(),
+                    Value::Object(vec![
+                        ("dtype".into(), t.dtype.as_str().into()),
+                        (
+                            "shape".into(),
+                            Value::Array(t.shape.iter().map(|&d| d.into()).collect()),
+                        ),
+                        (
+                            "data_offsets".into(),
+                            Value::Array(vec![offset.into(), (offset + t.bytes).into()]),
+                        ),
+                    ]),
+                ));
+                offset += t.bytes;
+            }
+            let mut header = Value::Object(members).to_json();
+            // Pad with spaces so the data starts 8-byte aligned, as the format's
+            // own writer does.
+            while (header.len() + 8) % 8 != 0 {
+                header.push(' ');
+            }
+            let file = File::create(path).map_err(|e| Error::io("cannot create", path, &e))?;
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+            let io = |e: std::io::Error| Error::io("cannot write", path, &e);
+            w.write_all(&(header.len() as u64).to_le_bytes())
+                .map_err(io)?;
+            w.write_all(header.as_bytes()).map_err(io)?;
+            for i in 0..tensors.len() {
+                copy(i, &mut w)?;
+            }
+            let file = w.into_inner().map_err(|e| io(e.into_error()))?;
+            file.sync_all().map_err(io)?;
+            Ok(())
+        }
     }
-    let mut header = Value::Object(members).to_json();
-    // Pad with spaces so the data starts 8-byte aligned, as the format's
-    // own writer does.
-    while (header.len() + 8) % 8 != 0 {
-        header.push(' ');
-    }
-    let file = File::create(path).map_err(|e| Error::io("cannot create", path, &e))?;
-    let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
-    let io = |e: std::io::Error| Error::io("cannot write", path, &e);
-    w.write_all(&(header.len() as u64).to_le_bytes())
-        .map_err(io)?;
-    w.write_all(header.as_bytes()).map_err(io)?;
-    for i in 0..tensors.len() {
-        copy(i, &mut w)?;
-    }
-    let file = w.into_inner().map_err(|e| io(e.into_error()))?;
-    file.sync_all().map_err(io)?;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use super::Tensor;
 use crate::error::{Error, Result};
 use crate::json::{self, Value};
 
@@ -30,33 +31,6 @@ pub fn dtype_bytes(dtype: &str) -> Option<u64> {
         "U64" | "I64" | "F64" => 8,
         _ => return None,
     })
-}
-
-/// One tensor of a safetensors file.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Tensor {
-    /// Its name.
-    pub name: String,
-    /// Its dtype as the file names it (`BF16`, ...).
-    pub dtype: String,
-    /// Its shape, outermost first.
-    pub shape: Vec<u64>,
-    /// The shard holding it (index into [`Checkpoint::files`]).
-    pub file: usize,
-    /// Absolute offset of its data in that file.
-    pub offset: u64,
-    /// Bytes of its data.
-    pub bytes: u64,
-}
-
-impl Tensor {
-    /// Bytes of one slice along the outermost dimension.
-    pub fn outer_stride(&self) -> u64 {
-        match self.shape.first() {
-            Some(&n) if n > 0 => self.bytes / n,
-            _ => 0,
-        }
-    }
 }
 
 /// One safetensors file's header.

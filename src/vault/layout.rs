@@ -156,6 +156,12 @@ impl LayoutItem {
     pub fn end(&self) -> u64 {
         self.offset + self.bytes
     }
+
+    /// The shape as text, outermost first: `[768, 2048]`.
+    pub fn shape_text(&self) -> String {
+        let dims: Vec<String> = self.shape.iter().map(u64::to_string).collect();
+        format!("[{}]", dims.join(", "))
+    }
 }
 
 #[cfg(test)]

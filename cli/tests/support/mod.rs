@@ -1,0 +1,44 @@
+//! Helpers of the tool's tests: running the real binary.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Runs `smoe ARGS...` to completion.
+pub fn smoe(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_smoe"))
+        .args(args)
+        .output()
+        .expect("the smoe binary runs")
+}
+
+/// Output bytes as text.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `smoe synth DIR/vault`: 4 layers (layer 0 dense) × 6 experts of 20 KiB,
+/// seed 42, plus `extra` flags; returns the vault directory.
+pub fn synth(dir: &Path, extra: &[&str]) -> PathBuf {
+    let vault = dir.join("vault");
+    let mut args = vec![
+        "synth",
+        vault.to_str().unwrap(),
+        "--layers",
+        "4",
+        "--experts",
+        "6",
+        "--blob-kib",
+        "20",
+        "--dense",
+        "0",
+        "--seed",
+        "42",
+    ];
+    args.extend_from_slice(extra);
+    let out = smoe(&args);
+    assert!(out.status.success(), "synth failed: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("experts.smoe"), "{stdout}");
+    vault
+}
