@@ -73,7 +73,7 @@ fn write_gguf(path: &Path, kvs: &[(&str, u32)], tensors: &[(&str, Vec<u64>, u32,
 fn refuses(src: &Path, needle: &str) {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("vault");
-    let out = pack(&src, &out_dir);
+    let out = pack(src, &out_dir);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{}: {stderr}", src.display());
     assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");

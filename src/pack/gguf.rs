@@ -15,7 +15,7 @@
 
 use std::fs::File;
 use std::io::{BufReader, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::error::{Error, Result};
 
@@ -92,6 +92,7 @@ impl GgmlType {
     }
 
     /// The type named `name` (`Q8_0`, ...).
+    #[cfg(test)]
     pub fn from_name(name: &str) -> Option<GgmlType> {
         GGML_TYPES
             .iter()
@@ -193,12 +194,6 @@ pub struct TensorInfo {
 /// A parsed GGUF file: everything but the tensor data.
 #[derive(Clone, Debug)]
 pub struct Gguf {
-    /// The file.
-    pub path: PathBuf,
-    /// Its length in bytes.
-    pub file_bytes: u64,
-    /// GGUF version (3).
-    pub version: u32,
     /// Key/values in file order.
     pub kvs: Vec<KeyValue>,
     /// Tensor infos in file order.
@@ -348,9 +343,6 @@ impl Gguf {
             return Err(bad(format!("tensor {} appears twice", w[0])));
         }
         Ok(Gguf {
-            path: path.to_path_buf(),
-            file_bytes,
-            version,
             kvs,
             tensors,
             alignment,

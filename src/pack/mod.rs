@@ -16,8 +16,8 @@
 //!   left behind is removed by the next run;
 //! - replace a directory that is not a vault, even with `force`.
 
-pub mod gguf;
-pub mod safetensors;
+pub(crate) mod gguf;
+pub(crate) mod safetensors;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -1131,7 +1131,7 @@ mod tests {
         )
         .unwrap();
         let e = pack(
-            &dir.path().to_path_buf(),
+            dir.path(),
             &dir.path().join("out"),
             &PackOptions::default(),
             &mut |_, _| {},

@@ -38,10 +38,6 @@ pub fn dtype_bytes(dtype: &str) -> Option<u64> {
 pub struct FileHeader {
     /// The file.
     pub path: PathBuf,
-    /// Its length.
-    pub file_bytes: u64,
-    /// Start of the data section (8 + header length).
-    pub data_offset: u64,
     /// `__metadata__`, as (key, value) strings in file order.
     pub metadata: Vec<(String, String)>,
     /// Tensors, in file order.
@@ -150,8 +146,6 @@ pub fn read_header(path: &Path) -> Result<FileHeader> {
     }
     Ok(FileHeader {
         path: path.to_path_buf(),
-        file_bytes,
-        data_offset,
         metadata,
         tensors,
     })
