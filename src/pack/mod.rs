@@ -96,7 +96,7 @@ pub struct PackSummary {
 /// A tensor of a source model, wherever it lives: GGUF and safetensors
 /// tensors alike, located by file and byte range.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Tensor {
+pub(crate) struct Tensor {
     /// Its name in the source.
     pub name: String,
     /// Index into the source's files (a shard or a split part).
