@@ -110,6 +110,12 @@ const TICKET_SLOT_BITS: u32 = 20;
 /// never has more slots than the vault has entries.
 pub(crate) const MAX_SLOTS: u64 = 1 << TICKET_SLOT_BITS;
 
+/// A loaded slot that no claim has touched is kept from eviction (while a
+/// claimed idle slot is left) for this many turns of the ring: `slots ×
+/// UNCLAIMED_TURNOVERS` ticks of the LRU clock, which advances on every load,
+/// claim and resident prefetch.
+const UNCLAIMED_TURNOVERS: u64 = 4;
+
 /// `map` entry: no slot.
 const NONE: u64 = u64::MAX;
 /// `map` entry: a prefetch is choosing a slot for this id.
@@ -508,27 +514,40 @@ impl SlotTable {
                 bits.get(id / 64).is_some_and(|b| b & (1 << (id % 64)) != 0)
             })
         };
+        // A slot loaded but never claimed (READY) is the head of a prefetch
+        // burst the engine is about to claim: it is taken only when no idle
+        // claimed slot (CONSUMED) is left, or when it has waited unclaimed
+        // longer than UNCLAIMED_TURNOVERS turns of the ring's clock, so that
+        // speculation that never came true does not pin the ring.
+        let stale_before = self
+            .clock
+            .load(Ordering::Relaxed)
+            .saturating_sub(UNCLAIMED_TURNOVERS * u64::from(self.slots()));
         let mut best: Option<(u32, Word)> = None;
         let mut best_tick = u64::MAX;
+        let mut best_unclaimed: Option<(u32, Word)> = None;
+        let mut best_unclaimed_tick = u64::MAX;
         for (i, (word, tick)) in self.words.iter().zip(self.ticks.iter()).enumerate() {
             let w = word.load(Ordering::Relaxed);
             if w & REF_MASK != 0 {
                 continue;
             }
             let t = match w & STATE_MASK {
-                EMPTY => 0,
+                EMPTY => return Some((i as u32, Word(w))),
                 READY | CONSUMED if !spared(i) => tick.load(Ordering::Relaxed),
                 _ => continue,
             };
-            if t < best_tick {
+            if w & STATE_MASK == READY && t >= stale_before {
+                if t < best_unclaimed_tick {
+                    best_unclaimed_tick = t;
+                    best_unclaimed = Some((i as u32, Word(w)));
+                }
+            } else if t < best_tick {
                 best_tick = t;
                 best = Some((i as u32, Word(w)));
-                if t == 0 {
-                    break;
-                }
             }
         }
-        best
+        best.or(best_unclaimed)
     }
 
     /// Moves slot `i` from the idle word `seen` to QUEUED for `id`.
@@ -968,8 +987,10 @@ mod tests {
             t.prefetch(id, Origin::Speculative);
         }
         load_all(&t);
-        // Claim 0 and 2 (refreshing them) and release; 1 is now the oldest.
-        for id in [0, 2] {
+        // Claim 1, then 0 and 2 (refreshing them) and release; 1 is now the
+        // least recently used. (A slot never claimed would be spared while a
+        // claimed one is idle: see a_prefetch_burst_does_not_evict_its_own_head.)
+        for id in [1, 0, 2] {
             let Claimed::Ready { ticket, .. } = t.claim(id) else {
                 panic!()
             };
@@ -981,6 +1002,59 @@ mod tests {
         ));
         assert!(!t.present(1), "least recently used was evicted");
         assert!(t.present(0) && t.present(2) && t.present(5));
+    }
+
+    /// The case: a prefetch burst fills the ring; the engine claims
+    /// and releases its first expert; the next prefetch must evict that
+    /// claimed slot, not the loaded-but-unclaimed head of the burst.
+    #[test]
+    fn a_prefetch_burst_does_not_evict_its_own_head() {
+        let t = SlotTable::new(4, 10);
+        for id in 0..4 {
+            t.prefetch(id, Origin::Demand);
+        }
+        load_all(&t);
+        let Claimed::Ready { ticket, .. } = t.claim(0) else {
+            panic!()
+        };
+        t.release(ticket).unwrap();
+        assert!(matches!(
+            t.prefetch(4, Origin::Demand),
+            Prefetched::Queued { evicted: true, .. }
+        ));
+        load_all(&t);
+        assert!(
+            matches!(t.claim(1), Claimed::Ready { .. }),
+            "B was evicted before it was ever claimed"
+        );
+        assert!(t.next_job().is_none(), "claiming B read nothing");
+        assert!(!t.present(0), "the claimed, released A made room");
+    }
+
+    /// Speculation that never came true does not pin the ring: an unclaimed
+    /// slot older than the turnover bound is evicted before a recent
+    /// claimed one.
+    #[test]
+    fn stale_unclaimed_loads_are_evicted() {
+        let t = SlotTable::new(2, 10);
+        t.prefetch(0, Origin::Speculative);
+        load_all(&t);
+        t.prefetch(1, Origin::Demand);
+        load_all(&t);
+        let Claimed::Ready { ticket, .. } = t.claim(1) else {
+            panic!()
+        };
+        t.release(ticket).unwrap();
+        // Many claims of 1 turn the clock past 0's turnover bound.
+        for _ in 0..(UNCLAIMED_TURNOVERS * 2 + 1) {
+            let Claimed::Ready { ticket, .. } = t.claim(1) else {
+                panic!()
+            };
+            t.release(ticket).unwrap();
+        }
+        t.prefetch(2, Origin::Demand);
+        assert!(!t.present(0), "the stale, never-claimed 0 was evicted");
+        assert!(t.present(1));
     }
 
     #[test]
