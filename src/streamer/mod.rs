@@ -50,6 +50,10 @@ mod imp {
     // ticket field (20 bits) holds every slot index.
     const _: () = assert!(super::slots::MAX_SLOTS >= crate::vault::MAX_EXPERT_IDS);
 
+    /// `claim_wait`'s short spin before it sleeps: rounds of 2, 4, ... 64
+    /// spin hints, a few microseconds in all.
+    const SPIN_ROUNDS: u32 = 12;
+
     /// Default number of I/O workers.
     pub const DEFAULT_WORKERS: u32 = 16;
     /// Most I/O workers a streamer runs.
@@ -97,6 +101,8 @@ mod imp {
         pub(crate) broken: AtomicBool,
         pub(crate) shutdown: AtomicBool,
         pub(crate) wake: worker::Wake,
+        /// Where `claim_wait` sleeps until a read lands.
+        pub(crate) landed: worker::Landed,
         /// How the workers read blobs ([`worker::BlobReader`]).
         pub(crate) reader: Box<dyn worker::BlobReader>,
         /// Claim counts, persisted across sessions; drives pre-warm.
@@ -270,6 +276,7 @@ mod imp {
                 broken: AtomicBool::new(false),
                 shutdown: AtomicBool::new(false),
                 wake: worker::Wake::new(workers),
+                landed: worker::Landed::new(),
                 reader,
                 vault,
             });
@@ -515,8 +522,9 @@ mod imp {
         }
 
         /// Claims (layer, expert), waiting up to `timeout` for its read: it
-        /// spins briefly, then yields, then sleeps in short steps. `Ok(None)`
-        /// at the timeout.
+        /// spins briefly, then sleeps until a worker finishes a read (it
+        /// burns no CPU while it waits, and wakes as soon as its read lands
+        /// or fails). `Ok(None)` at the timeout.
         ///
         /// # Examples
         ///
@@ -559,29 +567,29 @@ mod imp {
             timeout: Duration,
         ) -> Result<Option<SlotInfo>> {
             let start = Instant::now();
-            let mut round = 0u32;
-            loop {
+            let deadline = start
+                .checked_add(timeout)
+                .unwrap_or(start + Duration::from_secs(86400 * 365));
+            // A few short spins first: a read that is about to land costs no
+            // sleep and wake-up.
+            for round in 0..SPIN_ROUNDS {
                 if let Some(info) = self.try_claim(layer, expert)? {
                     return Ok(Some(info));
                 }
-                let elapsed = start.elapsed();
-                if elapsed >= timeout {
-                    self.shared.counters.pending.fetch_add(1, Ordering::Relaxed);
-                    return Ok(None);
-                }
-                round += 1;
-                if round <= 32 {
-                    for _ in 0..(1 << round.min(6)) {
-                        std::hint::spin_loop();
-                    }
-                } else if round <= 48 {
-                    std::thread::yield_now();
-                } else {
-                    // Short sleeps, growing to 500 µs, never past the deadline.
-                    let step = Duration::from_micros(20u64 << (round - 48).min(5));
-                    std::thread::sleep(step.min(timeout - elapsed));
+                for _ in 0..(1u32 << round.min(6)) {
+                    std::hint::spin_loop();
                 }
             }
+            // Then sleep until a read lands (a worker wakes us), trying again
+            // after each.
+            let claimed = self
+                .shared
+                .landed
+                .wait_for(deadline, || self.try_claim(layer, expert))?;
+            if claimed.is_none() {
+                self.shared.counters.pending.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(claimed)
         }
 
         /// Releases a claim by its ticket. Stale (and nothing changes) when

@@ -12,8 +12,9 @@
 use std::fs::File;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{fence, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::Thread;
+use std::time::Instant;
 
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -116,6 +117,81 @@ impl Wake {
     }
 }
 
+/// Where `claim_wait` callers sleep until a read lands: an eventcount.
+///
+/// A waiter counts itself in `waiters`, reads `epoch`, tries its claim, and
+/// parks on the condition variable only if `epoch` has not moved since (the
+/// check is made holding the mutex). A worker that finished a read (ok or
+/// failed) bumps `epoch` and, only when someone waits, takes the mutex and
+/// wakes every waiter. So a claim path with no waiter pays one atomic add
+/// per read and takes no lock, and a waiter never sleeps through the read
+/// it waits for: either the worker's bump comes before the waiter's check
+/// (the waiter sees it and retries) or the worker sees the waiter counted
+/// and wakes it under the mutex, after the waiter is in `wait`.
+pub(crate) struct Landed {
+    epoch: AtomicU64,
+    waiters: AtomicU64,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+impl Landed {
+    pub(crate) fn new() -> Landed {
+        Landed {
+            epoch: AtomicU64::new(0),
+            waiters: AtomicU64::new(0),
+            lock: Mutex::new(()),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// A read finished (its slot is READY, or its failure is recorded).
+    pub(crate) fn notify(&self) {
+        // SeqCst: the slot's transition (program-ordered before) and this
+        // bump come before the load of `waiters` in the single total order
+        // that the waiter's SeqCst increment and epoch load are also in.
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            self.cv.notify_all();
+        }
+    }
+
+    /// Calls `attempt` until it returns `Some`, an error, or `deadline`
+    /// passes (`Ok(None)`), sleeping between attempts until a read lands.
+    pub(crate) fn wait_for<T, E>(
+        &self,
+        deadline: Instant,
+        mut attempt: impl FnMut() -> Result<Option<T>, E>,
+    ) -> Result<Option<T>, E> {
+        // SeqCst: see `notify`.
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let result = (|| loop {
+            // SeqCst: see `notify`; an epoch read after a worker's bump also
+            // acquires that worker's slot transition.
+            let seen = self.epoch.load(Ordering::SeqCst);
+            if let Some(v) = attempt()? {
+                return Ok(Some(v));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            let guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            if self.epoch.load(Ordering::SeqCst) != seen {
+                continue;
+            }
+            // A spurious wake-up or the timeout only costs another attempt.
+            let _ = self
+                .cv
+                .wait_timeout(guard, deadline - now)
+                .unwrap_or_else(|p| p.into_inner());
+        })();
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+}
+
 /// A worker's life: take jobs until shutdown. Catches panics.
 pub(crate) fn run(shared: Arc<Shared>, me: u32, file: File) {
     let result = catch_unwind(AssertUnwindSafe(|| work(&shared, me, &file)));
@@ -185,6 +261,7 @@ fn read_job(shared: &Shared, file: &File, job: ReadJob) {
         }
     }
     shared.table.finish_ok(job);
+    shared.landed.notify();
 }
 
 fn fail(shared: &Shared, job: ReadJob, err: Error) {
@@ -194,4 +271,5 @@ fn fail(shared: &Shared, job: ReadJob, err: Error) {
         .unwrap_or_else(|p| p.into_inner())
         .insert(job.id, err);
     shared.table.finish_failed(job);
+    shared.landed.notify();
 }
