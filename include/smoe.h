@@ -150,6 +150,26 @@ typedef struct smoe_config {
    * then off until `smoe_close`, with a warning.
    */
   const char *SMOE_NULLABLE freq_path;
+  /**
+   * Added after version 1: routing-trace capture. `NULL` or `""` = off.
+   * Otherwise every OK claim is recorded, and at `smoe_close` the
+   * claims are written to this file as a routing trace (docs/format.md
+   * §5.3), replaced atomically: header `token,layer,r0,...,rK-1` (K = the
+   * most experts any row has), one row per (token, layer) with that
+   * layer's experts in claim order, each once; a shorter row leaves its
+   * trailing fields empty. Token boundary: a claim of the same layer as
+   * the previous claim continues its row, a higher layer starts the next
+   * row of the same token, a lower layer starts the next token (tokens
+   * count from 0), so the engine must claim a token's layers in
+   * ascending order. Claims from several threads are recorded in the
+   * order they complete. Only a missing file or one whose first line is
+   * a trace header is replaced; anything else there (another file, the
+   * vault or histogram file, a device, FIFO or directory) turns capture
+   * off, with a warning. Up to 16777216 claims are recorded (4 bytes
+   * each); later ones are counted in `smoe_stats.trace_dropped`. Read
+   * during `smoe_open` only.
+   */
+  const char *SMOE_NULLABLE trace_path;
 } smoe_config;
 
 /**
@@ -269,6 +289,16 @@ typedef struct smoe_stats {
    * (0 when it does not run).
    */
   uint64_t prewarm_slots;
+  /**
+   * Added after version 1's list: OK claims recorded for the trace
+   * (`trace_path`; 0 when capture is off).
+   */
+  uint64_t trace_events;
+  /**
+   * Added after version 1's list: OK claims not recorded because the
+   * trace was full; the file written at close holds the claims before.
+   */
+  uint64_t trace_dropped;
 } smoe_stats;
 
 #ifdef __cplusplus

@@ -44,6 +44,9 @@ mod queue;
 mod router;
 mod sync;
 mod sys;
+// Under loom only its default capacity (of `Config`) is used.
+#[cfg_attr(loom, allow(dead_code))]
+mod trace;
 
 pub use budget::{PlanSources, RingPlan, SlotClamp};
 pub use error::{Error, ErrorKind, Result};

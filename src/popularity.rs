@@ -70,9 +70,9 @@ const TMP_MARKER: &str = ".tmp-";
 const LEFTOVER_MIN_AGE: Duration = Duration::from_secs(60);
 
 /// A file's identity: `(st_dev, st_ino)`.
-type FileId = (u64, u64);
+pub(crate) type FileId = (u64, u64);
 
-fn file_id(metadata: &std::fs::Metadata) -> FileId {
+pub(crate) fn file_id(metadata: &std::fs::Metadata) -> FileId {
     (metadata.dev(), metadata.ino())
 }
 
@@ -292,16 +292,21 @@ pub fn save(
     counts: &[u64],
 ) -> Result<()> {
     let bytes = encode(vault_id, n_layers, n_experts, counts)?;
-    save_checked(path, &bytes, || Ok(())).map(|_| ())
+    save_checked(path, |file| file.write_all(&bytes), || Ok(())).map(|_| ())
 }
 
-/// [`save`]'s steps, with `check` called once the temporary file is durable,
-/// just before the rename: an error from it removes the temporary file and
-/// leaves `path` alone. Returns the identity of the file now at `path`.
-fn save_checked(path: &Path, bytes: &[u8], check: impl FnOnce() -> Result<()>) -> Result<FileId> {
+/// [`save`]'s steps, with `write` filling the temporary file and `check`
+/// called once that file is durable, just before the rename: an error from
+/// either removes the temporary file and leaves `path` alone. Returns the
+/// identity of the file now at `path`. Shared with the trace file
+/// ([`crate::trace`]), which follows the same rules.
+pub(crate) fn save_checked(
+    path: &Path,
+    write: impl FnOnce(&mut File) -> std::io::Result<()>,
+    check: impl FnOnce() -> Result<()>,
+) -> Result<FileId> {
     let (tmp_path, mut file) = create_temp(path)?;
-    let written = file
-        .write_all(bytes)
+    let written = write(&mut file)
         .and_then(|()| file.sync_all())
         .and_then(|()| file.metadata())
         .map_err(|e| Error::io("cannot write", &tmp_path, &e));
@@ -401,7 +406,7 @@ fn target_name(path: &Path) -> String {
 ///
 /// `O_EXCL` keeps a new writer from ever reusing a leftover's name, so a
 /// file that passed these checks cannot become someone's file meanwhile.
-fn remove_leftover_temp_files(path: &Path) {
+pub(crate) fn remove_leftover_temp_files(path: &Path) {
     let target = target_name(path);
     let Ok(entries) = std::fs::read_dir(parent_dir(path)) else {
         return;
@@ -448,6 +453,133 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
         Err(e) => Err(Error::io("cannot fsync directory", dir, &e)),
     }
+}
+
+/// What [`judge_target`] decided about a file the library means to replace
+/// at close (the histogram, the trace).
+#[derive(Debug)]
+pub(crate) enum Target {
+    /// May be written: `path` (a symbolic link at the configured path
+    /// followed) and the identity of the file found there if any.
+    Writable { path: PathBuf, seen: Option<FileId> },
+    /// The file is ours or missing, but its directory does not allow
+    /// creating the temporary file.
+    ReadOnly {
+        path: PathBuf,
+        seen: Option<FileId>,
+        error: Error,
+    },
+    /// Something that is not ours is there: what it is, to follow the
+    /// configured path in a warning.
+    Foreign(String),
+}
+
+/// Decides whether the file at `requested` may be replaced at close: a
+/// symbolic link is followed (a dangling one is foreign: saving would replace
+/// the link); whatever exists there must be ours by `examine`; then the
+/// directory is probed by creating and removing one of [`save`]'s temporary
+/// files: that is the operation a save needs, and, unlike `access(W_OK)`, it
+/// gives the true answer for root, read-only mounts and network
+/// filesystems. Never opens anything but a regular file, non-blocking.
+pub(crate) fn judge_target(requested: &Path, examine: impl Fn(&Path) -> Found) -> Target {
+    let path = match std::fs::symlink_metadata(requested) {
+        Ok(m) if m.file_type().is_symlink() => match std::fs::canonicalize(requested) {
+            Ok(target) => target,
+            Err(e) if e.kind() == IoErrorKind::NotFound => {
+                return Target::Foreign("is a symbolic link to a missing file".into())
+            }
+            Err(e) => {
+                return Target::Foreign(format!("is a symbolic link that cannot be followed ({e})"))
+            }
+        },
+        _ => requested.to_path_buf(),
+    };
+    let seen = match examine(&path) {
+        Found::Nothing => None,
+        Found::Ours(id) => Some(id),
+        Found::Foreign(what) if path != requested => {
+            return Target::Foreign(format!(
+                "is a symbolic link to {}, which {what}",
+                path.display()
+            ))
+        }
+        Found::Foreign(what) => return Target::Foreign(what),
+    };
+    match create_temp(&path) {
+        Ok((tmp_path, file)) => {
+            drop(file);
+            let _ = std::fs::remove_file(&tmp_path);
+            Target::Writable { path, seen }
+        }
+        Err(error) => Target::ReadOnly { path, seen, error },
+    }
+}
+
+/// Says whether the file at `path` (not following a final symbolic link)
+/// is one the library may replace: nothing there, or a regular file that is
+/// not `vault_file` and whose first `head_len` bytes (fewer if the file is
+/// shorter) `foreign_head` accepts (`None`; else it says what the file is).
+/// Never blocks: a FIFO or device is recognised by `lstat` and never opened,
+/// and the regular file is read through [`sys::open_regular`].
+pub(crate) fn examine_file(
+    path: &Path,
+    vault_file: Option<&(PathBuf, FileId)>,
+    head_len: usize,
+    foreign_head: impl FnOnce(&[u8]) -> Option<String>,
+) -> Found {
+    let metadata = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == IoErrorKind::NotFound => return Found::Nothing,
+        Err(e) => return Found::Foreign(format!("cannot be examined ({e})")),
+    };
+    let kind = FileKind::of(metadata.file_type());
+    if kind != FileKind::Regular {
+        return Found::Foreign(format!("is {kind}"));
+    }
+    if let Some(what) = vault_file_match(vault_file, &metadata) {
+        return Found::Foreign(what);
+    }
+    let (file, metadata) = match sys::open_regular(path) {
+        Ok(opened) => opened,
+        Err(OpenRegularError::Os(e)) if e.kind() == IoErrorKind::NotFound => return Found::Nothing,
+        Err(OpenRegularError::Os(e)) => return Found::Foreign(format!("cannot be read ({e})")),
+        Err(OpenRegularError::NotRegular(kind)) => return Found::Foreign(format!("is {kind}")),
+    };
+    // Checked again on the descriptor: the path may have changed since.
+    if let Some(what) = vault_file_match(vault_file, &metadata) {
+        return Found::Foreign(what);
+    }
+    let mut head = Vec::with_capacity(head_len.min(1 << 16));
+    if let Err(e) = file.take(head_len as u64).read_to_end(&mut head) {
+        return Found::Foreign(format!("cannot be read ({e})"));
+    }
+    match foreign_head(&head) {
+        Some(what) => Found::Foreign(what),
+        None => Found::Ours(file_id(&metadata)),
+    }
+}
+
+/// "is the vault file ..." when `metadata` is the vault file's inode (the
+/// file itself, a hard link, or a symbolic link's target).
+fn vault_file_match(
+    vault_file: Option<&(PathBuf, FileId)>,
+    metadata: &std::fs::Metadata,
+) -> Option<String> {
+    let (vault_path, vault_id) = vault_file?;
+    (file_id(metadata) == *vault_id).then(|| {
+        format!(
+            "is the vault file (the same inode as {})",
+            vault_path.display()
+        )
+    })
+}
+
+/// The identity of the vault file at `path` (followed through links), when
+/// it can be stat'ed: what [`examine_file`] refuses to replace.
+pub(crate) fn vault_file_key(path: &Path) -> Option<(PathBuf, FileId)> {
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| (path.to_path_buf(), file_id(&m)))
 }
 
 /// Where the histogram is kept, or why it is not.
@@ -499,44 +631,28 @@ impl Persistence {
             );
             (Persistence::Protected(requested.clone(), warning), None)
         };
-        let path = match std::fs::symlink_metadata(&requested) {
-            Ok(m) if m.file_type().is_symlink() => match std::fs::canonicalize(&requested) {
-                Ok(target) => target,
-                Err(e) if e.kind() == IoErrorKind::NotFound => {
-                    return protected("is a symbolic link to a missing file")
-                }
-                Err(e) => {
-                    return protected(&format!("is a symbolic link that cannot be followed ({e})"))
-                }
-            },
-            _ => requested.clone(),
-        };
-        let seen = match key.examine(&path) {
-            Found::Nothing => None,
-            Found::Ours(id) => Some(id),
-            Found::Foreign(what) if path != requested => {
-                return protected(&format!(
-                    "is a symbolic link to {}, which {what}",
-                    path.display()
-                ))
-            }
-            Found::Foreign(what) => return protected(&what),
-        };
-        let persistence = match create_temp(&path) {
-            Ok((tmp_path, file)) => {
-                drop(file);
-                let _ = std::fs::remove_file(&tmp_path);
-                Persistence::Enabled(path)
-            }
-            Err(e) => {
+        match judge_target(&requested, |path| key.examine(path)) {
+            Target::Foreign(what) => protected(&what),
+            Target::Writable { path, seen } => (Persistence::Enabled(path), seen),
+            Target::ReadOnly { path, seen, error } => {
                 let warning = format!(
-                    "{}: directory is not writable ({e}); the histogram will not be saved",
+                    "{}: directory is not writable ({error}); the histogram will not be saved",
                     path.display()
                 );
-                Persistence::ReadOnly(path, warning)
+                (Persistence::ReadOnly(path, warning), seen)
             }
-        };
-        (persistence, seen)
+        }
+    }
+
+    /// The file the histogram lives at, or would if it were not protected
+    /// (`None` when off): a path no other file of the library may take.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            Persistence::Enabled(p)
+            | Persistence::ReadOnly(p, _)
+            | Persistence::Protected(p, _) => Some(p),
+            Persistence::Off => None,
+        }
     }
 
     /// The file that is read at open, if any.
@@ -578,7 +694,7 @@ struct VaultKey {
 
 /// What [`VaultKey::examine`] found at a path.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Found {
+pub(crate) enum Found {
     /// Nothing: the library may create the file.
     Nothing,
     /// A regular file whose header is a histogram of this vault as far as
@@ -590,9 +706,7 @@ enum Found {
 
 impl VaultKey {
     fn new(vault_id: [u8; 16], n_layers: u32, n_experts: u32, vault_file: &Path) -> VaultKey {
-        let vault_file = std::fs::metadata(vault_file)
-            .ok()
-            .map(|m| (vault_file.to_path_buf(), file_id(&m)));
+        let vault_file = vault_file_key(vault_file);
         VaultKey {
             vault_id,
             n_layers,
@@ -602,53 +716,11 @@ impl VaultKey {
     }
 
     /// Says whether the file at `path` (not following a final symbolic link)
-    /// is one the library may replace. Never blocks: a FIFO or device is
-    /// recognised by `lstat` and never opened, and the regular file's header
-    /// is read through [`sys::open_regular`].
+    /// is one the library may replace: [`examine_file`] with this vault's
+    /// histogram header as the judge.
     fn examine(&self, path: &Path) -> Found {
-        let metadata = match std::fs::symlink_metadata(path) {
-            Ok(m) => m,
-            Err(e) if e.kind() == IoErrorKind::NotFound => return Found::Nothing,
-            Err(e) => return Found::Foreign(format!("cannot be examined ({e})")),
-        };
-        let kind = FileKind::of(metadata.file_type());
-        if kind != FileKind::Regular {
-            return Found::Foreign(format!("is {kind}"));
-        }
-        if let Some(what) = self.vault_file_match(&metadata) {
-            return Found::Foreign(what);
-        }
-        let (file, metadata) = match sys::open_regular(path) {
-            Ok(opened) => opened,
-            Err(OpenRegularError::Os(e)) if e.kind() == IoErrorKind::NotFound => {
-                return Found::Nothing
-            }
-            Err(OpenRegularError::Os(e)) => return Found::Foreign(format!("cannot be read ({e})")),
-            Err(OpenRegularError::NotRegular(kind)) => return Found::Foreign(format!("is {kind}")),
-        };
-        // Checked again on the descriptor: the path may have changed since.
-        if let Some(what) = self.vault_file_match(&metadata) {
-            return Found::Foreign(what);
-        }
-        let mut head = Vec::with_capacity(FREQ_HEADER_BYTES);
-        if let Err(e) = file.take(FREQ_HEADER_BYTES as u64).read_to_end(&mut head) {
-            return Found::Foreign(format!("cannot be read ({e})"));
-        }
-        match self.foreign_header(&head) {
-            Some(what) => Found::Foreign(what),
-            None => Found::Ours(file_id(&metadata)),
-        }
-    }
-
-    /// "is the vault file ..." when `metadata` is the vault file's inode
-    /// (the file itself, a hard link, or a symbolic link's target).
-    fn vault_file_match(&self, metadata: &std::fs::Metadata) -> Option<String> {
-        let (vault_path, vault_id) = self.vault_file.as_ref()?;
-        (file_id(metadata) == *vault_id).then(|| {
-            format!(
-                "is the vault file (the same inode as {})",
-                vault_path.display()
-            )
+        examine_file(path, self.vault_file.as_ref(), FREQ_HEADER_BYTES, |head| {
+            self.foreign_header(head)
         })
     }
 
@@ -1009,7 +1081,11 @@ impl Histogram {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let key = &self.key;
         let bytes = encode(&key.vault_id, key.n_layers, key.n_experts, &self.snapshot())?;
-        let saved = save_checked(path, &bytes, || key.check_before_replacing(path, *seen))?;
+        let saved = save_checked(
+            path,
+            |file| file.write_all(&bytes),
+            || key.check_before_replacing(path, *seen),
+        )?;
         *seen = Some(saved);
         Ok(())
     }

@@ -219,8 +219,15 @@ pub fn parse_trace(text: &str) -> Result<Vec<TraceRow>> {
         };
         let token = num(0, "token")?;
         let layer = small(1, "layer")?;
-        let mut experts = Vec::with_capacity(ranks);
-        for r in 0..ranks {
+        // A row with fewer experts than the header has ranks leaves its
+        // trailing fields empty (what trace capture writes); an empty field
+        // before a number is an error, and so is an empty r0.
+        let named = fields[2..]
+            .iter()
+            .rposition(|f| !f.is_empty())
+            .map_or(1, |last| last + 1);
+        let mut experts = Vec::with_capacity(named);
+        for r in 0..named {
             experts.push(small(r + 2, &format!("r{r}"))?);
         }
         // Sorted, not pairwise: a row may have as many ranks as its header
@@ -317,6 +324,10 @@ mod tests {
         let rows = parse_trace("token,layer,r0,r1\n0,0,6,5\n0,1,6,2\n").unwrap();
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[1].experts, vec![6, 2]);
+        // Trailing empty fields: a shorter row (trace capture writes them).
+        let rows = parse_trace("token,layer,r0,r1,r2\n3,7,5,,\n3,8,1, 2 ,\n").unwrap();
+        assert_eq!(rows[0].experts, vec![5]);
+        assert_eq!(rows[1].experts, vec![1, 2]);
         for (bad, needle) in [
             ("", "empty"),
             ("tok,layer,r0\n", "header"),
@@ -326,6 +337,9 @@ mod tests {
             ("token,layer,r0\n0,0,-1\n", "r0 is \"-1\""),
             ("token,layer,r0,r1\n0,0,3,3\n", "appears twice"),
             ("token,layer,r0\n0,99999999999,1\n", "too large"),
+            ("token,layer,r0,r1\n0,0,,\n", "r0 is \"\""),
+            ("token,layer,r0,r1\n0,0,,3\n", "r0 is \"\""),
+            ("token,layer,r0,r1,r2\n0,0,1,,3\n", "r1 is \"\""),
         ] {
             let err = parse_trace(bad).unwrap_err().to_string();
             assert!(err.contains(needle), "{bad:?}: {err}");

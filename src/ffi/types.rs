@@ -66,6 +66,24 @@ pub struct smoe_config {
     /// device, FIFO, socket or directory) is never replaced: persistence is
     /// then off until `smoe_close`, with a warning.
     pub freq_path: *const c_char,
+    /// Added after version 1: routing-trace capture. `NULL` or `""` = off.
+    /// Otherwise every OK claim is recorded, and at `smoe_close` the
+    /// claims are written to this file as a routing trace (docs/format.md
+    /// §5.3), replaced atomically: header `token,layer,r0,...,rK-1` (K = the
+    /// most experts any row has), one row per (token, layer) with that
+    /// layer's experts in claim order, each once; a shorter row leaves its
+    /// trailing fields empty. Token boundary: a claim of the same layer as
+    /// the previous claim continues its row, a higher layer starts the next
+    /// row of the same token, a lower layer starts the next token (tokens
+    /// count from 0), so the engine must claim a token's layers in
+    /// ascending order. Claims from several threads are recorded in the
+    /// order they complete. Only a missing file or one whose first line is
+    /// a trace header is replaced; anything else there (another file, the
+    /// vault or histogram file, a device, FIFO or directory) turns capture
+    /// off, with a warning. Up to 16777216 claims are recorded (4 bytes
+    /// each); later ones are counted in `smoe_stats.trace_dropped`. Read
+    /// during `smoe_open` only.
+    pub trace_path: *const c_char,
 }
 
 /// A claimed expert, filled by `smoe_claim`/`smoe_claim_wait`; pass it to
@@ -135,6 +153,12 @@ pub struct smoe_stats {
     /// Added after version 1's list: slots the pre-warm thread may fill
     /// (0 when it does not run).
     pub prewarm_slots: u64,
+    /// Added after version 1's list: OK claims recorded for the trace
+    /// (`trace_path`; 0 when capture is off).
+    pub trace_events: u64,
+    /// Added after version 1's list: OK claims not recorded because the
+    /// trace was full; the file written at close holds the claims before.
+    pub trace_dropped: u64,
 }
 
 /// An open streamer (opaque). Made by `smoe_open`, freed by `smoe_close`;
@@ -240,8 +264,8 @@ impl smoe_config {
     ///
     /// # Safety
     /// `cfg` is non-NULL, aligned, and valid for reading `cfg->struct_size`
-    /// bytes (at least its first `uint32_t`); `freq_path` is NULL or a valid
-    /// NUL-terminated string.
+    /// bytes (at least its first `uint32_t`); `freq_path` and `trace_path`
+    /// (when within `struct_size`) are NULL or valid NUL-terminated strings.
     pub(crate) unsafe fn read(cfg: NonNull<smoe_config>) -> Result<Config, Error> {
         // SAFETY: the caller guarantees the first field is readable.
         let size = unsafe { cfg.cast::<u32>().as_ptr().read() };
@@ -283,7 +307,8 @@ impl smoe_config {
                 size.min(CONFIG_SIZE),
             );
         }
-        // SAFETY: `freq_path` came from the caller, who guarantees it.
+        // SAFETY: `freq_path` and `trace_path` came from the caller (or are
+        // the NULL defaults), who guarantees them.
         unsafe { known.to_core() }
     }
 }
@@ -675,6 +700,7 @@ mod tests {
         assert_eq!(c.scout_bytes, u64::MAX);
         assert_eq!(c.engine_overhead_bytes, 0);
         assert!(c.freq_path.is_null());
+        assert!(c.trace_path.is_null());
         let core = read(&c).unwrap();
         assert_eq!(format!("{core:?}"), format!("{:?}", Config::default()));
     }
@@ -814,7 +840,7 @@ mod tests {
         let fresh = || -> Larger { unsafe { std::mem::transmute([0xa5u8; size_of::<Larger>()]) } };
         let bytes = |l: &Larger| -> Vec<u8> {
             // SAFETY: `l` is a whole `Larger`, readable for its size, with
-            // no padding (56 + 16 bytes).
+            // no padding (a multiple of 8 bytes, then 16).
             unsafe {
                 std::slice::from_raw_parts((l as *const Larger).cast::<u8>(), size_of::<Larger>())
             }
@@ -869,7 +895,7 @@ mod tests {
         assert_eq!(err.kind(), ErrorKind::Argument);
         assert!(
             err.message()
-                .contains(&format!("byte {} is not zero", CONFIG_SIZE_V1 + 5)),
+                .contains(&format!("byte {} is not zero", CONFIG_SIZE + 5)),
             "{}",
             err.message()
         );

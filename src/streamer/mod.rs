@@ -44,6 +44,7 @@ mod imp {
     use crate::error::{Error, ErrorKind, Result};
     use crate::popularity::Histogram;
     use crate::sys::{DirectIo, OpenedFile};
+    use crate::trace::TraceRecorder;
     use crate::vault::{Entry, Vault, DEFAULT_ALIGNMENT};
 
     // A ring has at most one slot per vault entry, so the slot table's
@@ -58,6 +59,7 @@ mod imp {
     pub const DEFAULT_WORKERS: u32 = 16;
     /// Most I/O workers a streamer runs.
     pub const MAX_WORKERS: u32 = 64;
+    pub use crate::trace::DEFAULT_TRACE_CAPACITY;
 
     /// How urgently an expert is wanted.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,6 +114,8 @@ mod imp {
         /// growth since.
         pub(crate) histogram_base: u64,
         pub(crate) prewarm: prewarm::Control,
+        /// Trace capture (`trace_path`), when on.
+        pub(crate) trace: Option<TraceRecorder>,
     }
 
     /// Streams expert blobs from a vault into a ring of slots. See the module
@@ -258,6 +262,7 @@ mod imp {
                 direct_all,
                 histogram,
                 prewarm_budget,
+                trace,
                 warnings,
             } = resolved;
             let ids = vault.header().expert_ids() as u32;
@@ -267,6 +272,7 @@ mod imp {
                 count_claims: config.count_claims,
                 histogram_base,
                 prewarm: prewarm::Control::new(prewarm_budget),
+                trace,
                 table: SlotTable::new(plan.slots, ids),
                 ring,
                 slot_bytes: plan.slot_bytes,
@@ -484,6 +490,9 @@ mod imp {
                     if !hit {
                         c.misses.fetch_add(1, Ordering::Relaxed);
                     }
+                    if let Some(trace) = &self.shared.trace {
+                        trace.record(id);
+                    }
                     Ok(Some(SlotInfo {
                         data: self.shared.ring.slot_ptr(slot),
                         size: entry.size,
@@ -631,6 +640,7 @@ mod imp {
         pub fn stats(&self) -> Stats {
             let c = &self.shared.counters;
             let r = |a: &CachePadded<AtomicU64>| a.load(Ordering::Relaxed);
+            let trace = self.shared.trace.as_ref();
             let claims = self
                 .shared
                 .histogram
@@ -655,6 +665,8 @@ mod imp {
                 direct_io: u64::from(self.direct_all),
                 freq_ignored: self.shared.histogram.freq_ignored(),
                 prewarm_slots: u64::from(self.shared.prewarm.budget),
+                trace_events: trace.map_or(0, TraceRecorder::recorded),
+                trace_dropped: trace.map_or(0, TraceRecorder::dropped),
             }
         }
 
@@ -736,6 +748,7 @@ mod imp {
         direct_all: bool,
         histogram: Histogram,
         prewarm_budget: u32,
+        trace: Option<TraceRecorder>,
         /// The open-time warnings, for [`Streamer::warnings`].
         warnings: Vec<String>,
     }
@@ -761,6 +774,13 @@ mod imp {
             let (histogram, histogram_warnings) =
                 Histogram::open_for_vault(vault, config.freq_path.as_deref());
             warnings.extend(histogram_warnings);
+            let (trace, trace_warning) = TraceRecorder::open(
+                vault,
+                config.trace_path.as_deref(),
+                histogram.persistence().path(),
+                config.trace_capacity,
+            );
+            warnings.extend(trace_warning);
             Ok(Resolved {
                 workers,
                 prewarm_budget: prewarm_budget(config, plan.slots),
@@ -769,6 +789,7 @@ mod imp {
                 files,
                 direct_all,
                 histogram,
+                trace,
                 warnings,
             })
         }
@@ -929,6 +950,13 @@ mod imp {
             // Nobody is left to report a failure to; `flush_stats` is the
             // call that reports one.
             let _ = self.shared.histogram.persist();
+            // Every claim has returned (`&mut self`; `smoe_close`'s
+            // contract), so the trace is complete. As above, a failure has
+            // no one to go to; `trace_events`/`trace_dropped` tell the host
+            // what it will hold.
+            if let Some(trace) = &self.shared.trace {
+                let _ = trace.save();
+            }
         }
     }
 

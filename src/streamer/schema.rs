@@ -69,6 +69,11 @@ macro_rules! config_schema {
             /// Histogram file; `None` = `<vault>/expert_freq.bin`, empty = do
             /// not persist.
             freq_path: Option<::std::path::PathBuf> = None,
+            []
+            /// Routing-trace capture (docs/format.md §5.3); `None` or empty =
+            /// off. Every OK claim is recorded and written to this file at
+            /// close, replacing only a missing file or an earlier trace.
+            trace_path: Option<::std::path::PathBuf> = None,
         }
     };
 }
@@ -138,6 +143,12 @@ macro_rules! stats_schema {
             freq_ignored,
             /// Slots the pre-warm thread may fill (0 when it does not run).
             prewarm_slots,
+            /// OK claims recorded for the trace (0 when capture is off).
+            trace_events,
+            /// OK claims not recorded because the trace was full
+            /// ([`DEFAULT_TRACE_CAPACITY`](crate::streamer::DEFAULT_TRACE_CAPACITY)
+            /// claims).
+            trace_dropped,
         }
     };
 }
@@ -158,6 +169,12 @@ macro_rules! define_config {
             /// the claim reads anyway.)
             #[doc(hidden)]
             pub count_claims: bool,
+            /// Test hook: claims a trace records before it only counts
+            /// them (default
+            /// [`DEFAULT_TRACE_CAPACITY`](crate::streamer::DEFAULT_TRACE_CAPACITY)).
+            /// Not a setting of the C API.
+            #[doc(hidden)]
+            pub trace_capacity: usize,
         }
 
         impl Default for Config {
@@ -165,6 +182,7 @@ macro_rules! define_config {
                 Config {
                     $($name: $default,)*
                     count_claims: true,
+                    trace_capacity: crate::trace::DEFAULT_TRACE_CAPACITY,
                 }
             }
         }

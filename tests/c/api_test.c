@@ -14,6 +14,7 @@
 #define _POSIX_C_SOURCE 200809L /* nanosleep */
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,10 @@
 #include "smoe.h"
 
 static int failures = 0;
+
+/* The v1 size of smoe_config (docs/c-api.md): up to and including freq_path,
+ * padded to the struct's alignment. This header's struct is larger. */
+#define V1_CONFIG_SIZE ((offsetof(smoe_config, freq_path) + sizeof(const char *) + 7) / 8 * 8)
 
 #define CHECK(cond, ...)                                                   \
   do {                                                                     \
@@ -112,11 +117,13 @@ static void test_config_init(void) {
   CHECK(cfg.scout_bytes == UINT64_MAX, "scout_bytes");
   CHECK(cfg.engine_overhead_bytes == 0, "engine_overhead_bytes");
   CHECK(cfg.freq_path == NULL, "freq_path");
+  CHECK(cfg.trace_path == NULL, "trace_path");
   EXPECT(smoe_config_init(NULL), SMOE_ERR_ARGUMENT);
   CHECK(strcmp(smoe_last_error(), "cfg is NULL") == 0, "config_init(NULL) message");
 
   /* The v1 function behind the macro, as programs built before the macro
-   * call it: it writes the v1 struct, which this header's still is. */
+   * call it: it writes the v1 struct (the same defaults), never the fields
+   * appended since. */
   smoe_config v1;
   memset(&v1, 0xa5, sizeof v1);
 #pragma GCC diagnostic push
@@ -126,7 +133,16 @@ static void test_config_init(void) {
 #pragma GCC diagnostic pop
   CHECK(strcmp(smoe_last_error(), "cfg is NULL") == 0, "(smoe_config_init)(NULL) message");
   EXPECT(smoe_config_init(&cfg), SMOE_OK);
-  CHECK(memcmp(&v1, &cfg, sizeof cfg) == 0, "the v1 function wrote other defaults");
+  CHECK(v1.struct_size == V1_CONFIG_SIZE, "the v1 function set struct_size %u",
+        (unsigned)v1.struct_size);
+  CHECK(memcmp((const unsigned char *)&v1 + 4, (const unsigned char *)&cfg + 4,
+               V1_CONFIG_SIZE - 4) == 0,
+        "the v1 function wrote other defaults");
+  size_t past_v1 = 0;
+  for (size_t b = V1_CONFIG_SIZE; b < sizeof v1; b++) {
+    past_v1 += ((const unsigned char *)&v1)[b] != 0xa5;
+  }
+  CHECK(past_v1 == 0, "the v1 function wrote %zu byte(s) past the v1 struct", past_v1);
 }
 
 /* smoe_config_init_sized writes exactly the caller's struct_size bytes. */
@@ -139,7 +155,7 @@ static void test_config_init_sizes(void) {
   const size_t size = sizeof(smoe_config);
 
   /* Smaller than v1, or larger than any config: refused, nothing written. */
-  const uint32_t refused[] = {0, 4, (uint32_t)size - 8, 4097, UINT32_MAX};
+  const uint32_t refused[] = {0, 4, (uint32_t)V1_CONFIG_SIZE - 8, 4097, UINT32_MAX};
   for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
     memset(&larger, 0xa5, sizeof larger);
     EXPECT(smoe_config_init_sized(&larger.cfg, refused[i]), SMOE_ERR_ARGUMENT);
@@ -209,7 +225,7 @@ static void test_config_sizes(void) {
   EXPECT(smoe_open(vault_file, &larger.cfg, &s), SMOE_ERR_ARGUMENT);
   CHECK(strstr(smoe_last_error(), "struct_size") != NULL, "message names struct_size");
   CHECK(s == sentinel, "out written on error");
-  larger.cfg.struct_size = sizeof(smoe_config) - 8;
+  larger.cfg.struct_size = V1_CONFIG_SIZE - 8;
   EXPECT(smoe_open(vault_file, &larger.cfg, &s), SMOE_ERR_ARGUMENT);
   larger.cfg.struct_size = 1u << 20;
   EXPECT(smoe_open(vault_file, &larger.cfg, &s), SMOE_ERR_ARGUMENT);

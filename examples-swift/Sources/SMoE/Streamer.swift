@@ -78,6 +78,10 @@ public final class Streamer {
         public var engineOverheadBytes: UInt64 = 0
         /// `nil`: `<vault>/expert_freq.bin`; `""`: do not persist.
         public var freqPath: String?
+        /// `nil` or `""`: no trace; else every OK claim is recorded and
+        /// written to this file at close as a routing trace (docs/c-api.md,
+        /// "Trace capture").
+        public var tracePath: String?
 
         public init() {}
     }
@@ -124,16 +128,16 @@ public final class Streamer {
         cfg.scout_bytes = config.scoutBytes
         cfg.engine_overhead_bytes = config.engineOverheadBytes
         var out: OpaquePointer?
-        // freq_path is read during smoe_open only, so a temporary C string
-        // is enough.
-        let status: smoe_status
-        if let freqPath = config.freqPath {
-            status = freqPath.withCString { path in
-                cfg.freq_path = path
+        // freq_path and trace_path are read during smoe_open only, so
+        // temporary C strings are enough.
+        let status: smoe_status = withOptionalCString(config.freqPath) {
+            (freqPath: UnsafePointer<CChar>?) -> smoe_status in
+            withOptionalCString(config.tracePath) {
+                (tracePath: UnsafePointer<CChar>?) -> smoe_status in
+                cfg.freq_path = freqPath
+                cfg.trace_path = tracePath
                 return smoe_open(vault, &cfg, &out)
             }
-        } else {
-            status = smoe_open(vault, &cfg, &out)
         }
         try SMoEError.check(status)
         guard let out else {
@@ -272,4 +276,13 @@ public final class Claim {
             status: .stale,
             message: "layer \(layer) expert \(expert): ticket \(slot.ticket) already released by this Claim")
     }
+}
+
+/// `body` with a C string of `string`, or NULL for `nil`; the pointer is
+/// valid during `body` only.
+private func withOptionalCString<R>(
+    _ string: String?, _ body: (UnsafePointer<CChar>?) -> R
+) -> R {
+    guard let string else { return body(nil) }
+    return string.withCString { body($0) }
 }
