@@ -234,7 +234,8 @@ pub unsafe extern "C" fn smoe_claim(
 }
 
 /// `smoe_claim`, waiting up to `timeout_ns` nanoseconds for the read: it
-/// spins briefly, then yields, then sleeps in short steps.
+/// spins briefly, then sleeps until a worker finishes a read, using no CPU
+/// while it waits.
 ///
 /// # Returns
 /// As `smoe_claim`; `SMOE_PENDING` when the timeout passes first (a
