@@ -33,6 +33,7 @@ mod output;
 mod pack;
 mod progress;
 mod reader;
+mod sim;
 mod stream;
 mod synth;
 mod verify;
