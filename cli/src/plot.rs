@@ -85,7 +85,7 @@ pub fn write(path: &Path, d: &PlotData) -> Result<(), Failure> {
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
+            .position(SeriesLabelPosition::UpperLeft)
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
             .draw()
@@ -130,7 +130,7 @@ pub fn write(path: &Path, d: &PlotData) -> Result<(), Failure> {
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
+            .position(SeriesLabelPosition::UpperLeft)
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
             .draw()
