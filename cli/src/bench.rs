@@ -545,7 +545,10 @@ fn run_trace(
             .map(|e| e.padded_size)
             .max()
             .unwrap_or(1)
-            .max(1);
+            // The streamer's slot: the largest padded blob rounded up to
+            // the default alignment (docs/c-api.md, "Ring sizing").
+            .next_multiple_of(u64::from(smoe::vault::DEFAULT_ALIGNMENT))
+            .max(u64::from(smoe::vault::DEFAULT_ALIGNMENT));
         let room = cap / 10 * 9;
         if ring_slots == 0 {
             ring_slots = (room / slot).min(u64::from(entries)) as u32;
@@ -686,7 +689,7 @@ fn run_trace(
     text.push_str(&match (args.mem_cap, isolation_name) {
         (Some(cap), "none") => format!("memory: uncapped, warm page cache (--mem-cap {cap} not enforced)\n"),
         (Some(cap), name) => format!(
-            "memory: each side in its own {name} memory cgroup capped at {}, page cache dropped before each\n",
+            "memory: each side in a memory cgroup of its own ({name}) capped at {}, page cache dropped before each\n",
             human_bytes(cap)
         ),
         (None, _) => "memory: uncapped\n".to_string(),
