@@ -162,8 +162,8 @@ pub fn find_parent() -> Result<CgroupParent, String> {
         if dir.join("memory.limit_in_bytes").is_file() {
             Ok(CgroupParent { dir, v2: false })
         } else if dir.join("cgroup.controllers").is_file() {
-            let controllers = std::fs::read_to_string(dir.join("cgroup.controllers"))
-                .unwrap_or_default();
+            let controllers =
+                std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
             if !controllers.split_whitespace().any(|c| c == "memory") {
                 return Err(format!(
                     "the cgroup v2 at {} has no memory controller",

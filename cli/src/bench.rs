@@ -5,16 +5,16 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use smoe::internals::router::{parse_trace, trace_tokens, TraceTokens};
 use serde_json::{json, Value};
+use smoe::internals::router::{parse_trace, trace_tokens, TraceTokens};
 use smoe::streamer::MAX_WORKERS;
 use smoe::vault::Vault;
 use smoe::DirectIo;
 
 use crate::baseline::{drop_page_cache, find_parent, mmap_replay, Cgroup, CgroupParent};
 use crate::flags;
-use crate::sim;
 use crate::output::{gb_per_s, human_bytes, out, Failure};
+use crate::sim;
 use crate::stream::{decode, scan, DecodeOptions};
 
 /// What to stream.
@@ -426,10 +426,7 @@ fn side_capped(
         .args(["--workers", &args.workers.to_string()])
         .args(["--direct", direct_name(args.direct)])
         .args(["--keep", &args.keep.to_string()])
-        .args([
-            "--side",
-            if side == Side::Smoe { "smoe" } else { "mmap" },
-        ])
+        .args(["--side", if side == Side::Smoe { "smoe" } else { "mmap" }])
         .arg("--cgroup")
         .arg(&cg.path);
     if let Some(n) = args.max_tokens {
@@ -533,7 +530,15 @@ fn run_trace(
     let vault_path = vault.path().to_path_buf();
     if let Some(side) = args.side {
         drop(vault);
-        let v = side_here(side, args, &vault_path, top_k, direct_io, args.ring_slots, &tokens)?;
+        let v = side_here(
+            side,
+            args,
+            &vault_path,
+            top_k,
+            direct_io,
+            args.ring_slots,
+            &tokens,
+        )?;
         return out(&format!("{v}\n"));
     }
     // Capped: the ring must fit the cap with 10% headroom.
@@ -566,20 +571,22 @@ fn run_trace(
     drop(vault);
     let isolation: Option<CgroupParent> = match args.mem_cap {
         None => None,
-        Some(_) => match find_parent() {
-            Ok(p) => Some(p),
-            Err(why) if args.no_isolation => {
-                if !args.json {
-                    out(&format!("note: {why}; running uncapped with a warm page cache (--no-isolation)\n"))?;
+        Some(_) => {
+            match find_parent() {
+                Ok(p) => Some(p),
+                Err(why) if args.no_isolation => {
+                    if !args.json {
+                        out(&format!("note: {why}; running uncapped with a warm page cache (--no-isolation)\n"))?;
+                    }
+                    None
                 }
-                None
+                Err(why) => {
+                    return Err(Failure::Message(format!(
+                        "cannot cap memory: {why} (--no-isolation runs uncapped and warm)"
+                    )))
+                }
             }
-            Err(why) => {
-                return Err(Failure::Message(format!(
-                    "cannot cap memory: {why} (--no-isolation runs uncapped and warm)"
-                )))
-            }
-        },
+        }
     };
     let run_side = |side: Side, ring: u32| -> Result<Value, Failure> {
         match (&isolation, args.mem_cap) {
@@ -666,11 +673,21 @@ fn run_trace(
     );
     text.push_str(&format!(
         "{:<8} {:>16} {:>12} {:>10}\n{:<8} {:>13.2} ms {:>9.2} ms {:>9.1}%\n",
-        "", "wait/token mean", "p99", "hit rate", "smoe", mean, p99, coverage * 100.0
+        "",
+        "wait/token mean",
+        "p99",
+        "hit rate",
+        "smoe",
+        mean,
+        p99,
+        coverage * 100.0
     ));
     if let Some(w) = &mmap_waits {
         let (mm, mp) = mean_p99(w);
-        text.push_str(&format!("{:<8} {:>13.2} ms {:>9.2} ms {:>10}\n", "mmap", mm, mp, "-"));
+        text.push_str(&format!(
+            "{:<8} {:>13.2} ms {:>9.2} ms {:>10}\n",
+            "mmap", mm, mp, "-"
+        ));
         text.push_str(&format!(
             "{:<8} {:>16} {:>12} {:>9.1}%  (simulated; exact LRU {:.1}%)\nsmoe/mmap wait ratio {:.2}\n",
             "Belady",
@@ -683,7 +700,11 @@ fn run_trace(
     } else {
         text.push_str(&format!(
             "{:<8} {:>16} {:>12} {:>9.1}%  (simulated; exact LRU {:.1}%)\n",
-            "Belady", "-", "-", belady * 100.0, lru * 100.0
+            "Belady",
+            "-",
+            "-",
+            belady * 100.0,
+            lru * 100.0
         ));
     }
     text.push_str(&match (args.mem_cap, isolation_name) {

@@ -55,8 +55,16 @@ pub fn write(path: &Path, d: &PlotData) -> Result<(), Failure> {
             .y_desc("hit rate, %")
             .draw()
             .map_err(err)?;
-        let lru: Vec<(f64, f64)> = d.sweep.iter().map(|&(s, l, _)| (pct(s), l * 100.0)).collect();
-        let bel: Vec<(f64, f64)> = d.sweep.iter().map(|&(s, _, b)| (pct(s), b * 100.0)).collect();
+        let lru: Vec<(f64, f64)> = d
+            .sweep
+            .iter()
+            .map(|&(s, l, _)| (pct(s), l * 100.0))
+            .collect();
+        let bel: Vec<(f64, f64)> = d
+            .sweep
+            .iter()
+            .map(|&(s, _, b)| (pct(s), b * 100.0))
+            .collect();
         chart
             .draw_series(LineSeries::new(lru.clone(), BLUE.stroke_width(2)))
             .map_err(err)?

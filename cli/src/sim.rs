@@ -219,15 +219,30 @@ mod tests {
     #[test]
     fn lru_and_belady_equal_simple_models_on_random_traces() {
         for seed in 0..12u64 {
-            let (layers, experts, k) = (1 + seed as u32 % 4, 3 + seed as u32 % 6, 1 + seed as u32 % 3);
+            let (layers, experts, k) = (
+                1 + seed as u32 % 4,
+                3 + seed as u32 % 6,
+                1 + seed as u32 % 3,
+            );
             let t = random_trace(seed, 60, layers, experts, k.min(experts));
             let seq = claims(&t);
             for slots in 0..=(layers * experts + 1) as usize {
                 let l = lru(&seq, slots);
                 let b = belady(&seq, slots);
-                assert_eq!(l.hits, vec_lru(&seq, slots), "lru seed {seed} slots {slots}");
-                assert_eq!(b.hits, textbook_belady(&seq, slots), "belady seed {seed} slots {slots}");
-                assert!(b.hits >= l.hits, "belady < lru at seed {seed} slots {slots}");
+                assert_eq!(
+                    l.hits,
+                    vec_lru(&seq, slots),
+                    "lru seed {seed} slots {slots}"
+                );
+                assert_eq!(
+                    b.hits,
+                    textbook_belady(&seq, slots),
+                    "belady seed {seed} slots {slots}"
+                );
+                assert!(
+                    b.hits >= l.hits,
+                    "belady < lru at seed {seed} slots {slots}"
+                );
             }
         }
     }
@@ -278,8 +293,16 @@ mod tests {
             let l = lru(&seq, slots);
             let b = belady(&seq, slots);
             assert_eq!(l.hits, vec_lru(&seq, slots), "lru at {slots}");
-            assert!((l.rate() * 100.0 - l_want).abs() <= 0.1, "lru {slots}: {}", l.rate());
-            assert!((b.rate() * 100.0 - b_want).abs() <= 0.1, "belady {slots}: {}", b.rate());
+            assert!(
+                (l.rate() * 100.0 - l_want).abs() <= 0.1,
+                "lru {slots}: {}",
+                l.rate()
+            );
+            assert!(
+                (b.rate() * 100.0 - b_want).abs() <= 0.1,
+                "belady {slots}: {}",
+                b.rate()
+            );
             assert!(b.hits >= l.hits);
         }
     }

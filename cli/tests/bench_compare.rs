@@ -29,7 +29,8 @@ fn text(b: &[u8]) -> String {
 }
 
 fn trace() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces/mixtral-8x7b-decode.csv");
+    let p =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces/mixtral-8x7b-decode.csv");
     if p.is_file() {
         Some(p)
     } else {
@@ -99,7 +100,10 @@ fn sweep_gives_the_reference_lru_and_belady_figures() {
     ] {
         let r = at(n);
         assert!((r["lru"].as_f64().unwrap() - lru).abs() <= 0.001, "{r}");
-        assert!((r["belady"].as_f64().unwrap() - belady).abs() <= 0.001, "{r}");
+        assert!(
+            (r["belady"].as_f64().unwrap() - belady).abs() <= 0.001,
+            "{r}"
+        );
         assert_eq!(r["lru"], r["lru_policy"]);
     }
     assert_eq!(rows.first().unwrap()["ring_slots"], 13);
@@ -146,7 +150,18 @@ fn measured_coverage_equals_simulated_lru_and_the_baseline_and_plot_are_reported
         assert_eq!(j["policy"], "lru");
         assert!(j["mem_cap_bytes"].is_null());
         assert!(j.get("baseline").is_none());
-        for key in ["tokens", "claims", "hits", "bytes_read", "seconds", "gb_per_s", "wait_mean_ms", "wait_p99_ms", "ring_slots", "direct_io"] {
+        for key in [
+            "tokens",
+            "claims",
+            "hits",
+            "bytes_read",
+            "seconds",
+            "gb_per_s",
+            "wait_mean_ms",
+            "wait_p99_ms",
+            "ring_slots",
+            "direct_io",
+        ] {
             assert!(j.get(key).is_some(), "missing {key}: {j}");
         }
     }
@@ -179,9 +194,20 @@ fn measured_coverage_equals_simulated_lru_and_the_baseline_and_plot_are_reported
     // Balanced: every opened element is closed (a cheap well-formedness check).
     assert_eq!(s.matches("<text").count(), s.matches("</text>").count());
     // Five series: LRU, Belady, the policy, smoe's and mmap's waits.
-    assert!(s.matches("<polyline").count() >= 5, "{} polylines", s.matches("<polyline").count());
+    assert!(
+        s.matches("<polyline").count() >= 5,
+        "{} polylines",
+        s.matches("<polyline").count()
+    );
     assert!(s.contains("<circle"), "the measured point");
-    for label in ["LRU", "Belady (optimal)", "policy in use (lru)", "measured: 100 slots", "smoe", "mmap"] {
+    for label in [
+        "LRU",
+        "Belady (optimal)",
+        "policy in use (lru)",
+        "measured: 100 slots",
+        "smoe",
+        "mmap",
+    ] {
         assert!(s.contains(label), "legend label {label:?} missing");
     }
     // Text output: smoe, mmap and Belady side by side with the ratio.
@@ -210,12 +236,20 @@ fn measured_coverage_equals_simulated_lru_and_the_baseline_and_plot_are_reported
 fn comparison_flags_need_a_trace() {
     let dir = tempfile::tempdir().unwrap();
     let v = vault(dir.path(), "4");
-    for flag in [&["--sweep"][..], &["--baseline", "mmap"], &["--mem-cap", "1000000"]] {
+    for flag in [
+        &["--sweep"][..],
+        &["--baseline", "mmap"],
+        &["--mem-cap", "1000000"],
+    ] {
         let mut args = vec!["bench", v.to_str().unwrap()];
         args.extend_from_slice(flag);
         let o = smoe(&args);
         assert_eq!(o.status.code(), Some(2), "{flag:?}");
-        assert!(text(&o.stderr).contains("needs --trace"), "{}", text(&o.stderr));
+        assert!(
+            text(&o.stderr).contains("needs --trace"),
+            "{}",
+            text(&o.stderr)
+        );
     }
 }
 
@@ -285,7 +319,10 @@ fn mem_cap_runs_each_side_in_a_memory_cgroup_as_root() {
         return;
     }
     let j = json_of(&o);
-    assert!(j["isolation"].as_str().unwrap().starts_with("cgroup v"), "{j}");
+    assert!(
+        j["isolation"].as_str().unwrap().starts_with("cgroup v"),
+        "{j}"
+    );
     assert_eq!(j["mem_cap_bytes"], 67108864);
     // 64 MiB with 10% headroom holds 230 slots of 256 KiB.
     assert_eq!(j["ring_slots"], 230);

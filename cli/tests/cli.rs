@@ -384,7 +384,10 @@ fn demo_small() {
     assert!(stdout.matches("GB/s").count() >= 2, "{stdout}");
     assert!(stdout.contains("demo OK"), "{stdout}");
     // One line compares smoe with mmap on the demo's vault and says how.
-    let vs: Vec<&str> = stdout.lines().filter(|l| l.starts_with("vs mmap: ")).collect();
+    let vs: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("vs mmap: "))
+        .collect();
     assert_eq!(vs.len(), 1, "{stdout}");
     assert!(vs[0].contains("smoe/mmap"), "{stdout}");
     assert!(
