@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::Args;
+use smoe::internals::router::{RouterConfig, SyntheticRouter};
 use smoe::vault::synth::SynthSpec;
 use smoe::vault::Vault;
 
@@ -126,6 +127,7 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
         speculate: true,
         payload_seed: Some(spec.seed),
         trace: None,
+        read_all: true,
     };
     let bar = progress::count_bar(u64::from(args.tokens), "decode");
     let report = decode(vault, &opts, &mut |_| bar.inc(1))?;
@@ -166,10 +168,108 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
         p99.as_secs_f64() * 1e3,
         human_bytes(report.bytes_checked),
     ))?;
+    out(&format!(
+        "{}\n",
+        compare_with_mmap(&path, &dir.path, &opts, &report)?
+    ))?;
     if args.keep {
         out(&format!("kept {}\n", path.display()))?;
     } else {
         out(&format!("removed {}\n", dir.path.display()))?;
     }
     out("demo OK\n")
+}
+
+/// Replays the demo's tokens through `smoe bench --baseline mmap` on the
+/// demo vault: each side in a memory cgroup capped a little above the ring
+/// when this process may make one, else uncapped and warm; one line saying
+/// which.
+fn compare_with_mmap(
+    vault_path: &Path,
+    dir: &Path,
+    opts: &DecodeOptions,
+    report: &crate::stream::DecodeReport,
+) -> Result<String, Failure> {
+    let vault = Vault::open(vault_path)?;
+    let layers: Vec<u32> = (0..vault.n_layers())
+        .filter(|&l| (0..vault.n_experts()).any(|e| vault.entry(l, e).is_some()))
+        .collect();
+    let mut router = SyntheticRouter::new(RouterConfig {
+        layers,
+        n_experts: vault.n_experts(),
+        top_k: opts.top_k,
+        keep: opts.keep,
+        zipf: 1.0,
+        seed: opts.router_seed,
+    })?;
+    // The demo's own tokens, as a trace (docs/format.md §5).
+    let mut csv = String::from("token,layer");
+    for r in 0..opts.top_k {
+        csv.push_str(&format!(",r{r}"));
+    }
+    csv.push('\n');
+    for t in 0..report.tokens {
+        for (layer, experts) in router.next_token() {
+            csv.push_str(&format!("{t},{layer}"));
+            for e in experts {
+                csv.push_str(&format!(",{e}"));
+            }
+            csv.push('\n');
+        }
+    }
+    let trace = dir.join("demo-trace.csv");
+    std::fs::write(&trace, csv).map_err(|e| smoe::Error::io("cannot write", &trace, &e))?;
+    let ring = report.stats.ring_slots;
+    let ring_bytes = report.stats.ring_slots * report.stats.slot_bytes;
+    // The ring plus 10% headroom and 32 MiB for the rest of the process.
+    let cap = (ring_bytes + (32 << 20)) / 9 * 10 + 4096;
+    let (isolated, why) = match crate::baseline::find_parent() {
+        Ok(p) => (true, p.name().to_string()),
+        Err(why) => (false, why),
+    };
+    let exe = std::env::current_exe()
+        .map_err(|e| Failure::Message(format!("cannot find this program: {e}")))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("bench")
+        .arg(vault_path)
+        .arg("--trace")
+        .arg(&trace)
+        .args(["--top-k", &opts.top_k.to_string()])
+        .args(["--ring-slots", &ring.to_string()])
+        .args(["--mem-cap", &cap.to_string()])
+        .args(["--baseline", "mmap", "--json"]);
+    if !isolated {
+        cmd.arg("--no-isolation");
+    }
+    if opts.speculate {
+        cmd.arg("--speculate");
+    }
+    let o = cmd
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| Failure::Message(format!("cannot run the mmap comparison: {e}")))?;
+    let _ = std::fs::remove_file(&trace);
+    if !o.status.success() {
+        return Err(Failure::Message(format!(
+            "the mmap comparison failed ({})",
+            o.status
+        )));
+    }
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .map_err(|e| Failure::Message(format!("the mmap comparison printed no JSON: {e}")))?;
+    let smoe_ms = j["wait_mean_ms"].as_f64().unwrap_or(0.0);
+    let mmap_ms = j["baseline"]["wait_mean_ms"].as_f64().unwrap_or(0.0);
+    let how = if isolated {
+        format!(
+            "each side capped at {} in a memory cgroup ({why}), page cache dropped first",
+            human_bytes(cap)
+        )
+    } else {
+        format!("uncapped and warm, as it cannot isolate: {why}")
+    };
+    Ok(format!(
+        "vs mmap: the same {} tokens, every byte of each expert read on both sides: smoe waits {smoe_ms:.2} ms per token, mmap {mmap_ms:.2} ms (smoe/mmap {:.2}; {how})",
+        report.tokens,
+        smoe_ms / mmap_ms.max(1e-9)
+    ))
 }

@@ -24,6 +24,7 @@
 //! from `smoe::internals`, which carries no stability promise, hence the
 //! exact version pin in `cli/Cargo.toml`.
 
+mod baseline;
 mod bench;
 mod budget;
 mod demo;
@@ -31,8 +32,10 @@ mod flags;
 mod inspect;
 mod output;
 mod pack;
+mod plot;
 mod progress;
 mod reader;
+mod sim;
 mod stream;
 mod synth;
 mod verify;

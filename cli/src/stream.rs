@@ -35,6 +35,26 @@ pub struct DecodeOptions {
     /// Replay these tokens (from a routing trace) instead of the synthetic
     /// router: per token, `(layer, experts)` in execution order.
     pub trace: Option<smoe::internals::router::TraceTokens>,
+    /// Read (sum) every byte of each claimed expert inside the timed wait:
+    /// the same work per expert as the mmap baseline of `smoe bench`.
+    pub read_all: bool,
+}
+
+/// Sums every byte of `bytes` (as little-endian u64 words, then the tail):
+/// reading an expert once, so that neither side of a comparison is timed
+/// without touching what it fetched.
+pub fn sum_bytes(bytes: &[u8]) -> u64 {
+    let mut words = bytes.chunks_exact(8);
+    let mut sum = 0u64;
+    for w in &mut words {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(w);
+        sum = sum.wrapping_add(u64::from_le_bytes(a));
+    }
+    for &b in words.remainder() {
+        sum = sum.wrapping_add(u64::from(b));
+    }
+    sum
 }
 
 /// What a decode measured.
@@ -46,7 +66,8 @@ pub struct DecodeReport {
     pub layers: u32,
     /// Wall time of the decode loop.
     pub seconds: f64,
-    /// Per token: time spent inside `claim_wait`.
+    /// Per token: time spent inside `claim_wait` (and reading each expert's
+    /// bytes, with `read_all`).
     pub waits: Vec<Duration>,
     /// The streamer's counters at the end.
     pub stats: Stats,
@@ -156,6 +177,9 @@ pub fn decode(
                     .ok_or_else(|| {
                         Failure::Message(format!("layer {layer} expert {e}: not read within 30 s"))
                     })?;
+                if opts.read_all {
+                    std::hint::black_box(sum_bytes(&claim));
+                }
                 wait += t0.elapsed();
                 if let Some(seed) = opts.payload_seed {
                     if let Some(at) = first_mismatch(seed, *layer, e, &claim) {

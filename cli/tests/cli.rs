@@ -352,6 +352,17 @@ fn demo_small() {
     assert!(stdout.contains("24 layers × 64 experts"), "{stdout}");
     assert!(stdout.matches("GB/s").count() >= 2, "{stdout}");
     assert!(stdout.contains("demo OK"), "{stdout}");
+    // One line compares smoe with mmap on the demo's vault and says how.
+    let vs: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("vs mmap: "))
+        .collect();
+    assert_eq!(vs.len(), 1, "{stdout}");
+    assert!(vs[0].contains("smoe/mmap"), "{stdout}");
+    assert!(
+        vs[0].contains("in a memory cgroup") || vs[0].contains("uncapped and warm"),
+        "{stdout}"
+    );
     // The temporary vault is gone.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 

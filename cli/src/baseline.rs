@@ -1,0 +1,283 @@
+//! The other side of `smoe bench --baseline mmap`: what engines do today,
+//! mmap the model and let the page cache work; and the memory cgroups that
+//! `--mem-cap` runs each side in.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use smoe::internals::router::TraceTokens;
+use smoe::vault::Vault;
+
+use crate::output::Failure;
+use crate::stream::sum_bytes;
+
+/// A read-only mapping of a whole file, unmapped on drop.
+struct Mapping {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl Mapping {
+    fn new(file: &File, len: usize, path: &Path) -> Result<Mapping, Failure> {
+        if len == 0 {
+            return Err(Failure::Message(format!("{} is empty", path.display())));
+        }
+        // SAFETY: a fresh shared read-only mapping of an open file descriptor;
+        // the kernel picks the address, nothing else in the process is
+        // affected, and the result is checked against MAP_FAILED below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            let e = std::io::Error::last_os_error();
+            return Err(smoe::Error::io("cannot mmap", path, &e).into());
+        }
+        Ok(Mapping { ptr, len })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr` maps `len` readable bytes for the life of `self`
+        // (unmapped only in drop). The vault is opened read-only and nothing
+        // in this process writes it; like any mmap reader (llama.cpp's too),
+        // a concurrent truncation by another process would fault, which the
+        // bench documents rather than guards.
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.len) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly what mmap returned and no slice of
+        // the mapping outlives `self` (bytes() borrows it).
+        unsafe {
+            libc::munmap(self.ptr, self.len);
+        }
+    }
+}
+
+/// What the mmap side measured.
+#[derive(Clone, Debug)]
+pub struct MmapReport {
+    /// Wall time of the replay.
+    pub seconds: f64,
+    /// Per token: time spent reading (faulting in and summing) the experts.
+    pub waits: Vec<Duration>,
+}
+
+/// Replays `tokens` on a read-only mmap of the vault: per (token, layer),
+/// reads every byte of each routed expert, timing per token the time spent
+/// getting and reading them.
+pub fn mmap_replay(vault: &Vault, tokens: &TraceTokens) -> Result<MmapReport, Failure> {
+    let path = vault.path();
+    let file = File::open(path).map_err(|e| smoe::Error::io("cannot open", path, &e))?;
+    let len = file
+        .metadata()
+        .map_err(|e| smoe::Error::io("cannot stat", path, &e))?
+        .len();
+    let len = usize::try_from(len)
+        .map_err(|_| Failure::Message(format!("{} is too large to map", path.display())))?;
+    let map = Mapping::new(&file, len, path)?;
+    let bytes = map.bytes();
+    let mut waits = Vec::with_capacity(tokens.len());
+    let start = Instant::now();
+    for (t, token) in tokens.iter().enumerate() {
+        let mut wait = Duration::ZERO;
+        for (layer, experts) in token {
+            for &e in experts {
+                let entry = vault.entry(*layer, e).ok_or_else(|| {
+                    Failure::Message(format!(
+                        "trace token {t}: layer {layer} expert {e} is not in the vault"
+                    ))
+                })?;
+                let blob = usize::try_from(entry.offset)
+                    .ok()
+                    .zip(usize::try_from(entry.size).ok())
+                    .and_then(|(o, s)| bytes.get(o..o.checked_add(s)?))
+                    .ok_or_else(|| {
+                        Failure::Message(format!(
+                            "layer {layer} expert {e}: blob lies beyond the end of {}",
+                            path.display()
+                        ))
+                    })?;
+                let t0 = Instant::now();
+                std::hint::black_box(sum_bytes(blob));
+                wait += t0.elapsed();
+            }
+        }
+        waits.push(wait);
+    }
+    Ok(MmapReport {
+        seconds: start.elapsed().as_secs_f64(),
+        waits,
+    })
+}
+
+/// A memory cgroup made for one side of a capped comparison; removed on drop.
+#[derive(Debug)]
+pub struct Cgroup {
+    /// Its directory.
+    pub path: PathBuf,
+}
+
+/// Where memory cgroups can be made, and which version.
+#[derive(Clone, Debug)]
+pub struct CgroupParent {
+    /// The directory new cgroups go under.
+    pub dir: PathBuf,
+    /// cgroup v2 (memory.max) or v1 (memory.limit_in_bytes).
+    pub v2: bool,
+}
+
+impl CgroupParent {
+    /// "cgroup v1" or "cgroup v2".
+    pub fn name(&self) -> &'static str {
+        if self.v2 {
+            "cgroup v2"
+        } else {
+            "cgroup v1"
+        }
+    }
+}
+
+/// Finds where this process may make a memory cgroup: under its own cgroup
+/// (from /proc/self/cgroup and the mount table), v1's memory hierarchy
+/// first, else v2's with the memory controller. `SMOE_CGROUP_ROOT` names
+/// the parent directory instead (for tests). The error is the one-line
+/// reason a capped run is refused.
+pub fn find_parent() -> Result<CgroupParent, String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("--mem-cap needs root to make a memory cgroup and drop the page cache".into());
+    }
+    let detect = |dir: PathBuf| -> Result<CgroupParent, String> {
+        if dir.join("memory.limit_in_bytes").is_file() {
+            Ok(CgroupParent { dir, v2: false })
+        } else if dir.join("cgroup.controllers").is_file() {
+            let controllers =
+                std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
+            if !controllers.split_whitespace().any(|c| c == "memory") {
+                return Err(format!(
+                    "the cgroup v2 at {} has no memory controller",
+                    dir.display()
+                ));
+            }
+            let sub = dir.join("cgroup.subtree_control");
+            let enabled = std::fs::read_to_string(&sub).unwrap_or_default();
+            if !enabled.split_whitespace().any(|c| c == "memory")
+                && std::fs::write(&sub, "+memory").is_err()
+            {
+                return Err(format!(
+                    "cannot enable the memory controller for children of {} (a v2 cgroup with processes of its own cannot delegate it)",
+                    dir.display()
+                ));
+            }
+            Ok(CgroupParent { dir, v2: true })
+        } else {
+            Err(format!("no memory cgroup at {}", dir.display()))
+        }
+    };
+    if let Some(root) = std::env::var_os("SMOE_CGROUP_ROOT") {
+        return detect(PathBuf::from(root));
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let mut v1_mount = None;
+    let mut v2_mount = None;
+    for line in mounts.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 4 {
+            continue;
+        }
+        if f[2] == "cgroup" && f[3].split(',').any(|o| o == "memory") {
+            v1_mount = Some(PathBuf::from(f[1]));
+        } else if f[2] == "cgroup2" {
+            v2_mount = Some(PathBuf::from(f[1]));
+        }
+    }
+    let own_path = |wanted: &dyn Fn(&str, &str) -> bool| -> Option<String> {
+        own.lines().find_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, ctl, path) = (parts.next()?, parts.next()?, parts.next()?);
+            wanted(l, ctl).then(|| path.trim_start_matches('/').to_string())
+        })
+    };
+    let under = |mount: PathBuf, rel: Option<String>| -> PathBuf {
+        match rel {
+            Some(r) if !r.is_empty() && mount.join(&r).is_dir() => mount.join(r),
+            _ => mount,
+        }
+    };
+    if let Some(m) = v1_mount {
+        let rel = own_path(&|_, ctl| ctl.split(',').any(|c| c == "memory"));
+        return detect(under(m, rel));
+    }
+    if let Some(m) = v2_mount {
+        let rel = own_path(&|l, _| l.starts_with("0::"));
+        return detect(under(m, rel));
+    }
+    Err("no memory cgroup is mounted (neither v1's memory hierarchy nor cgroup v2)".into())
+}
+
+impl Cgroup {
+    /// Makes `<parent>/<name>` with a memory limit of `cap` bytes.
+    pub fn create(parent: &CgroupParent, name: &str, cap: u64) -> Result<Cgroup, Failure> {
+        let path = parent.dir.join(name);
+        let _ = std::fs::remove_dir(&path);
+        std::fs::create_dir(&path)
+            .map_err(|e| smoe::Error::io("cannot create cgroup", &path, &e))?;
+        let cg = Cgroup { path };
+        let file = if parent.v2 {
+            "memory.max"
+        } else {
+            "memory.limit_in_bytes"
+        };
+        let limit = cg.path.join(file);
+        std::fs::write(&limit, cap.to_string())
+            .map_err(|e| smoe::Error::io("cannot set the memory limit", &limit, &e))?;
+        if parent.v2 {
+            // No swapping around the cap either (absent without swap).
+            let _ = std::fs::write(cg.path.join("memory.swap.max"), "0");
+        } else {
+            let _ = std::fs::write(cg.path.join("memory.memsw.limit_in_bytes"), cap.to_string());
+        }
+        Ok(cg)
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        // The side's process has exited; an emptied cgroup may take a moment
+        // to become removable.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.path).is_ok() || !self.path.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Moves this process into the cgroup at `dir` (the child side of a capped
+/// run does this before it reads anything).
+pub fn enter(dir: &Path) -> Result<(), Failure> {
+    let procs = dir.join("cgroup.procs");
+    std::fs::write(&procs, std::process::id().to_string())
+        .map_err(|e| smoe::Error::io("cannot enter cgroup", &procs, &e).into())
+}
+
+/// Writes back dirty pages and drops the page cache (root only).
+pub fn drop_page_cache() -> Result<(), String> {
+    // SAFETY: sync has no preconditions.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3")
+        .map_err(|e| format!("cannot drop the page cache: {e}"))
+}
