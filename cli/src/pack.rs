@@ -39,13 +39,17 @@ extern "C" fn on_signal(_: libc::c_int) {
 /// its temporary directory and creates no OUT_DIR.
 fn catch_interrupts() {
     for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: `on_signal` only stores to an atomic, which is
-        // async-signal-safe; the handler stays valid for the process's life.
+        // SAFETY: a zeroed `sigaction` is a valid empty one; `on_signal`
+        // only stores to an atomic, which is async-signal-safe, and stays
+        // valid for the process's life. SA_RESETHAND restores the default
+        // action after the first signal, so a second Ctrl-C kills a pack
+        // stuck where it does not look at the flag (sigaction(2)).
         unsafe {
-            libc::signal(
-                sig,
-                on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
-            );
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            action.sa_flags = libc::SA_RESETHAND;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(sig, &action, std::ptr::null_mut());
         }
     }
 }
@@ -67,13 +71,17 @@ pub fn run(args: &PackArgs) -> Result<(), Failure> {
         },
     );
     bar.finish_and_clear();
-    if CANCEL.load(Ordering::Relaxed) {
-        return Err(Failure::Message(format!(
-            "interrupted; {} was not created",
-            args.out_dir.display()
-        )));
-    }
-    let summary = summary?;
+    // A signal after the last check lets the pack finish: then the vault is
+    // there, and saying otherwise would be wrong.
+    let summary = match summary {
+        Err(_) if CANCEL.load(Ordering::Relaxed) => {
+            return Err(Failure::Message(format!(
+                "interrupted; {} was not created",
+                args.out_dir.display()
+            )))
+        }
+        other => other?,
+    };
     out(&describe(&summary))
 }
 

@@ -10,8 +10,9 @@
 //! (32 when absent); the data section.
 //!
 //! Every count and length is checked against the bytes the file has before
-//! anything is allocated, so a hostile header cannot make the reader
-//! allocate more than the file's size.
+//! anything is allocated for it, and lists grow with the entries really
+//! read, so what the reader allocates follows the file, not the header's
+//! claims.
 
 use std::fs::File;
 use std::io::{BufReader, Read, Write};
@@ -23,6 +24,8 @@ use crate::error::{Error, Result};
 pub const MAGIC: [u8; 4] = *b"GGUF";
 /// Alignment of the data section when `general.alignment` is absent.
 pub const DEFAULT_ALIGNMENT: u64 = 32;
+/// Largest `general.alignment` this reader accepts (writers use 32).
+pub const MAX_ALIGNMENT: u64 = 1 << 20;
 
 /// One GGML element type: its name, elements per block and bytes per block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -264,7 +267,9 @@ impl Gguf {
                 "header claims {n_tensors} tensors and {n_kvs} key/values, more than a {file_bytes}-byte file can hold (truncated?)"
             )));
         }
-        let mut kvs = Vec::with_capacity(n_kvs as usize);
+        // Capacity grows with what is really read, not with the header's
+        // claims (each entry is far larger in memory than on disk).
+        let mut kvs = Vec::with_capacity(n_kvs.min(4096) as usize);
         for i in 0..n_kvs {
             let key = r.string_of("key/value", i)?;
             let value_type = r.u32()?;
@@ -280,11 +285,15 @@ impl Gguf {
         let alignment = match kvs.iter().find(|kv| kv.key == "general.alignment") {
             None => DEFAULT_ALIGNMENT,
             Some(kv) => match kv.as_u64() {
-                Some(a) if a.is_power_of_two() && a <= 1 << 30 => a,
-                _ => return Err(bad("general.alignment is not a power of two".into())),
+                Some(a) if a.is_power_of_two() && a <= MAX_ALIGNMENT => a,
+                _ => {
+                    return Err(bad(format!(
+                        "general.alignment is not a power of two up to {MAX_ALIGNMENT}"
+                    )))
+                }
             },
         };
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
+        let mut tensors = Vec::with_capacity(n_tensors.min(4096) as usize);
         for i in 0..n_tensors {
             let name = r.string_of("tensor info", i)?;
             let n_dims = r.u32()?;

@@ -236,6 +236,12 @@ fn gguf_parts(path: &Path) -> Result<Vec<PathBuf>> {
     let Some((base, index, count)) = split else {
         return Ok(vec![path.to_path_buf()]);
     };
+    if count == 0 || index > count {
+        return Err(Error::format(format!(
+            "{}: a split part {index} of {count} is not a valid name",
+            path.display()
+        )));
+    }
     if index != 1 {
         return Err(Error::argument(format!(
             "{}: is part {index} of a split model; give the first part, {base}-00001-of-{count:05}.gguf",
@@ -307,6 +313,15 @@ fn open_gguf(source: &Path) -> Result<Model> {
                 shape: t.ne.iter().rev().copied().collect(),
             });
         }
+    }
+    let mut names: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+    names.sort_unstable();
+    if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+        return Err(Error::format(format!(
+            "{}: tensor {} appears in two parts of the split model",
+            source.display(),
+            w[0]
+        )));
     }
     let first = &files[0];
     let arch = first.architecture().map(str::to_owned);
@@ -712,9 +727,12 @@ fn remove_stale_temp_dirs(out_dir: &Path) {
     };
     for entry in entries.flatten() {
         let file_name = entry.file_name();
+        // `.NAME.smoe-pack-PID`, or `.NAME.smoe-pack-PID.old` (a vault
+        // moved aside when a killed run was replacing it).
         let Some(pid) = file_name
             .to_str()
             .and_then(|n| n.strip_prefix(&prefix))
+            .map(|p| p.strip_suffix(".old").unwrap_or(p))
             .and_then(|p| p.parse::<u32>().ok())
         else {
             continue;
@@ -723,6 +741,33 @@ fn remove_stale_temp_dirs(out_dir: &Path) {
         if is_dir && pid != std::process::id() && !crate::sys::process_exists(pid) {
             let _ = std::fs::remove_dir_all(entry.path());
         }
+    }
+}
+
+/// Whether `out_dir` may become the vault: it must not exist, or, with
+/// `force`, be a directory holding a vault (or nothing).
+fn check_out_dir(out_dir: &Path, force: bool) -> Result<()> {
+    let Ok(meta) = std::fs::symlink_metadata(out_dir) else {
+        return Ok(());
+    };
+    if !force {
+        return Err(Error::argument(format!(
+            "{}: already exists; choose another directory or pass --force to replace a vault there",
+            out_dir.display()
+        )));
+    }
+    let is_vault_dir = meta.is_dir()
+        && std::fs::read_dir(out_dir).is_ok_and(|entries| {
+            let names: Vec<_> = entries.flatten().map(|e| e.file_name()).collect();
+            names.is_empty() || names.iter().any(|n| n == EXPERTS_FILE)
+        });
+    if is_vault_dir {
+        Ok(())
+    } else {
+        Err(Error::argument(format!(
+            "{}: exists and is not a vault (no {EXPERTS_FILE}); --force replaces only a vault or an empty directory",
+            out_dir.display()
+        )))
     }
 }
 
@@ -745,26 +790,9 @@ pub fn pack(
     opts: &PackOptions<'_>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<PackSummary> {
-    // Check the output before reading gigabytes.
-    if let Ok(meta) = std::fs::symlink_metadata(out_dir) {
-        if !opts.force {
-            return Err(Error::argument(format!(
-                "{}: already exists; choose another directory or pass --force to replace a vault there",
-                out_dir.display()
-            )));
-        }
-        let is_vault_dir = meta.is_dir()
-            && std::fs::read_dir(out_dir).is_ok_and(|entries| {
-                let names: Vec<_> = entries.flatten().map(|e| e.file_name()).collect();
-                names.is_empty() || names.iter().any(|n| n == EXPERTS_FILE)
-            });
-        if !is_vault_dir {
-            return Err(Error::argument(format!(
-                "{}: exists and is not a vault (no {EXPERTS_FILE}); --force replaces only a vault or an empty directory",
-                out_dir.display()
-            )));
-        }
-    }
+    // Check the output before reading gigabytes (and again before the
+    // rename: something may have appeared there meanwhile).
+    check_out_dir(out_dir, opts.force)?;
     let model = open_model(source)?;
     let (n_layers, n_experts, plans) = plan(&model)?;
     let files: Vec<File> = model
@@ -879,8 +907,9 @@ pub fn pack(
 
     // Into place: the old vault (with --force) is moved aside first, so a
     // failure between the renames leaves one of the two whole.
-    if out_dir.exists() {
-        let aside = tmp.with_extension("old");
+    check_out_dir(out_dir, opts.force)?;
+    if std::fs::symlink_metadata(out_dir).is_ok() {
+        let aside = PathBuf::from(format!("{}.old", tmp.display()));
         std::fs::rename(out_dir, &aside)
             .map_err(|e| Error::io("cannot move aside", out_dir, &e))?;
         if let Err(e) = std::fs::rename(&tmp, out_dir) {
@@ -1152,5 +1181,9 @@ mod tests {
         assert_eq!(gguf_parts(&p("m-00001-of-00002.gguf")).unwrap().len(), 2);
         assert!(gguf_parts(&p("m-00002-of-00002.gguf")).is_err());
         assert_eq!(gguf_parts(&p("plain.gguf")).unwrap(), vec![p("plain.gguf")]);
+        std::fs::write(p("z-00001-of-00000.gguf"), b"x").unwrap();
+        let e = gguf_parts(&p("z-00001-of-00000.gguf")).unwrap_err();
+        assert!(e.to_string().contains("not a valid name"), "{e}");
+        assert!(gguf_parts(&p("m-00003-of-00002.gguf")).is_err());
     }
 }

@@ -398,7 +398,12 @@ mod imp {
                     Ok(())
                 }
                 Prefetched::Present | Prefetched::ErrorPending => Ok(()),
-                Prefetched::RingFull => Err(ring_full(&self.shared, layer, expert)),
+                Prefetched::RingFull => {
+                    // The expert's reservation was dropped with no read
+                    // queued: a `claim_wait` on it must try again.
+                    self.shared.landed.notify();
+                    Err(ring_full(&self.shared, layer, expert))
+                }
             }
         }
 
@@ -520,7 +525,10 @@ mod imp {
                         Error::new(ErrorKind::Io, "the last read failed").with_expert(layer, expert)
                     }))
                 }
-                Claimed::RingFull => Err(ring_full(&self.shared, layer, expert)),
+                Claimed::RingFull => {
+                    self.shared.landed.notify();
+                    Err(ring_full(&self.shared, layer, expert))
+                }
                 Claimed::TooManyClaims => Err(Error::expert_is(
                     ErrorKind::Argument,
                     layer,
@@ -901,6 +909,7 @@ mod imp {
                 if r.is_err() {
                     // Release: later calls that Acquire `broken` fail cleanly.
                     shared2.broken.store(true, Ordering::Release);
+                    shared2.landed.notify();
                 }
             });
         match spawned {

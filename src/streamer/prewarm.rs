@@ -134,7 +134,11 @@ fn warm_pass(shared: &Shared) {
                 }
                 std::thread::park_timeout(PACE);
             }
-            Some(Prefetched::RingFull) => return,
+            Some(Prefetched::RingFull) => {
+                // Its reservation was dropped: a claim_wait may be waiting.
+                shared.landed.notify();
+                return;
+            }
             Some(Prefetched::Present | Prefetched::ErrorPending) => {}
             None => return, // paused
         }

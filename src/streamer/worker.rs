@@ -117,6 +117,9 @@ impl Wake {
     }
 }
 
+/// Longest single sleep of a waiting claim.
+const MAX_SLEEP: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Where `claim_wait` callers sleep until a read lands: an eventcount.
 ///
 /// A waiter counts itself in `waiters`, reads `epoch`, tries its claim, and
@@ -182,9 +185,13 @@ impl Landed {
                 continue;
             }
             // A spurious wake-up or the timeout only costs another attempt.
+            // Every path that ends a wait without a read landing (a failed
+            // read, a reservation dropped for a full ring, a panicked
+            // worker) notifies; the cap on one sleep is a safety net should
+            // a path be missed, at ten wake-ups a second.
             let _ = self
                 .cv
-                .wait_timeout(guard, deadline - now)
+                .wait_timeout(guard, (deadline - now).min(MAX_SLEEP))
                 .unwrap_or_else(|p| p.into_inner());
         })();
         self.waiters.fetch_sub(1, Ordering::SeqCst);
@@ -198,6 +205,8 @@ pub(crate) fn run(shared: Arc<Shared>, me: u32, file: File) {
     if result.is_err() {
         // Release: later API calls that Acquire `broken` fail cleanly.
         shared.broken.store(true, Ordering::Release);
+        // Waiters find the streamer broken on their next attempt.
+        shared.landed.notify();
     }
 }
 
