@@ -162,3 +162,14 @@ fn sysctl_uint(name: &CStr) -> io::Result<u64> {
         )),
     }
 }
+
+/// Extra `mmap` flags for the ring's reservation. mmap(2) on macOS: anonymous private pages are committed when first
+/// touched (https://developer.apple.com/library/archive/documentation/Performance/Conceptual/ManagingMemory/Articles/AboutMemory.html).
+pub(super) const MAP_RESERVE_ONLY: libc::c_int = 0;
+
+/// The page size (sysconf(3) `_SC_PAGESIZE`).
+pub(super) fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).unwrap_or(4096).max(4096)
+}

@@ -351,6 +351,17 @@ fn parse_limit(text: &str) -> Option<u64> {
     }
 }
 
+/// Extra `mmap` flags for the ring's reservation. mmap(2): MAP_NORESERVE: no swap is reserved for the ring; pages are
+/// committed when first touched.
+pub(super) const MAP_RESERVE_ONLY: libc::c_int = libc::MAP_NORESERVE;
+
+/// The page size (sysconf(3) `_SC_PAGESIZE`).
+pub(super) fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).unwrap_or(4096).max(4096)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

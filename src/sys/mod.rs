@@ -304,6 +304,90 @@ impl Drop for AlignedBuffer {
     }
 }
 
+/// An anonymous private mapping, reserved but not committed: the ring's
+/// memory. Pages are zero and cost nothing until first touched (a worker
+/// reading into a slot), and the address range stays fixed for the
+/// mapping's life, so a host that wrapped it once stays valid.
+pub(crate) struct Reservation {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; who touches which
+// bytes when is decided by its owner (the ring's slot table).
+unsafe impl Send for Reservation {}
+// SAFETY: as above.
+unsafe impl Sync for Reservation {}
+
+impl Reservation {
+    /// Reserves `len` bytes starting at a multiple of `align` (a power of
+    /// two, at least the page size). `OutOfMemory` when the address space
+    /// or the OS's overcommit policy refuses.
+    pub(crate) fn new(len: usize, align: usize) -> io::Result<Reservation> {
+        let page = imp::page_size();
+        if len == 0 || !align.is_power_of_two() || align < page {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("cannot reserve {len} bytes at alignment {align} (page size {page})"),
+            ));
+        }
+        // mmap aligns to a page; reserve `align` more and trim both ends.
+        let total = len.checked_add(align).ok_or(io::ErrorKind::OutOfMemory)?;
+        // SAFETY: a fresh anonymous private mapping at an address the kernel
+        // chooses; no existing memory is affected (mmap(2)).
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                total,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANON | imp::MAP_RESERVE_ONLY,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                format!("cannot reserve {total} bytes of address space: {e}"),
+            ));
+        }
+        let start = raw as usize;
+        let aligned = start.next_multiple_of(align);
+        let head = aligned - start;
+        let tail = total - head - len;
+        // SAFETY: both ranges lie inside the mapping made above, are page
+        // multiples (`start`, `align` and `len` are page aligned: `len` is
+        // a whole number of slots, each a multiple of the alignment) and
+        // are not used by anything; unmapping them is munmap(2)'s contract.
+        unsafe {
+            if head > 0 {
+                libc::munmap(raw, head);
+            }
+            if tail > 0 {
+                libc::munmap((aligned + len) as *mut libc::c_void, tail);
+            }
+        }
+        let ptr = std::ptr::NonNull::new(aligned as *mut u8).ok_or(io::ErrorKind::OutOfMemory)?;
+        Ok(Reservation { ptr, len })
+    }
+
+    /// The first byte.
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        // SAFETY: `[ptr, ptr + len)` is the mapping `new` kept, unmapped
+        // once, here.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
 /// A positional read that did not fill its buffer.
 #[derive(Debug)]
 pub struct ReadError {

@@ -1,0 +1,69 @@
+//! The ring is reserved, not committed (issue 13, lazy ring): opening a
+//! ring of 8 GiB takes neither time nor memory, and memory grows with the
+//! slots actually loaded. Its own test binary, since it measures the
+//! process's RSS.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use smoe::{Config, Priority, Streamer};
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64
+}
+
+#[test]
+fn an_8_gib_ring_opens_at_once_and_costs_what_it_holds() {
+    // 64 experts of ~100 KB in slots of 128 MiB: a ring of 8 GiB.
+    let v = common::vault(1, 64, 100_000, &[]);
+    let rss0 = rss_bytes();
+    let t0 = Instant::now();
+    let s = Streamer::open(
+        v.dir.path(),
+        Config {
+            ring_slots: 64,
+            slot_mb: 128,
+            workers: 2,
+            prewarm: false,
+            freq_path: Some("".into()),
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    let open = t0.elapsed();
+    let ring = s.ring_region().1;
+    assert_eq!(ring, 8 << 30);
+    let after_open = rss_bytes().saturating_sub(rss0);
+    for e in 0..8 {
+        s.prefetch(0, e, Priority::Demand).unwrap();
+    }
+    for e in 0..8 {
+        let c = s
+            .claim_wait(0, e, Duration::from_secs(10))
+            .unwrap()
+            .unwrap();
+        v.check(0, e, &c);
+    }
+    let after_loads = rss_bytes().saturating_sub(rss0);
+    let t0 = Instant::now();
+    drop(s);
+    let close = t0.elapsed();
+    eprintln!(
+        "8 GiB ring: open {open:?}, RSS +{:.1} MiB after open, +{:.1} MiB after 8 loads of ~100 KB, close {close:?}",
+        after_open as f64 / (1 << 20) as f64,
+        after_loads as f64 / (1 << 20) as f64,
+    );
+    assert!(after_open <= 64 << 20, "open committed {after_open} bytes");
+    // Eight slots were written (about 112 KiB each): memory follows them.
+    assert!(
+        after_loads >= after_open + 8 * 100_000 && after_loads <= after_open + (16 << 20),
+        "{after_open} then {after_loads} bytes"
+    );
+    // Hang guards, not benchmarks: committing 8 GiB took seconds.
+    assert!(open < Duration::from_secs(1), "open took {open:?}");
+    assert!(close < Duration::from_secs(1), "close took {close:?}");
+}
