@@ -30,7 +30,9 @@ fn run(s: &Streamer, experts: u32, round: usize, wait: bool) -> Duration {
         let t = Instant::now();
         s.prefetch(0, e, Priority::Demand).unwrap();
         let claim = if wait {
-            s.claim_wait(0, e, Duration::from_secs(10)).unwrap().unwrap()
+            s.claim_wait(0, e, Duration::from_secs(10))
+                .unwrap()
+                .unwrap()
         } else {
             loop {
                 if let Some(c) = s.claim(0, e).unwrap() {
