@@ -11,8 +11,10 @@
 
 use std::time::{Duration, Instant};
 
-use smoe::vault::synth::SynthSpec;
-use smoe::{Config, Priority, Streamer};
+use smoe::{Priority, Streamer};
+
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 const PAIRS: usize = 320;
 const ROUNDS: usize = 3;
@@ -53,29 +55,15 @@ fn main() {
     } else {
         std::env::temp_dir()
     };
-    let dir = tempfile::tempdir_in(base).unwrap();
     let experts = 24;
-    SynthSpec {
-        n_layers: 1,
-        n_experts: experts,
-        blob_bytes: 2 << 20,
-        dense_layers: vec![],
-        seed: 3,
-        top_k: 1,
-    }
-    .write(dir.path(), &mut |_| {})
-    .unwrap();
-    let s = Streamer::open(
-        dir.path(),
-        Config {
-            ring_slots: 8,
-            workers: 2,
-            prewarm: false,
-            freq_path: Some("".into()),
-            ..Config::default()
-        },
-    )
-    .unwrap();
+    let v = common::vault_in(
+        tempfile::tempdir_in(base).unwrap(),
+        1,
+        experts,
+        2 << 20,
+        &[],
+    );
+    let s = Streamer::open(v.dir.path(), common::quiet_config(8, 2)).unwrap();
     println!("claim of a just-prefetched 2 MiB expert (tmpfs, 8 slots, 2 workers), median of {PAIRS} per round:");
     for round in 0..ROUNDS {
         let poll = run(&s, experts, round, false);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use smoe::internals::sys::ReadError;
 use smoe::streamer::{BlobReader, FileReader};
 use smoe::vault::Vault;
-use smoe::{Config, ErrorKind, Streamer};
+use smoe::{ErrorKind, Streamer};
 
 /// A disk that takes `delay` for every read.
 struct SlowReader {
@@ -36,13 +36,7 @@ impl BlobReader for SlowReader {
 
 fn streamer(v: &common::TestVault, fail: bool) -> Streamer {
     let vault = Vault::open(v.dir.path()).unwrap();
-    let config = Config {
-        ring_slots: 4,
-        workers: 1,
-        prewarm: false,
-        freq_path: Some("".into()),
-        ..Config::default()
-    };
+    let config = common::quiet_config(4, 1);
     let reader = SlowReader {
         delay: Duration::from_millis(400),
         fail,

@@ -13,23 +13,13 @@ mod common;
 
 use std::time::Duration;
 
-use smoe::{Config, ErrorKind, Streamer};
+use smoe::{ErrorKind, Streamer};
 
 #[test]
 #[ignore = "2^24 reloads of one slot; run by name"]
 fn a_released_ticket_stays_stale_past_2_pow_24_reloads() {
     let v = common::vault(1, 2, 100, &[]);
-    let s = Streamer::open(
-        v.dir.path(),
-        Config {
-            ring_slots: 1,
-            workers: 1,
-            prewarm: false,
-            freq_path: Some("".into()),
-            ..Config::default()
-        },
-    )
-    .unwrap();
+    let s = Streamer::open(v.dir.path(), common::quiet_config(1, 1)).unwrap();
     let wait = Duration::from_secs(10);
     let first = s.claim_wait(0, 0, wait).unwrap().unwrap().into_ticket();
     s.release_ticket(first.ticket).unwrap();

@@ -16,13 +16,6 @@ use common::forge::one_entry_vault;
 use smoe::vault::{VaultWriter, WriterOptions};
 use smoe::{Config, ErrorKind, Streamer};
 
-fn rss_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
-    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-    // SAFETY: sysconf has no preconditions.
-    pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64
-}
-
 #[test]
 fn more_than_2_pow_20_ids_is_refused_with_the_cap_named() {
     for (layers, experts) in [(4096, 4096), (1 << 20, 2), (1024, 1025)] {
@@ -48,7 +41,7 @@ fn more_than_2_pow_20_ids_is_refused_with_the_cap_named() {
 fn a_one_entry_vault_at_the_cap_costs_little() {
     let dir = tempfile::tempdir().unwrap();
     one_entry_vault(dir.path(), 1024, 1024);
-    let rss0 = rss_bytes();
+    let rss0 = common::rss_bytes();
     let s = Streamer::open(
         dir.path(),
         Config {
@@ -73,7 +66,7 @@ fn a_one_entry_vault_at_the_cap_costs_little() {
     std::thread::sleep(Duration::from_secs(1));
     let idle = common::process_cpu() - cpu0;
     let idle_share = idle.as_secs_f64() / t0.elapsed().as_secs_f64();
-    let rss = rss_bytes().saturating_sub(rss0);
+    let rss = common::rss_bytes().saturating_sub(rss0);
     for _ in 0..100 {
         s.stats();
     }

@@ -9,35 +9,24 @@ use std::time::{Duration, Instant};
 
 use smoe::{Config, Priority, Streamer};
 
-fn rss_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
-    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-    // SAFETY: sysconf has no preconditions.
-    pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64
-}
-
 #[test]
 fn an_8_gib_ring_opens_at_once_and_costs_what_it_holds() {
     // 64 experts of ~100 KB in slots of 128 MiB: a ring of 8 GiB.
     let v = common::vault(1, 64, 100_000, &[]);
-    let rss0 = rss_bytes();
+    let rss0 = common::rss_bytes();
     let t0 = Instant::now();
     let s = Streamer::open(
         v.dir.path(),
         Config {
-            ring_slots: 64,
             slot_mb: 128,
-            workers: 2,
-            prewarm: false,
-            freq_path: Some("".into()),
-            ..Config::default()
+            ..common::quiet_config(64, 2)
         },
     )
     .unwrap();
     let open = t0.elapsed();
     let ring = s.ring_region().1;
     assert_eq!(ring, 8 << 30);
-    let after_open = rss_bytes().saturating_sub(rss0);
+    let after_open = common::rss_bytes().saturating_sub(rss0);
     for e in 0..8 {
         s.prefetch(0, e, Priority::Demand).unwrap();
     }
@@ -48,7 +37,7 @@ fn an_8_gib_ring_opens_at_once_and_costs_what_it_holds() {
             .unwrap();
         v.check(0, e, &c);
     }
-    let after_loads = rss_bytes().saturating_sub(rss0);
+    let after_loads = common::rss_bytes().saturating_sub(rss0);
     let t0 = Instant::now();
     drop(s);
     let close = t0.elapsed();

@@ -351,13 +351,9 @@ fn the_claim_path_allocates_nothing_and_a_full_trace_counts_drops() {
     let out = v.dir.path().join("t.csv");
     // A recorder of 20 claims (a Rust-only test hook): recording, then full.
     let config = Config {
-        ring_slots: 8,
-        workers: 2,
-        prewarm: false,
-        freq_path: Some(PathBuf::new()),
         trace_path: Some(out.clone()),
         trace_capacity: 20,
-        ..Config::default()
+        ..common::quiet_config(8, 2)
     };
     let s = Streamer::open(v.dir.path(), config).unwrap();
     for layer in 0..2 {

@@ -306,7 +306,7 @@ fn mean_p99(waits_ms: &[f64]) -> (f64, f64) {
 }
 
 /// The trace names only experts the vault holds.
-fn check_trace(vault: &Vault, tokens: &TraceTokens) -> Result<(), Failure> {
+pub(crate) fn check_trace(vault: &Vault, tokens: &TraceTokens) -> Result<(), Failure> {
     for (t, token) in tokens.iter().enumerate() {
         for (layer, experts) in token {
             if let Some(&e) = experts.iter().find(|&&e| vault.entry(*layer, e).is_none()) {

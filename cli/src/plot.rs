@@ -8,6 +8,20 @@ use plotters::prelude::*;
 
 use crate::output::Failure;
 
+/// Draws a chart's legend in its upper left corner (the same for both
+/// panels).
+macro_rules! draw_legend {
+    ($chart:expr) => {
+        $chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(err)?
+    };
+}
+
 /// What to draw.
 pub struct PlotData<'a> {
     /// Experts in the vault (the sweep's 100%).
@@ -91,13 +105,7 @@ pub fn write(path: &Path, d: &PlotData) -> Result<(), Failure> {
                 .label(format!("measured: {slots} slots, {:.1}%", coverage * 100.0))
                 .legend(|(x, y)| Circle::new((x + 10, y), 5, RED.filled()));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
+        draw_legend!(chart);
     }
     if let (Some(area), Some((smoe, mmap))) = (bottom, d.waits) {
         let n = smoe.len().max(mmap.len()).max(1);
@@ -120,29 +128,17 @@ pub fn write(path: &Path, d: &PlotData) -> Result<(), Failure> {
             .y_desc("ms")
             .draw()
             .map_err(err)?;
-        chart
-            .draw_series(LineSeries::new(
-                smoe.iter().enumerate().map(|(i, &w)| (i as f64, w)),
-                BLUE.stroke_width(2),
-            ))
-            .map_err(err)?
-            .label("smoe")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
-        chart
-            .draw_series(LineSeries::new(
-                mmap.iter().enumerate().map(|(i, &w)| (i as f64, w)),
-                RED.stroke_width(2),
-            ))
-            .map_err(err)?
-            .label("mmap")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
+        for (waits, color, label) in [(smoe, BLUE, "smoe"), (mmap, RED, "mmap")] {
+            chart
+                .draw_series(LineSeries::new(
+                    waits.iter().enumerate().map(|(i, &w)| (i as f64, w)),
+                    color.stroke_width(2),
+                ))
+                .map_err(err)?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        }
+        draw_legend!(chart);
     }
     root.present().map_err(err)?;
     Ok(())

@@ -122,17 +122,7 @@ pub fn decode(
         seed: opts.router_seed,
     })?;
     if let Some(trace) = &opts.trace {
-        for (t, token) in trace.iter().enumerate() {
-            for (layer, experts) in token {
-                if let Some(&e) = experts.iter().find(|&&e| v.entry(*layer, e).is_none()) {
-                    return Err(Failure::Message(format!(
-                        "trace token {t}: layer {layer} expert {e} is not in the vault ({} layers × {} experts)",
-                        v.n_layers(),
-                        v.n_experts()
-                    )));
-                }
-            }
-        }
+        crate::bench::check_trace(v, trace)?;
     }
     let tokens = opts
         .trace

@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
+use support::{assert_contains, smoe, synth_shape, text};
+
+mod support;
 
 fn smoe_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_smoe"));
@@ -18,14 +21,6 @@ fn smoe_env(args: &[&str], env: &[(&str, &str)]) -> Output {
         c.env(k, v);
     }
     c.output().expect("the smoe binary runs")
-}
-
-fn smoe(args: &[&str]) -> Output {
-    smoe_env(args, &[])
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 fn trace() -> Option<PathBuf> {
@@ -42,18 +37,28 @@ fn trace() -> Option<PathBuf> {
 /// A Mixtral-shaped synthetic vault (32 layers × 8 experts) of small blobs.
 fn vault(dir: &Path, blob_kib: &str) -> PathBuf {
     let v = dir.join("vault");
-    let o = smoe(&[
-        "synth",
-        v.to_str().unwrap(),
-        "--layers",
-        "32",
-        "--experts",
-        "8",
-        "--blob-kib",
-        blob_kib,
-    ]);
+    let o = synth_shape(&v, "32", "8", blob_kib, &[]);
     assert!(o.status.success(), "synth: {}", text(&o.stderr));
     v
+}
+
+/// `smoe bench V --trace T --top-k 2 EXTRA...`.
+fn bench_trace(v: &Path, t: &Path, extra: &[&str]) -> Output {
+    bench_trace_env(v, t, extra, &[])
+}
+
+/// [`bench_trace`] with environment variables set.
+fn bench_trace_env(v: &Path, t: &Path, extra: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut args = vec![
+        "bench",
+        v.to_str().unwrap(),
+        "--trace",
+        t.to_str().unwrap(),
+        "--top-k",
+        "2",
+    ];
+    args.extend_from_slice(extra);
+    smoe_env(&args, env)
 }
 
 fn json_of(o: &Output) -> Value {
@@ -71,18 +76,7 @@ fn sweep_gives_the_reference_lru_and_belady_figures() {
     let Some(t) = trace() else { return };
     let dir = tempfile::tempdir().unwrap();
     let v = vault(dir.path(), "4");
-    let o = smoe(&[
-        "bench",
-        v.to_str().unwrap(),
-        "--trace",
-        t.to_str().unwrap(),
-        "--top-k",
-        "2",
-        "--sweep",
-        "--ring-slots",
-        "25",
-        "--json",
-    ]);
+    let o = bench_trace(&v, &t, &["--sweep", "--ring-slots", "25", "--json"]);
     let j = json_of(&o);
     assert_eq!(j["mode"], "sweep");
     let rows = j["rows"].as_array().unwrap();
@@ -108,15 +102,7 @@ fn sweep_gives_the_reference_lru_and_belady_figures() {
     }
     assert_eq!(rows.first().unwrap()["ring_slots"], 13);
     // The text table has a row per size.
-    let o = smoe(&[
-        "bench",
-        v.to_str().unwrap(),
-        "--trace",
-        t.to_str().unwrap(),
-        "--top-k",
-        "2",
-        "--sweep",
-    ]);
+    let o = bench_trace(&v, &t, &["--sweep"]);
     assert!(o.status.success());
     let out = text(&o.stdout);
     assert!(out.contains("Belady") && out.contains("  100.0%"), "{out}");
@@ -128,17 +114,7 @@ fn measured_coverage_equals_simulated_lru_and_the_baseline_and_plot_are_reported
     let dir = tempfile::tempdir().unwrap();
     let v = vault(dir.path(), "4");
     for slots in ["25", "64", "100"] {
-        let o = smoe(&[
-            "bench",
-            v.to_str().unwrap(),
-            "--trace",
-            t.to_str().unwrap(),
-            "--top-k",
-            "2",
-            "--ring-slots",
-            slots,
-            "--json",
-        ]);
+        let o = bench_trace(&v, &t, &["--ring-slots", slots, "--json"]);
         let j = json_of(&o);
         let coverage = j["coverage"].as_f64().unwrap();
         let lru = j["sim"]["lru"].as_f64().unwrap();
@@ -166,23 +142,21 @@ fn measured_coverage_equals_simulated_lru_and_the_baseline_and_plot_are_reported
         }
     }
     let svg = dir.path().join("plot.svg");
-    let o = smoe(&[
-        "bench",
-        v.to_str().unwrap(),
-        "--trace",
-        t.to_str().unwrap(),
-        "--top-k",
-        "2",
-        "--ring-slots",
-        "100",
-        "--max-tokens",
-        "40",
-        "--baseline",
-        "mmap",
-        "--plot",
-        svg.to_str().unwrap(),
-        "--json",
-    ]);
+    let o = bench_trace(
+        &v,
+        &t,
+        &[
+            "--ring-slots",
+            "100",
+            "--max-tokens",
+            "40",
+            "--baseline",
+            "mmap",
+            "--plot",
+            svg.to_str().unwrap(),
+            "--json",
+        ],
+    );
     let j = json_of(&o);
     assert_eq!(j["tokens"], 40);
     assert_eq!(j["baseline"]["kind"], "mmap");
@@ -211,20 +185,18 @@ fn measured_coverage_equals_simulated_lru_and_the_baseline_and_plot_are_reported
         assert!(s.contains(label), "legend label {label:?} missing");
     }
     // Text output: smoe, mmap and Belady side by side with the ratio.
-    let o = smoe(&[
-        "bench",
-        v.to_str().unwrap(),
-        "--trace",
-        t.to_str().unwrap(),
-        "--top-k",
-        "2",
-        "--ring-slots",
-        "100",
-        "--max-tokens",
-        "20",
-        "--baseline",
-        "mmap",
-    ]);
+    let o = bench_trace(
+        &v,
+        &t,
+        &[
+            "--max-tokens",
+            "20",
+            "--ring-slots",
+            "100",
+            "--baseline",
+            "mmap",
+        ],
+    );
     assert!(o.status.success(), "{}", text(&o.stderr));
     let out = text(&o.stdout);
     for w in ["smoe", "mmap", "Belady", "smoe/mmap wait ratio"] {
@@ -245,11 +217,7 @@ fn comparison_flags_need_a_trace() {
         args.extend_from_slice(flag);
         let o = smoe(&args);
         assert_eq!(o.status.code(), Some(2), "{flag:?}");
-        assert!(
-            text(&o.stderr).contains("needs --trace"),
-            "{}",
-            text(&o.stderr)
-        );
+        assert_contains(&text(&o.stderr), "needs --trace");
     }
 }
 
@@ -259,12 +227,6 @@ fn mem_cap_is_refused_in_one_line_where_it_cannot_isolate() {
     let dir = tempfile::tempdir().unwrap();
     let v = vault(dir.path(), "4");
     let base = [
-        "bench",
-        v.to_str().unwrap(),
-        "--trace",
-        t.to_str().unwrap(),
-        "--top-k",
-        "2",
         "--max-tokens",
         "10",
         "--mem-cap",
@@ -273,7 +235,7 @@ fn mem_cap_is_refused_in_one_line_where_it_cannot_isolate() {
         "mmap",
     ];
     let env = [("SMOE_CGROUP_ROOT", "/nonexistent/smoe-cgroup")];
-    let o = smoe_env(&base, &env);
+    let o = bench_trace_env(&v, &t, &base, &env);
     assert_eq!(o.status.code(), Some(1));
     let err = text(&o.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -282,7 +244,7 @@ fn mem_cap_is_refused_in_one_line_where_it_cannot_isolate() {
     // --no-isolation runs uncapped and warm, and says so.
     let mut args = base.to_vec();
     args.extend(["--no-isolation", "--json"]);
-    let j = json_of(&smoe_env(&args, &env));
+    let j = json_of(&bench_trace_env(&v, &t, &args, &env));
     assert_eq!(j["isolation"], "none");
     assert_eq!(j["mem_cap_bytes"], 67108864);
     assert_eq!(j["baseline"]["kind"], "mmap");
@@ -298,21 +260,19 @@ fn mem_cap_runs_each_side_in_a_memory_cgroup_as_root() {
     }
     let dir = tempfile::tempdir().unwrap();
     let v = vault(dir.path(), "256");
-    let o = smoe(&[
-        "bench",
-        v.to_str().unwrap(),
-        "--trace",
-        t.to_str().unwrap(),
-        "--top-k",
-        "2",
-        "--max-tokens",
-        "30",
-        "--mem-cap",
-        "67108864",
-        "--baseline",
-        "mmap",
-        "--json",
-    ]);
+    let o = bench_trace(
+        &v,
+        &t,
+        &[
+            "--max-tokens",
+            "30",
+            "--mem-cap",
+            "67108864",
+            "--baseline",
+            "mmap",
+            "--json",
+        ],
+    );
     let err = text(&o.stderr);
     if o.status.code() == Some(1) && err.contains("cannot cap memory") {
         println!("note: no memory cgroup here ({}); skipping", err.trim());

@@ -5,7 +5,7 @@
 
 mod support;
 
-use support::{smoe, synth, text};
+use support::{assert_contains, smoe, synth, synth_shape, text};
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -140,11 +140,7 @@ fn inspect_json_meta_is_null_without_metadata() {
 
     let out = smoe(&["verify", path.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stdout).contains("no checksums"),
-        "{}",
-        text(&out.stdout)
-    );
+    assert_contains(&text(&out.stdout), "no checksums");
 }
 
 #[test]
@@ -322,18 +318,7 @@ fn usage_errors_exit_2() {
 fn synth_with_every_layer_dense_fails_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().join("v");
-    let out = smoe(&[
-        "synth",
-        d.to_str().unwrap(),
-        "--layers",
-        "2",
-        "--experts",
-        "3",
-        "--blob-kib",
-        "1",
-        "--dense",
-        "0,1",
-    ]);
+    let out = synth_shape(&d, "2", "3", "1", &["--dense", "0,1"]);
     assert_fails(&out, &["dense"]);
 }
 

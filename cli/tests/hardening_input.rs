@@ -12,7 +12,7 @@ mod common;
 
 mod support;
 
-use support::{smoe, synth, text};
+use support::{smoe, synth, synth_shape, text};
 
 use std::fs::File;
 use std::io::Read;
@@ -245,16 +245,7 @@ fn synth_refuses_a_vault_larger_than_the_disk_instead_of_aborting() {
     // 64 blobs of 1 TiB each: 64 TiB, more than this disk holds. Before: a
     // 1 TiB buffer for the first blob, `memory allocation failed`, SIGABRT.
     let start = Instant::now();
-    let out = smoe(&[
-        "synth",
-        d.to_str().unwrap(),
-        "--layers",
-        "1",
-        "--experts",
-        "64",
-        "--blob-kib",
-        "1073741824",
-    ]);
+    let out = synth_shape(&d, "1", "64", "1073741824", &[]);
     assert_one_line(
         &out,
         1,

@@ -346,10 +346,8 @@ impl Gguf {
                 )));
             }
         }
-        let mut names: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
-        names.sort_unstable();
-        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
-            return Err(bad(format!("tensor {} appears twice", w[0])));
+        if let Some(name) = super::first_duplicate(tensors.iter().map(|t| t.name.as_str())) {
+            return Err(bad(format!("tensor {name} appears twice")));
         }
         Ok(Gguf {
             kvs,

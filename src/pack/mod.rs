@@ -137,6 +137,13 @@ struct Model {
     safetensors_metadata: Vec<(String, String)>,
 }
 
+/// A name that occurs more than once, if any.
+pub(crate) fn first_duplicate<'a>(names: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    let mut names: Vec<&str> = names.collect();
+    names.sort_unstable();
+    names.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
+}
+
 /// Role order inside a blob: gate, up, gate_up, down, then biases, then
 /// any other role by name.
 fn role_rank(role: &str) -> (u8, &str) {
@@ -314,13 +321,10 @@ fn open_gguf(source: &Path) -> Result<Model> {
             });
         }
     }
-    let mut names: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
-    names.sort_unstable();
-    if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+    if let Some(name) = first_duplicate(tensors.iter().map(|t| t.name.as_str())) {
         return Err(Error::format(format!(
-            "{}: tensor {} appears in two parts of the split model",
-            source.display(),
-            w[0]
+            "{}: tensor {name} appears in two parts of the split model",
+            source.display()
         )));
     }
     let first = &files[0];

@@ -214,13 +214,10 @@ impl Checkpoint {
             }
             files.push(h);
         }
-        let mut names: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
-        names.sort_unstable();
-        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+        if let Some(name) = super::first_duplicate(tensors.iter().map(|t| t.name.as_str())) {
             return Err(Error::format(format!(
-                "{}: tensor {} appears in two files",
-                source.display(),
-                w[0]
+                "{}: tensor {name} appears in two files",
+                source.display()
             )));
         }
         let config_path = dir.join("config.json");

@@ -80,3 +80,23 @@ pub fn mkfifo(path: &std::path::Path) {
         std::io::Error::last_os_error()
     );
 }
+
+/// The process's resident set size, in bytes (Linux `/proc/self/statm`).
+pub fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64
+}
+
+/// A streamer config of `ring_slots` slots and `workers` workers, with no
+/// pre-warm and no histogram file, for tests that count reads exactly.
+pub fn quiet_config(ring_slots: u32, workers: u32) -> smoe::Config {
+    smoe::Config {
+        ring_slots,
+        workers,
+        prewarm: false,
+        freq_path: Some("".into()),
+        ..smoe::Config::default()
+    }
+}

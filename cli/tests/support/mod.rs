@@ -42,3 +42,31 @@ pub fn synth(dir: &Path, extra: &[&str]) -> PathBuf {
     assert!(stdout.contains("experts.smoe"), "{stdout}");
     vault
 }
+
+/// `smoe synth DIR --layers L --experts E --blob-kib K EXTRA...`.
+pub fn synth_shape(
+    dir: &Path,
+    layers: &str,
+    experts: &str,
+    blob_kib: &str,
+    extra: &[&str],
+) -> Output {
+    let mut args = vec![
+        "synth",
+        dir.to_str().unwrap(),
+        "--layers",
+        layers,
+        "--experts",
+        experts,
+        "--blob-kib",
+        blob_kib,
+    ];
+    args.extend_from_slice(extra);
+    smoe(&args)
+}
+
+/// Asserts that `text` contains `needle`, showing `text` if not.
+#[track_caller]
+pub fn assert_contains(text: &str, needle: &str) {
+    assert!(text.contains(needle), "{needle:?} not in: {text}");
+}
