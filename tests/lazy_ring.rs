@@ -56,3 +56,25 @@ fn an_8_gib_ring_opens_at_once_and_costs_what_it_holds() {
     assert!(open < Duration::from_secs(1), "open took {open:?}");
     assert!(close < Duration::from_secs(1), "close took {close:?}");
 }
+
+/// A ring larger than the machine is refused at open: reserved, the OS
+/// would accept it, and its reads would exhaust memory later.
+#[test]
+fn a_ring_larger_than_memory_is_refused_at_open() {
+    let v = common::vault(1, 4, 100_000, &[]);
+    let err = Streamer::open(
+        v.dir.path(),
+        Config {
+            // 4 slots of 1 TiB.
+            slot_mb: 1 << 20,
+            ..common::quiet_config(4, 1)
+        },
+    )
+    .unwrap_err();
+    assert_eq!(err.kind(), smoe::ErrorKind::NoMemory, "{err}");
+    assert!(
+        err.to_string()
+            .contains("larger than this machine's memory"),
+        "{err}"
+    );
+}

@@ -769,6 +769,22 @@ mod imp {
         fn new(vault: &Vault, config: &Config) -> Result<Resolved> {
             let workers = worker_count(config.workers)?;
             let plan = crate::budget::plan_for(vault, &config.budget())?;
+            // The ring is reserved, not committed, so the OS would accept a
+            // ring larger than the machine (an override of slots or slot
+            // size) and its reads would exhaust memory later: refuse it now.
+            let ring_bytes = u64::from(plan.slots).saturating_mul(plan.slot_bytes);
+            if plan.ram_bytes > 0 && ring_bytes > plan.ram_bytes {
+                return Err(Error::new(
+                    ErrorKind::NoMemory,
+                    format!(
+                        "the ring of {} slots × {} bytes = {ring_bytes} bytes is larger than this machine's memory ({} bytes{})",
+                        plan.slots,
+                        plan.slot_bytes,
+                        plan.ram_bytes,
+                        if plan.sources.ram.contains("cgroup") { ", its cgroup limit" } else { "" }
+                    ),
+                ));
+            }
             let ring = Ring::new(plan.slots, plan.slot_bytes)?;
             let mut warnings = Vec::new();
             let files = open_worker_files(vault, workers, config.direct_io)?;

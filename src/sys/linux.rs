@@ -351,9 +351,12 @@ fn parse_limit(text: &str) -> Option<u64> {
     }
 }
 
-/// Extra `mmap` flags for the ring's reservation. mmap(2): MAP_NORESERVE: no swap is reserved for the ring; pages are
-/// committed when first touched.
-pub(super) const MAP_RESERVE_ONLY: libc::c_int = libc::MAP_NORESERVE;
+/// Extra `mmap` flags for the ring's reservation: none. Anonymous private
+/// pages are committed when first touched either way (mmap(2)); without
+/// `MAP_NORESERVE` the kernel's overcommit heuristic still refuses a ring
+/// larger than the machine's memory and swap at open (`ENOMEM`, reported as
+/// `SMOE_ERR_NO_MEMORY`), instead of letting its reads exhaust memory later.
+pub(super) const MAP_RESERVE_ONLY: libc::c_int = 0;
 
 /// The page size (sysconf(3) `_SC_PAGESIZE`).
 pub(super) fn page_size() -> usize {
