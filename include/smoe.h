@@ -36,6 +36,17 @@
 #define SMOE_ABI_VERSION 1
 
 /**
+ * `smoe_config.policy`: evict the least recently used idle slot (default).
+ */
+#define SMOE_POLICY_LRU 0
+
+/**
+ * `smoe_config.policy`: evict the idle slot whose layer the decode loop
+ * reaches last (docs/c-api.md, "Eviction").
+ */
+#define SMOE_POLICY_ADAPTIVE 1
+
+/**
  * The result of every call that can fail. Values are fixed by the ABI and
  * never reused (a retired value stays reserved); `smoe_status_str()` names
  * each one.
@@ -170,6 +181,14 @@ typedef struct smoe_config {
    * during `smoe_open` only.
    */
   const char *SMOE_NULLABLE trace_path;
+  /**
+   * Added after version 1: the eviction policy, `SMOE_POLICY_LRU` (0,
+   * the default: least recently used first) or `SMOE_POLICY_ADAPTIVE` (1:
+   * layer-aware, for rings smaller than a decode step's working set;
+   * docs/c-api.md, "Eviction"). Any other value fails `smoe_open` with
+   * `SMOE_ERR_ARGUMENT`.
+   */
+  uint32_t policy;
 } smoe_config;
 
 /**
@@ -299,6 +318,11 @@ typedef struct smoe_stats {
    * trace was full; the file written at close holds the claims before.
    */
   uint64_t trace_dropped;
+  /**
+   * Added after version 1's list: the eviction policy in use
+   * (`SMOE_POLICY_LRU` or `SMOE_POLICY_ADAPTIVE`).
+   */
+  uint64_t policy;
 } smoe_stats;
 
 #ifdef __cplusplus

@@ -43,7 +43,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind as IoErrorKind, Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
@@ -816,6 +816,31 @@ impl VaultKey {
     }
 }
 
+/// Most memory the extra shards of one histogram may take; a vault with
+/// more entries gets fewer shards (one, the base array, from 256 Ki entries
+/// on).
+const SHARD_BUDGET_BYTES: usize = 2 << 20;
+/// Most shards (counting the base array): enough for 16 cores to claim
+/// without sharing a counter line.
+const MAX_SHARDS: usize = 16;
+
+/// Shards for `n` counters: as many as fit [`SHARD_BUDGET_BYTES`], 1 to
+/// [`MAX_SHARDS`].
+fn shard_count(n: usize) -> usize {
+    (SHARD_BUDGET_BYTES / (8 * n.max(1))).clamp(1, MAX_SHARDS)
+}
+
+/// The calling thread's shard number: threads are numbered in the order
+/// they first count a claim, so up to [`MAX_SHARDS`] threads each get
+/// their own (reduced modulo a histogram's shard count).
+fn thread_shard() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    SHARD.with(|s| *s)
+}
+
 /// Per-(layer, expert) claim counts: the counts loaded from earlier sessions
 /// plus this session's claims.
 #[derive(Debug)]
@@ -831,8 +856,15 @@ pub struct Histogram {
     /// Ids in the shape (0 above [`MAX_EXPERT_IDS`]).
     n_ids: usize,
     /// One counter per counted id; only ever increased (by `bump`) after
-    /// open.
+    /// open. It holds the earlier sessions' counts and the claims of the
+    /// threads assigned to shard 0.
     counts: Box<[AtomicU64]>,
+    /// More shards of this session's counts, laid out like `counts`, each
+    /// bumped by the threads assigned to it ([`thread_shard`]): claims of
+    /// neighbouring experts on different threads then write different cache
+    /// lines. A count is the sum over `counts` and every shard. Few or none
+    /// for a large vault ([`SHARD_BUDGET_BYTES`]).
+    shards: Box<[Box<[AtomicU64]>]>,
     persistence: Persistence,
     /// Histogram files that existed but were ignored or protected (0 or 1).
     freq_ignored: u64,
@@ -887,7 +919,7 @@ impl Histogram {
                 .filter(|c| c.len() == n_ids)
                 .map_or(0, |c| c[id])
         };
-        let counts = match &counted {
+        let counts: Box<[AtomicU64]> = match &counted {
             Some(ids) => ids
                 .iter()
                 .map(|&id| AtomicU64::new(initial_of(id as usize)))
@@ -896,11 +928,16 @@ impl Histogram {
                 .map(|id| AtomicU64::new(initial_of(id)))
                 .collect(),
         };
+        let extra = shard_count(counts.len()) - 1;
+        let shards = (0..extra)
+            .map(|_| (0..counts.len()).map(|_| AtomicU64::new(0)).collect())
+            .collect();
         Histogram {
             key,
             counted,
             n_ids,
             counts,
+            shards,
             persistence,
             freq_ignored: 0,
             warnings: Vec::new(),
@@ -988,14 +1025,14 @@ impl Histogram {
         (histogram, warnings)
     }
 
-    /// The counter of dense id `id`: O(1) when every id is counted, a
-    /// binary search over the entries otherwise.
-    fn counter_of(&self, id: u32) -> Option<&AtomicU64> {
+    /// The position of dense id `id`'s counter: O(1) when every id is
+    /// counted, a binary search over the entries otherwise.
+    fn position_of(&self, id: u32) -> Option<usize> {
         let at = match &self.counted {
             None => id as usize,
             Some(ids) => ids.binary_search(&id).ok()?,
         };
-        self.counts.get(at)
+        (at < self.counts.len()).then_some(at)
     }
 
     /// Counts one claim of dense id `id`. One `Relaxed` add on that id's own
@@ -1004,36 +1041,49 @@ impl Histogram {
     /// [`Histogram::bump_entry`] instead.
     #[inline]
     pub fn bump(&self, id: u32) {
-        if let Some(counter) = self.counter_of(id) {
-            // Relaxed: a count publishes nothing; readers want a recent value.
-            counter.fetch_add(1, Ordering::Relaxed);
+        if let Some(at) = self.position_of(id) {
+            self.bump_entry(at as u32);
         }
     }
 
     /// Counts one claim of the vault's entry number `index` (its position in
     /// [`Vault::entries`]) for a histogram opened with
     /// [`Histogram::open_for_vault`]; of dense id `index` otherwise.
+    /// The add goes to the calling thread's shard.
     #[inline]
     pub fn bump_entry(&self, index: u32) {
-        if let Some(counter) = self.counts.get(index as usize) {
+        let shard = thread_shard() % (self.shards.len() + 1);
+        let counts = match shard {
+            0 => &self.counts,
+            n => &self.shards[n - 1],
+        };
+        if let Some(counter) = counts.get(index as usize) {
             // Relaxed: a count publishes nothing; readers want a recent value.
             counter.fetch_add(1, Ordering::Relaxed);
         }
     }
 
+    /// The count at position `at` of `counts`: the sum over the shards.
+    fn count_at(&self, at: usize) -> u64 {
+        self.shards.iter().fold(
+            self.counts[at].load(Ordering::Relaxed),
+            |sum, shard| sum.wrapping_add(shard[at].load(Ordering::Relaxed)),
+        )
+    }
+
     /// The count of dense id `id` (0 when it has no counter).
     pub fn get(&self, id: u32) -> u64 {
-        self.counter_of(id).map_or(0, |c| c.load(Ordering::Relaxed))
+        self.position_of(id).map_or(0, |at| self.count_at(at))
     }
 
     /// (dense id, count) of every counter, ascending by id.
     fn counters(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
-        self.counts.iter().enumerate().map(|(at, c)| {
+        (0..self.counts.len()).map(|at| {
             let id = match &self.counted {
                 None => at as u32,
                 Some(ids) => ids[at],
             };
-            (id, c.load(Ordering::Relaxed))
+            (id, self.count_at(at))
         })
     }
 

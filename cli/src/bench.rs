@@ -37,6 +37,32 @@ pub enum Direct {
     Off,
 }
 
+/// The eviction policy, as on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PolicyArg {
+    /// Least recently used first (the library's default).
+    Lru,
+    /// Layer-aware: the expert whose layer the decode loop reaches last first.
+    Adaptive,
+}
+
+impl PolicyArg {
+    /// The library's setting.
+    pub fn policy(self) -> smoe::Policy {
+        match self {
+            PolicyArg::Lru => smoe::Policy::Lru,
+            PolicyArg::Adaptive => smoe::Policy::Adaptive,
+        }
+    }
+    /// The name on the command line and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyArg::Lru => "lru",
+            PolicyArg::Adaptive => "adaptive",
+        }
+    }
+}
+
 /// Arguments of `smoe bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -85,6 +111,14 @@ pub struct BenchArgs {
     #[arg(long, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_tokens: Option<u32>,
+    /// Eviction policy of the streamer.
+    #[arg(long, value_enum, default_value_t = PolicyArg::Lru)]
+    pub policy: PolicyArg,
+    /// Decode mode: record every claim and write it to FILE as a routing
+    /// trace (docs/format.md §5.3) when the run ends, for `--trace` replays;
+    /// replaces only a missing file or an earlier trace.
+    #[arg(long, value_name = "FILE")]
+    pub capture: Option<PathBuf>,
     /// With --trace: only simulate exact LRU and Belady over ring sizes (5%
     /// to 100% of the experts, and --ring-slots) and print their hit rates;
     /// streams nothing.
@@ -254,6 +288,8 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
                 payload_seed: args.check_seed,
                 trace,
                 read_all: true,
+                policy: args.policy.policy(),
+                capture: args.capture.clone(),
             };
             let r = decode(vault, &opts, &mut |_| {})?;
             let st = &r.stats;
@@ -289,9 +325,6 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
         }
     }
 }
-
-/// The eviction policy of the streamer (LRU today).
-const POLICY: &str = "lru";
 
 /// Mean and 99th percentile of per-token waits in ms.
 fn mean_p99(waits_ms: &[f64]) -> (f64, f64) {
@@ -368,6 +401,8 @@ fn side_here(
                 payload_seed: args.check_seed,
                 trace: Some(tokens.clone()),
                 read_all: true,
+                policy: args.policy.policy(),
+                capture: args.capture.clone(),
             };
             let r = decode(vault, &opts, &mut |_| {})?;
             let st = &r.stats;
@@ -426,6 +461,7 @@ fn side_capped(
         .args(["--workers", &args.workers.to_string()])
         .args(["--direct", direct_name(args.direct)])
         .args(["--keep", &args.keep.to_string()])
+        .args(["--policy", args.policy.name()])
         .args(["--side", if side == Side::Smoe { "smoe" } else { "mmap" }])
         .arg("--cgroup")
         .arg(&cg.path);
@@ -490,7 +526,7 @@ fn run_trace(
                 &crate::plot::PlotData {
                     entries,
                     sweep: &rows,
-                    policy: POLICY,
+                    policy: args.policy.name(),
                     measured: None,
                     waits: None,
                 },
@@ -500,12 +536,12 @@ fn run_trace(
             let rows: Vec<Value> = rows
                 .iter()
                 .map(|&(n, l, b)| {
-                    json!({"ring_slots": n, "lru": round4(l), "belady": round4(b), format!("{POLICY}_policy"): round4(l)})
+                    json!({"ring_slots": n, "lru": round4(l), "belady": round4(b), })
                 })
                 .collect();
             return out(&format!(
                 "{}\n",
-                json!({"mode": "sweep", "tokens": tokens.len(), "claims": seq.len(), "experts": entries, "policy": POLICY, "rows": rows})
+                json!({"mode": "sweep", "tokens": tokens.len(), "claims": seq.len(), "experts": entries, "policy": args.policy.name(), "rows": rows})
             ));
         }
         let mut text = format!(
@@ -623,7 +659,7 @@ fn run_trace(
             &crate::plot::PlotData {
                 entries,
                 sweep: &rows,
-                policy: POLICY,
+                policy: args.policy.name(),
                 measured: Some((ring, coverage)),
                 waits: mmap_waits.as_deref().map(|m| (&smoe_waits[..], m)),
             },
@@ -643,10 +679,10 @@ fn run_trace(
             "wait_p99_ms": round3(p99),
             "ring_slots": ring,
             "direct_io": u64_of(&smoe_side, "direct_io"),
-            "policy": POLICY,
+            "policy": args.policy.name(),
             "mem_cap_bytes": args.mem_cap,
             "isolation": isolation_name,
-            "sim": {"lru": round4(lru), "belady": round4(belady), format!("{POLICY}_policy"): round4(lru)},
+            "sim": {"lru": round4(lru), "belady": round4(belady)},
         });
         if let (Some(m), Some(w)) = (&mmap_side, &mmap_waits) {
             let (mm, mp) = mean_p99(w);

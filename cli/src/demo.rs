@@ -44,6 +44,16 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 64, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub tokens: u32,
+    /// Eviction policy of the streamer.
+    #[arg(long, value_enum, default_value_t = crate::bench::PolicyArg::Lru)]
+    pub policy: crate::bench::PolicyArg,
+}
+
+fn policy_name(policy: smoe::Policy) -> &'static str {
+    match policy {
+        smoe::Policy::Lru => "lru",
+        smoe::Policy::Adaptive => "adaptive",
+    }
 }
 
 /// Removes the demo directory when dropped, unless it is to be kept; so an
@@ -128,6 +138,8 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
         payload_seed: Some(spec.seed),
         trace: None,
         read_all: true,
+        policy: args.policy.policy(),
+        capture: None,
     };
     let bar = progress::count_bar(u64::from(args.tokens), "decode");
     let report = decode(vault, &opts, &mut |_| bar.inc(1))?;
@@ -237,7 +249,8 @@ fn compare_with_mmap(
         .args(["--top-k", &opts.top_k.to_string()])
         .args(["--ring-slots", &ring.to_string()])
         .args(["--mem-cap", &cap.to_string()])
-        .args(["--baseline", "mmap", "--json"]);
+        .args(["--baseline", "mmap", "--json"])
+        .args(["--policy", policy_name(opts.policy)]);
     if !isolated {
         cmd.arg("--no-isolation");
     }

@@ -28,7 +28,8 @@ pub struct PlotData<'a> {
     pub entries: u32,
     /// Per ring size: (slots, LRU rate, Belady rate), rates in 0..=1.
     pub sweep: &'a [(u32, f64, f64)],
-    /// The policy in use (its simulated curve is LRU's today).
+    /// The policy in use; its simulated curve is drawn for LRU only (the
+    /// adaptive policy has no simulator: its measured point is shown).
     pub policy: &'a str,
     /// The measured run: (ring slots, coverage in 0..=1).
     pub measured: Option<(u32, f64)>,
@@ -89,11 +90,13 @@ pub fn write(path: &Path, d: &PlotData) -> Result<(), Failure> {
             .map_err(err)?
             .label("Belady (optimal)")
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], GREEN));
-        chart
-            .draw_series(LineSeries::new(lru, MAGENTA.stroke_width(1)))
-            .map_err(err)?
-            .label(format!("policy in use ({})", d.policy))
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], MAGENTA));
+        if d.policy == "lru" {
+            chart
+                .draw_series(LineSeries::new(lru, MAGENTA.stroke_width(1)))
+                .map_err(err)?
+                .label(format!("policy in use ({})", d.policy))
+                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], MAGENTA));
+        }
         if let Some((slots, coverage)) = d.measured {
             chart
                 .draw_series(std::iter::once(Circle::new(

@@ -38,6 +38,10 @@ pub struct DecodeOptions {
     /// Read (sum) every byte of each claimed expert inside the timed wait:
     /// the same work per expert as the mmap baseline of `smoe bench`.
     pub read_all: bool,
+    /// The streamer's eviction policy.
+    pub policy: smoe::Policy,
+    /// Record the claims into this routing-trace file (`trace_path`).
+    pub capture: Option<std::path::PathBuf>,
 }
 
 /// Sums every byte of `bytes` (as little-endian u64 words, then the tail):
@@ -105,6 +109,8 @@ pub fn decode(
             ring_slots: opts.ring_slots,
             workers: opts.workers,
             direct_io: opts.direct_io,
+            policy: opts.policy,
+            trace_path: opts.capture.clone(),
             ..Config::default()
         },
     )?;

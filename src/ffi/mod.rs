@@ -72,6 +72,12 @@ pub use types::{smoe_config, smoe_slot, smoe_stats, smoe_streamer};
 /// `smoe_abi_version()` at run time to detect a header/library mismatch.
 pub const SMOE_ABI_VERSION: u32 = 1;
 
+/// `smoe_config.policy`: evict the least recently used idle slot (default).
+pub const SMOE_POLICY_LRU: u32 = 0;
+/// `smoe_config.policy`: evict the idle slot whose layer the decode loop
+/// reaches last (docs/c-api.md, "Eviction").
+pub const SMOE_POLICY_ADAPTIVE: u32 = 1;
+
 // Each status is declared here once, with its number and its doc: cbindgen
 // reads this enum (it does not expand macros), so it stays written out.
 // Everything else about a status (its name as text, the list of all of them,

@@ -31,7 +31,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::ptr::{self, NonNull};
 
-use crate::{Config, DirectIo, Error, SlotInfo, Stats, Streamer};
+use crate::{Config, DirectIo, Error, Policy, SlotInfo, Stats, Streamer};
 
 /// Streamer settings for `smoe_open`. Initialize with `smoe_config_init`,
 /// then change fields; a `NULL` config means all defaults.
@@ -84,6 +84,12 @@ pub struct smoe_config {
     /// each); later ones are counted in `smoe_stats.trace_dropped`. Read
     /// during `smoe_open` only.
     pub trace_path: *const c_char,
+    /// Added after version 1: the eviction policy, `SMOE_POLICY_LRU` (0,
+    /// the default: least recently used first) or `SMOE_POLICY_ADAPTIVE` (1:
+    /// layer-aware, for rings smaller than a decode step's working set;
+    /// docs/c-api.md, "Eviction"). Any other value fails `smoe_open` with
+    /// `SMOE_ERR_ARGUMENT`.
+    pub policy: u32,
 }
 
 /// A claimed expert, filled by `smoe_claim`/`smoe_claim_wait`; pass it to
@@ -159,6 +165,9 @@ pub struct smoe_stats {
     /// Added after version 1's list: OK claims not recorded because the
     /// trace was full; the file written at close holds the claims before.
     pub trace_dropped: u64,
+    /// Added after version 1's list: the eviction policy in use
+    /// (`SMOE_POLICY_LRU` or `SMOE_POLICY_ADAPTIVE`).
+    pub policy: u64,
 }
 
 /// An open streamer (opaque). Made by `smoe_open`, freed by `smoe_close`;
@@ -399,6 +408,34 @@ impl CValue for bool {
     #[cfg(test)]
     fn another_c(value: u32) -> u32 {
         value ^ 1
+    }
+}
+
+/// The eviction policy: `SMOE_POLICY_LRU` or `SMOE_POLICY_ADAPTIVE`.
+impl CValue for Policy {
+    type C = u32;
+    fn c_default(default: &Self) -> u32 {
+        policy_value(*default)
+    }
+    unsafe fn from_c(value: u32, field: &str) -> Result<Self, Error> {
+        match value {
+            super::SMOE_POLICY_LRU => Ok(Policy::Lru),
+            super::SMOE_POLICY_ADAPTIVE => Ok(Policy::Adaptive),
+            other => Err(Error::argument(format!(
+                "cfg->{field} is {other}, expected 0 (SMOE_POLICY_LRU) or 1 (SMOE_POLICY_ADAPTIVE)"
+            ))),
+        }
+    }
+    #[cfg(test)]
+    fn another_c(value: u32) -> u32 {
+        value ^ 1
+    }
+}
+
+fn policy_value(policy: Policy) -> u32 {
+    match policy {
+        Policy::Lru => super::SMOE_POLICY_LRU,
+        Policy::Adaptive => super::SMOE_POLICY_ADAPTIVE,
     }
 }
 

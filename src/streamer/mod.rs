@@ -19,6 +19,7 @@ pub use imp::*;
 pub(crate) use schema::stats_schema;
 pub(crate) use schema::{config_schema, select_budget};
 pub use schema::{Config, Stats};
+pub use slots::Policy;
 #[cfg(not(loom))]
 #[doc(hidden)]
 pub use worker::{BlobReader, FileReader};
@@ -37,7 +38,7 @@ mod imp {
 
     use super::prewarm;
     use super::ring::Ring;
-    use super::slots::{Claimed, Origin, Prefetched, SlotTable};
+    use super::slots::{Claimed, Origin, Policy, Prefetched, Shape, SlotTable};
     use super::worker;
     use super::{Config, Stats};
     use crate::budget::RingPlan;
@@ -273,7 +274,15 @@ mod imp {
                 histogram_base,
                 prewarm: prewarm::Control::new(prewarm_budget),
                 trace,
-                table: SlotTable::new(plan.slots, ids),
+                table: SlotTable::with_shape(
+                    plan.slots,
+                    ids,
+                    Shape {
+                        policy: config.policy,
+                        experts_per_layer: vault.header().n_experts.max(1),
+                        layers: vault.header().n_layers.max(1),
+                    },
+                ),
                 ring,
                 slot_bytes: plan.slot_bytes,
                 verify: config.verify,
@@ -675,6 +684,10 @@ mod imp {
                 prewarm_slots: u64::from(self.shared.prewarm.budget),
                 trace_events: trace.map_or(0, TraceRecorder::recorded),
                 trace_dropped: trace.map_or(0, TraceRecorder::dropped),
+                policy: match self.shared.table.policy() {
+                    Policy::Lru => 0,
+                    Policy::Adaptive => 1,
+                },
             }
         }
 
@@ -736,7 +749,7 @@ mod imp {
                         super::slots::READY | super::slots::CONSUMED
                     )
                 })
-                .map(|s| (t.tick(s), t.slot_id(s)))
+                .map(|s| (t.stamp(s), t.slot_id(s)))
                 .collect();
             v.sort_unstable();
             v.into_iter().map(|(_, id)| (id / n, id % n)).collect()

@@ -74,6 +74,11 @@ macro_rules! config_schema {
             /// off. Every OK claim is recorded and written to this file at
             /// close, replacing only a missing file or an earlier trace.
             trace_path: Option<::std::path::PathBuf> = None,
+            []
+            /// Eviction policy: [`Policy::Lru`](crate::Policy::Lru) (the
+            /// default) or the layer-aware
+            /// [`Policy::Adaptive`](crate::Policy::Adaptive).
+            policy: $crate::Policy = $crate::Policy::Lru,
         }
     };
 }
@@ -149,6 +154,8 @@ macro_rules! stats_schema {
             /// ([`DEFAULT_TRACE_CAPACITY`](crate::streamer::DEFAULT_TRACE_CAPACITY)
             /// claims).
             trace_dropped,
+            /// The eviction policy in use: 0 LRU, 1 adaptive.
+            policy,
         }
     };
 }

@@ -79,7 +79,7 @@
 use crossbeam_utils::CachePadded;
 
 use crate::queue::Queue;
-use crate::sync::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use crate::sync::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 pub(crate) const EMPTY: u64 = 0;
 pub(crate) const QUEUED: u64 = 1;
@@ -248,21 +248,126 @@ pub(crate) struct Stale;
 /// Work items in the queues: a ticket (slot + generation).
 type Item = u64;
 
-/// See the module doc.
-pub(crate) struct SlotTable {
-    /// One state word per slot; layout in the module doc. Packed (not
-    /// cache-padded) so the eviction scan reads 8 bytes per slot.
-    words: Box<[AtomicU64]>,
-    /// Per slot: the dense id of its current (or last) load. Written only by
+/// One slot's shared state, alone on its cache line: the state word, the
+/// tick and the ids that eviction reads together, so a scan reads one line
+/// per slot and claims of different slots on different cores never write the
+/// same line.
+#[repr(align(64))]
+struct Cell {
+    /// The state word; layout in the module doc.
+    word: AtomicU64,
+    /// When the slot was last taken, loaded, claimed or asked for again
+    /// ([`crate::sys::recency_stamp`]): the recency order. Only a hint for
+    /// choosing a victim; correctness never depends on it.
+    stamp: AtomicU64,
+    /// The load clock's value at the same moment: how many loads ago the
+    /// slot was used (the adaptive policy's same-step window, the
+    /// never-claimed slot's turnover bound). Written only when it changes.
+    tick: AtomicU64,
+    /// The dense id of the slot's current (or last) load. Written only by
     /// the thread whose take moved the slot to QUEUED, before it publishes
     /// the load's ticket (map store, queue push, both Release), so a worker
     /// that popped the ticket reads the right id; eviction reads it to clear
     /// the old id's map entry, with a compare-exchange on that exact ticket,
     /// so a stale read there changes nothing.
-    ids: Box<[AtomicU32]>,
-    /// Per slot: the LRU tick of its last load or claim. Only a hint for
-    /// choosing a victim; correctness never depends on it.
-    ticks: Box<[AtomicU64]>,
+    id: AtomicU32,
+    /// The layer index of `id` (`id / experts_per_layer`), written with it:
+    /// the adaptive policy reads it for every candidate, without a division.
+    layer: AtomicU32,
+    /// Adaptive policy: [`DISTANCE`] or [`RECENCY`] when that rule kept this
+    /// slot while the other would have evicted it, so a hit on it proves
+    /// that rule right (see [`SlotTable::judge`]); 0 otherwise.
+    kept: AtomicU8,
+}
+
+impl Cell {
+    fn new(generation: u64) -> Cell {
+        Cell {
+            word: AtomicU64::new(EMPTY | (generation << GEN_SHIFT)),
+            stamp: AtomicU64::new(0),
+            tick: AtomicU64::new(0),
+            id: AtomicU32::new(0),
+            layer: AtomicU32::new(0),
+            kept: AtomicU8::new(0),
+        }
+    }
+}
+
+/// How eviction chooses among idle slots (C `smoe_config.policy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Policy {
+    /// Least recently used first (the default).
+    #[default]
+    Lru,
+    /// Layer-aware: the expert whose layer the engine reaches last, going
+    /// forward through the layer loop from the layer being loaded, first;
+    /// least recently used among those. See docs/performance.md.
+    Adaptive,
+}
+
+/// The shape the adaptive policy needs: dense ids are
+/// `layer × experts_per_layer + expert`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Shape {
+    pub(crate) policy: Policy,
+    pub(crate) experts_per_layer: u32,
+    pub(crate) layers: u32,
+}
+
+/// A slot of the layer being loaded that was touched within this many loads
+/// is taken (under the adaptive policy) only when nothing else is idle: it
+/// is most likely one of the experts the engine asked for in the same step,
+/// about to be claimed. Older slots of that layer are the first victims
+/// (their next use is a whole layer loop away).
+const SAME_STEP_LOADS: u64 = 16;
+
+/// Adaptive policy: the group of slots not used in the latest visit of
+/// their layer (evicted first).
+const STALE_GROUP: u32 = 2;
+
+/// The best victim so far of one ordering.
+#[derive(Clone, Copy)]
+struct Best {
+    key: (u32, u32, u64),
+    slot: Option<(u32, Word)>,
+}
+
+impl Best {
+    const NONE: Best = Best {
+        key: (0, 0, 0),
+        slot: None,
+    };
+    fn offer(&mut self, key: (u32, u32, u64), slot: (u32, Word)) {
+        if self.slot.is_none() || key > self.key {
+            self.key = key;
+            self.slot = Some(slot);
+        }
+    }
+}
+
+/// Adaptive policy, among slots not used in the latest visit of their
+/// layer: the rule that evicts the one whose layer comes last in the loop.
+const DISTANCE: u8 = 1;
+/// ... and the rule that evicts the least recently used.
+const RECENCY: u8 = 2;
+/// Bound of [`SlotTable::judge`]'s score either way: how much evidence it
+/// takes to change rules after a long run of one regime.
+const JUDGE_MAX: i32 = 64;
+
+/// A victim chosen by [`SlotTable::victim`]: the slot and the word seen,
+/// and, under the adaptive policy when its two rules disagreed, the rule
+/// followed and the slot the other rule would have taken.
+#[derive(Clone, Copy, Debug)]
+struct Victim {
+    slot: u32,
+    word: Word,
+    disagreed: Option<(u8, u32)>,
+}
+
+/// See the module doc.
+pub(crate) struct SlotTable {
+    /// One cell per slot, each on its own cache line.
+    cells: Box<[Cell]>,
     /// Dense id → `ticket(slot, generation)` of the load that holds it,
     /// RESERVED or NONE (a hint; see the module doc). The generation makes
     /// every clearing compare-exchange exact: an entry for a later load of
@@ -271,7 +376,8 @@ pub(crate) struct SlotTable {
     /// Per dense id: 1 when its last read failed and no claim has reported
     /// it yet.
     failed: Box<[AtomicU8]>,
-    /// The LRU clock.
+    /// The load clock: advanced once per load taken (a miss), read with a
+    /// plain load everywhere else, so a hit writes no shared line.
     clock: CachePadded<AtomicU64>,
     /// Slots below this index have been handed out at least once; above it
     /// are fresh EMPTY slots, taken without a scan.
@@ -280,12 +386,40 @@ pub(crate) struct SlotTable {
     speculative: Queue<Item>,
     /// Loads that replaced another expert (a statistic).
     evictions: CachePadded<AtomicU64>,
+    shape: Shape,
+    /// Adaptive policy: per layer, the load clock when the engine last
+    /// started loading that layer's experts (a load of that layer right
+    /// after a load of another one). Written on loads only.
+    visit_start: Box<[AtomicU64]>,
+    /// Adaptive policy: the layer of the last load.
+    last_layer: CachePadded<AtomicU32>,
+    /// Adaptive policy, per dense id: `clock << 2 | rule` when the id was
+    /// evicted by `rule` while the other rule would have kept it; 0
+    /// otherwise. Empty under LRU.
+    ghosts: Box<[AtomicU64]>,
+    /// Adaptive policy: evidence for [`DISTANCE`] (positive) or [`RECENCY`]
+    /// (negative), in `-JUDGE_MAX..=JUDGE_MAX`.
+    judge: CachePadded<AtomicI32>,
 }
 
 impl SlotTable {
-    /// A table of `slots` EMPTY slots for `ids` dense expert ids.
+    /// A table of `slots` EMPTY slots for `ids` dense expert ids, LRU.
     pub(crate) fn new(slots: u32, ids: u32) -> SlotTable {
         Self::with_first_generation(slots, ids, 0)
+    }
+
+    /// A table with an eviction policy and the vault's shape.
+    pub(crate) fn with_shape(slots: u32, ids: u32, shape: Shape) -> SlotTable {
+        assert!(shape.experts_per_layer > 0 && shape.layers > 0);
+        SlotTable {
+            shape,
+            visit_start: (0..shape.layers).map(|_| AtomicU64::new(0)).collect(),
+            ghosts: match shape.policy {
+                Policy::Lru => Box::new([]),
+                Policy::Adaptive => (0..ids).map(|_| AtomicU64::new(0)).collect(),
+            },
+            ..Self::new(slots, ids)
+        }
     }
 
     /// A table whose slots start at `generation` instead of 0, so tests
@@ -297,11 +431,7 @@ impl SlotTable {
         // for stale entries of earlier generations.
         let cap = (slots as usize * 4).next_power_of_two().max(64);
         SlotTable {
-            words: (0..slots)
-                .map(|_| AtomicU64::new(EMPTY | (generation << GEN_SHIFT)))
-                .collect(),
-            ids: (0..slots).map(|_| AtomicU32::new(0)).collect(),
-            ticks: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            cells: (0..slots).map(|_| Cell::new(generation)).collect(),
             map: (0..ids).map(|_| AtomicU64::new(NONE)).collect(),
             failed: (0..ids).map(|_| AtomicU8::new(0)).collect(),
             clock: CachePadded::new(AtomicU64::new(1)),
@@ -309,32 +439,53 @@ impl SlotTable {
             demand: Queue::with_capacity(cap),
             speculative: Queue::with_capacity(cap),
             evictions: CachePadded::new(AtomicU64::new(0)),
+            shape: Shape {
+                policy: Policy::Lru,
+                experts_per_layer: ids.max(1),
+                layers: 1,
+            },
+            visit_start: Box::new([AtomicU64::new(0)]),
+            last_layer: CachePadded::new(AtomicU32::new(u32::MAX)),
+            ghosts: Box::new([]),
+            judge: CachePadded::new(AtomicI32::new(0)),
         }
     }
 
+    /// The eviction policy.
+    pub(crate) fn policy(&self) -> Policy {
+        self.shape.policy
+    }
+
     pub(crate) fn slots(&self) -> u32 {
-        self.words.len() as u32
+        self.cells.len() as u32
     }
 
     /// The current state word of `slot` (for stats and tests).
     pub(crate) fn word(&self, slot: u32) -> Word {
-        Word(self.words[slot as usize].load(Ordering::Acquire))
+        Word(self.cells[slot as usize].word.load(Ordering::Acquire))
     }
 
     /// The dense id of `slot`'s current or last load (for diagnostics).
     pub(crate) fn slot_id(&self, slot: u32) -> u32 {
-        self.ids[slot as usize].load(Ordering::Relaxed)
+        self.cells[slot as usize].id.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn tick(&self, slot: u32) -> u64 {
-        self.ticks[slot as usize].load(Ordering::Relaxed)
+    /// When `slot` was last used ([`crate::sys::recency_stamp`]).
+    pub(crate) fn stamp(&self, slot: u32) -> u64 {
+        self.cells[slot as usize].stamp.load(Ordering::Relaxed)
     }
 
-    /// The LRU clock's next value: an atomic add, so the clock never runs
-    /// backwards (a load and a separate store could: a preempted thread would
-    /// store a stale value and make recently used slots look old).
-    fn next_tick(&self) -> u64 {
-        self.clock.fetch_add(1, Ordering::Relaxed) + 1
+    /// Marks `slot` as used now: its stamp, and its tick if the load clock
+    /// moved. Both live on the slot's own cache line (which a claim's
+    /// compare-exchange owns already) and the clock is only read, so hits on
+    /// resident experts write no shared line.
+    fn touch(&self, slot: u32) {
+        let cell = &self.cells[slot as usize];
+        cell.stamp.store(crate::sys::recency_stamp(), Ordering::Relaxed);
+        let now = self.clock.load(Ordering::Relaxed);
+        if cell.tick.load(Ordering::Relaxed) != now {
+            cell.tick.store(now, Ordering::Relaxed);
+        }
     }
 
     /// Makes sure `id` is resident or in flight; queues a read if not.
@@ -410,7 +561,7 @@ impl SlotTable {
     /// still waiting in the speculative queue is promoted: marked demand and
     /// pushed onto the demand queue, where a worker will find it first.
     fn ensure_demand_if_queued(&self, slot: u32, generation: u64, demand: bool) -> bool {
-        let cell = &self.words[slot as usize];
+        let cell = &self.cells[slot as usize].word;
         // Acquire: see the word's latest transition before deciding.
         let mut w = Word(cell.load(Ordering::Acquire));
         loop {
@@ -422,7 +573,7 @@ impl SlotTable {
                 // layer's experts (one resident, one not) could evict the
                 // resident one to make room for the other, just before both
                 // are claimed.
-                self.ticks[slot as usize].store(self.next_tick(), Ordering::Relaxed);
+                self.touch(slot);
                 return true;
             }
             if !demand || w.demand() || w.state() != QUEUED {
@@ -443,7 +594,7 @@ impl SlotTable {
 
     /// Undo a take whose queue push failed: the slot goes back to EMPTY.
     fn abandon(&self, slot: u32, generation: u64, id: u32) {
-        let cell = &self.words[slot as usize];
+        let cell = &self.cells[slot as usize].word;
         let w = Word(cell.load(Ordering::Acquire));
         // Release: the slot is free again. If a worker took the read
         // meanwhile (it was pushed to no queue, so only via a promotion),
@@ -482,9 +633,9 @@ impl SlotTable {
             if i < n {
                 // Untouched unless a scan took it first (EMPTY looks oldest
                 // to the scan); the take's compare-exchange checks the word.
-                let seen = Word(self.words[i as usize].load(Ordering::Relaxed));
+                let seen = Word(self.cells[i as usize].word.load(Ordering::Relaxed));
                 if seen.state() == EMPTY {
-                    if let Some(t) = self.try_take(i, seen, id, origin) {
+                    if let Some(t) = self.try_take(i, seen, id, origin, None) {
                         return Some(t);
                     }
                 }
@@ -494,75 +645,223 @@ impl SlotTable {
         // chose; a fresh scan sees that. Give up after as many rounds as there
         // are slots: the ring is busy beyond what a prefetch should wait for.
         for _ in 0..n.max(8) {
-            let (i, w) = self.least_recently_used_idle(spare)?;
-            if let Some(t) = self.try_take(i, w, id, origin) {
+            let v = self.victim(id, spare)?;
+            if let Some(t) = self.try_take(v.slot, v.word, id, origin, v.disagreed) {
                 return Some(t);
             }
         }
         None
     }
 
-    /// The idle slot with the smallest tick (EMPTY counts as tick 0), by a
-    /// scan of the packed words; ticks are read only for idle slots.
-    fn least_recently_used_idle(&self, spare: Option<&[u64]>) -> Option<(u32, Word)> {
+    /// The idle slot to evict for a load of `id`, by a scan of the cells (an
+    /// EMPTY slot at once). Under [`Policy::Lru`], the least recently used;
+    /// under [`Policy::Adaptive`], see [`SlotTable::adaptive_rank`].
+    fn victim(&self, id: u32, spare: Option<&[u64]>) -> Option<Victim> {
         // The id of an idle slot is read after its word; a stale id (a take
         // racing the scan) only affects this choice, and the take's
         // compare-exchange on the word seen here fails if the slot changed.
-        let spared = |i: usize| {
+        let spared = |cell: &Cell| {
             spare.is_some_and(|bits| {
-                let id = self.ids[i].load(Ordering::Relaxed) as usize;
+                let id = cell.id.load(Ordering::Relaxed) as usize;
                 bits.get(id / 64).is_some_and(|b| b & (1 << (id % 64)) != 0)
             })
         };
+        let now = self.clock.load(Ordering::Relaxed);
+        let layer = id / self.shape.experts_per_layer;
+        let adaptive = self.shape.policy == Policy::Adaptive;
         // A slot loaded but never claimed (READY) is the head of a prefetch
         // burst the engine is about to claim: it is taken only when no idle
         // claimed slot (CONSUMED) is left, or when it has waited unclaimed
-        // longer than UNCLAIMED_TURNOVERS turns of the ring's clock, so that
+        // longer than UNCLAIMED_TURNOVERS turns of the ring (loads), so that
         // speculation that never came true does not pin the ring.
-        let stale_before = self
-            .clock
-            .load(Ordering::Relaxed)
-            .saturating_sub(UNCLAIMED_TURNOVERS * u64::from(self.slots()));
-        let mut best: Option<(u32, Word)> = None;
-        let mut best_tick = u64::MAX;
-        let mut best_unclaimed: Option<(u32, Word)> = None;
-        let mut best_unclaimed_tick = u64::MAX;
-        for (i, (word, tick)) in self.words.iter().zip(self.ticks.iter()).enumerate() {
-            let w = word.load(Ordering::Relaxed);
+        let stale_before = now.saturating_sub(UNCLAIMED_TURNOVERS * u64::from(self.slots()));
+        // Bigger key, better victim: (group, rank in it, older stamp). Two
+        // candidates under the adaptive policy, one per rule (see
+        // `adaptive_rank`); under LRU both are the least recently used.
+        let mut best = [Best::NONE; 2];
+        let mut unclaimed = Best::NONE;
+        for (i, cell) in self.cells.iter().enumerate() {
+            let w = cell.word.load(Ordering::Relaxed);
             if w & REF_MASK != 0 {
                 continue;
             }
             let t = match w & STATE_MASK {
-                EMPTY => return Some((i as u32, Word(w))),
-                READY | CONSUMED if !spared(i) => tick.load(Ordering::Relaxed),
+                EMPTY => {
+                    return Some(Victim {
+                        slot: i as u32,
+                        word: Word(w),
+                        disagreed: None,
+                    })
+                }
+                READY | CONSUMED if !spared(cell) => cell.tick.load(Ordering::Relaxed),
                 _ => continue,
             };
+            let older = u64::MAX - cell.stamp.load(Ordering::Relaxed);
+            let (group, distance) = if adaptive {
+                self.adaptive_rank(cell.layer.load(Ordering::Relaxed), layer, t, now)
+            } else {
+                (0, 0)
+            };
+            let by_distance = (group, distance, older);
+            let candidate = (i as u32, Word(w));
             if w & STATE_MASK == READY && t >= stale_before {
-                if t < best_unclaimed_tick {
-                    best_unclaimed_tick = t;
-                    best_unclaimed = Some((i as u32, Word(w)));
-                }
-            } else if t < best_tick {
-                best_tick = t;
-                best = Some((i as u32, Word(w)));
+                unclaimed.offer(by_distance, candidate);
+            } else {
+                best[0].offer(by_distance, candidate);
+                // The recency rule orders the group of slots not used in
+                // their layer's latest visit by age alone.
+                let by_recency = if group == STALE_GROUP {
+                    (group, 0, older)
+                } else {
+                    by_distance
+                };
+                best[1].offer(by_recency, candidate);
             }
         }
-        best.or(best_unclaimed)
+        let (Some(d), Some(r)) = (best[0].slot, best[1].slot) else {
+            return unclaimed.slot.map(|(slot, word)| Victim {
+                slot,
+                word,
+                disagreed: None,
+            });
+        };
+        let follow_distance = self.judge.load(Ordering::Relaxed) >= 0;
+        let ((slot, word), other, rule) = if follow_distance {
+            (d, r, DISTANCE)
+        } else {
+            (r, d, RECENCY)
+        };
+        Some(Victim {
+            slot,
+            word,
+            disagreed: (adaptive && other.0 != slot).then_some((rule, other.0)),
+        })
+    }
+
+    /// Adaptive policy: moves the score toward [`DISTANCE`] (`+1`) or
+    /// [`RECENCY`] (`-1`), within ±[`JUDGE_MAX`]. The score decides which
+    /// rule orders the slots not used in their layer's latest visit:
+    /// weakly persistent routing (a token's experts barely predict the
+    /// next token's) favours the loop order, strongly persistent routing
+    /// favours recency. Evidence comes only from the two rules' real
+    /// disagreements: an expert one rule evicted coming back within a turn
+    /// of the ring (the other would have kept it), or an expert one rule
+    /// kept getting a hit (the other would have evicted it).
+    fn judge(&self, toward: i32) {
+        let v = self.judge.load(Ordering::Relaxed);
+        if (toward > 0 && v < JUDGE_MAX) || (toward < 0 && v > -JUDGE_MAX) {
+            self.judge.fetch_add(toward, Ordering::Relaxed);
+        }
+    }
+
+    /// Scores a hit on a slot one rule kept against the other's choice.
+    fn judge_hit(&self, slot: u32) {
+        let kept = &self.cells[slot as usize].kept;
+        match kept.load(Ordering::Relaxed) {
+            0 => {}
+            rule => {
+                kept.store(0, Ordering::Relaxed);
+                self.judge(if rule == DISTANCE { 1 } else { -1 });
+            }
+        }
+    }
+
+    /// Scores the miss of `id`, if one rule evicted it recently against the
+    /// other's choice.
+    fn judge_miss(&self, id: u32, now: u64) {
+        let Some(ghost) = self.ghosts.get(id as usize) else {
+            return;
+        };
+        let g = ghost.swap(0, Ordering::Relaxed);
+        if g != 0 && now.saturating_sub(g >> 2) <= u64::from(self.slots()) {
+            self.judge(if g & 3 == u64::from(DISTANCE) { -1 } else { 1 });
+        }
+    }
+
+    /// Under the adaptive policy, how good a victim an idle slot of layer
+    /// `held` is when a slot is needed for an expert of layer `loading`; the
+    /// slot was last used at load-clock `tick`, and the clock reads `now`
+    /// (bigger is better; ties go to the least recently used).
+    ///
+    /// A decode step walks the layers in order, so an expert of layer `held`
+    /// is needed next when the step reaches `held` again: `held − loading`
+    /// layers ahead, going round the loop. Two things rank a slot:
+    ///
+    /// 1. Whether its expert was used during the latest visit of its layer
+    ///    (since [`SlotTable::visit_start`] of that layer). Routing persists
+    ///    from token to token, so such an expert is the likelier to be
+    ///    needed again; those not used in the latest visit go first.
+    /// 2. Within each group, the layer that comes last in the loop first.
+    ///    The experts of the layer being loaded come last of all (their
+    ///    next use is a whole loop away), except those used within the last
+    ///    [`SAME_STEP_LOADS`] loads, which the engine most likely asked for
+    ///    in this very step and is about to claim: they rank below all.
+    ///
+    /// This is what LRU gets wrong when the ring is smaller than a step's
+    /// working set: the layer just finished is the most recent, and its
+    /// experts are the ones the next step needs last.
+    fn adaptive_rank(&self, held: u32, loading: u32, tick: u64, now: u64) -> (u32, u32) {
+        let layers = self.shape.layers;
+        let distance = if held == loading {
+            if now.saturating_sub(tick) <= SAME_STEP_LOADS {
+                return (0, 0);
+            }
+            layers
+        } else if held > loading {
+            // held, loading < layers, so this is (held − loading) mod
+            // layers, without a division.
+            held - loading
+        } else {
+            held + layers - loading
+        };
+        let used_in_latest_visit = self
+            .visit_start
+            .get(held as usize)
+            .is_some_and(|v| tick >= v.load(Ordering::Relaxed));
+        if used_in_latest_visit {
+            (1, distance)
+        } else {
+            (STALE_GROUP, distance)
+        }
     }
 
     /// Moves slot `i` from the idle word `seen` to QUEUED for `id`.
-    fn try_take(&self, i: u32, seen: Word, id: u32, origin: Origin) -> Option<(u32, u64, bool)> {
+    /// `disagreed`: the adaptive rule followed and the slot the other rule
+    /// would have taken, to judge later which was right.
+    fn try_take(
+        &self,
+        i: u32,
+        seen: Word,
+        id: u32,
+        origin: Origin,
+        disagreed: Option<(u8, u32)>,
+    ) -> Option<(u32, u64, bool)> {
         let generation = next_generation(seen.generation());
         let new = Word::new(QUEUED, generation, origin);
         // AcqRel: Acquire orders the last claimant's reads of the slot (its
         // Release in `release`) before the worker's writes; Release publishes
         // the new identity to whoever reads the word next.
-        self.words[i as usize]
+        let cell = &self.cells[i as usize];
+        cell.word
             .compare_exchange(seen.0, new.0, Ordering::AcqRel, Ordering::Relaxed)
             .ok()?;
-        self.ticks[i as usize].store(self.next_tick(), Ordering::Relaxed);
-        // The slot is ours (QUEUED, refcount 0): nobody else writes its id.
-        let old_id = self.ids[i as usize].swap(id, Ordering::Relaxed);
+        // A load is the one event that advances the clock.
+        let now = self.clock.fetch_add(1, Ordering::Relaxed) + 1;
+        cell.tick.store(now, Ordering::Relaxed);
+        cell.kept.store(0, Ordering::Relaxed);
+        cell.stamp.store(crate::sys::recency_stamp(), Ordering::Relaxed);
+        // The slot is ours (QUEUED, refcount 0): nobody else writes its ids.
+        let old_id = cell.id.swap(id, Ordering::Relaxed);
+        let layer = id / self.shape.experts_per_layer;
+        cell.layer.store(layer, Ordering::Relaxed);
+        if self.shape.policy == Policy::Adaptive {
+            if self.last_layer.swap(layer, Ordering::Relaxed) != layer {
+                if let Some(v) = self.visit_start.get(layer as usize) {
+                    v.store(now, Ordering::Relaxed);
+                }
+            }
+            self.judge_miss(id, now);
+        }
         let evicted = seen.state() != EMPTY;
         if evicted {
             self.evictions.fetch_add(1, Ordering::Relaxed);
@@ -575,6 +874,12 @@ impl SlotTable {
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             );
+            if let Some((rule, other)) = disagreed {
+                if let Some(ghost) = self.ghosts.get(old_id as usize) {
+                    ghost.store(now << 2 | u64::from(rule), Ordering::Relaxed);
+                }
+                self.cells[other as usize].kept.store(rule, Ordering::Relaxed);
+            }
         }
         Some((i, generation, evicted))
     }
@@ -586,7 +891,7 @@ impl SlotTable {
         loop {
             let item = self.demand.pop().or_else(|| self.speculative.pop())?;
             let (slot, generation) = split_ticket(item);
-            let cell = &self.words[slot as usize];
+            let cell = &self.cells[slot as usize].word;
             // Acquire: the word written by the prefetch that queued the item.
             let mut w = Word(cell.load(Ordering::Acquire));
             loop {
@@ -604,7 +909,7 @@ impl SlotTable {
                     Ok(_) => {
                         // The id was stored before the ticket was pushed:
                         // this pop (Acquire) ordered that store before us.
-                        let id = self.ids[slot as usize].load(Ordering::Relaxed);
+                        let id = self.cells[slot as usize].id.load(Ordering::Relaxed);
                         return Some(ReadJob {
                             slot,
                             generation,
@@ -625,8 +930,8 @@ impl SlotTable {
 
     /// Publishes a finished read: READY, with a fresh tick.
     pub(crate) fn finish_ok(&self, job: ReadJob) {
-        self.ticks[job.slot as usize].store(self.next_tick(), Ordering::Relaxed);
-        let cell = &self.words[job.slot as usize];
+        self.touch(job.slot);
+        let cell = &self.cells[job.slot as usize].word;
         let mut w = Word(cell.load(Ordering::Relaxed));
         loop {
             debug_assert!(w.state() == READING && w.generation() == job.generation);
@@ -650,7 +955,7 @@ impl SlotTable {
         // Release: the error (stored by the caller before this call) is
         // visible to the claim that Acquires the flag.
         self.failed[job.id as usize].store(1, Ordering::Release);
-        let cell = &self.words[job.slot as usize];
+        let cell = &self.cells[job.slot as usize].word;
         let mut w = Word(cell.load(Ordering::Relaxed));
         loop {
             let empty = Word(w.with_state(EMPTY).0 & !ORIGIN_BITS);
@@ -692,7 +997,7 @@ impl SlotTable {
                 };
             }
             let (slot, generation) = split_ticket(m);
-            let cell = &self.words[slot as usize];
+            let cell = &self.cells[slot as usize].word;
             // Acquire: if READY/CONSUMED, the slot's bytes are visible.
             let mut w = Word(cell.load(Ordering::Acquire));
             loop {
@@ -740,8 +1045,8 @@ impl SlotTable {
                             Ordering::Acquire,
                         ) {
                             Ok(_) => {
-                                self.ticks[slot as usize]
-                                    .store(self.next_tick(), Ordering::Relaxed);
+                                self.touch(slot);
+                                self.judge_hit(slot);
                                 let hit = !(w.state() == READY && w.demand());
                                 return Claimed::Ready {
                                     slot,
@@ -766,7 +1071,7 @@ impl SlotTable {
     /// been taken for another load, or holds no claim.
     pub(crate) fn release(&self, t: u64) -> Result<u32, Stale> {
         let (slot, generation) = split_ticket(t);
-        let cell = self.words.get(slot as usize).ok_or(Stale)?;
+        let cell = &self.cells.get(slot as usize).ok_or(Stale)?.word;
         let mut w = Word(cell.load(Ordering::Relaxed));
         loop {
             if generation == 0
@@ -1032,29 +1337,33 @@ mod tests {
     }
 
     /// Speculation that never came true does not pin the ring: an unclaimed
-    /// slot older than the turnover bound is evicted before a recent
-    /// claimed one.
+    /// slot is spared only for UNCLAIMED_TURNOVERS turns of the ring (loads);
+    /// after that it is evicted before a recent claimed one.
     #[test]
     fn stale_unclaimed_loads_are_evicted() {
-        let t = SlotTable::new(2, 10);
+        let t = SlotTable::new(2, 100);
         t.prefetch(0, Origin::Speculative);
         load_all(&t);
-        t.prefetch(1, Origin::Demand);
-        load_all(&t);
-        let Claimed::Ready { ticket, .. } = t.claim(1) else {
-            panic!()
-        };
-        t.release(ticket).unwrap();
-        // Many claims of 1 turn the clock past 0's turnover bound.
-        for _ in 0..(UNCLAIMED_TURNOVERS * 2 + 1) {
-            let Claimed::Ready { ticket, .. } = t.claim(1) else {
+        // Stream experts 1, 2, ... through the other slot, claiming each:
+        // while 0 is fresh, each load evicts the claimed one, not 0.
+        let turnover = UNCLAIMED_TURNOVERS * 2 + 1;
+        for id in 1..=turnover {
+            assert!(matches!(
+                t.prefetch(id as u32, Origin::Demand),
+                Prefetched::Queued { .. }
+            ));
+            load_all(&t);
+            assert!(t.present(0), "load {id}: the unclaimed 0 was spared");
+            let Claimed::Ready { ticket, .. } = t.claim(id as u32) else {
                 panic!()
             };
             t.release(ticket).unwrap();
         }
-        t.prefetch(2, Origin::Demand);
+        // Now 0 has waited more than a turnover of loads: it goes first.
+        let last = turnover as u32;
+        t.prefetch(last + 1, Origin::Demand);
         assert!(!t.present(0), "the stale, never-claimed 0 was evicted");
-        assert!(t.present(1));
+        assert!(t.present(last), "the recently claimed expert was kept");
     }
 
     #[test]
