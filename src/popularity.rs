@@ -1065,10 +1065,11 @@ impl Histogram {
 
     /// The count at position `at` of `counts`: the sum over the shards.
     fn count_at(&self, at: usize) -> u64 {
-        self.shards.iter().fold(
-            self.counts[at].load(Ordering::Relaxed),
-            |sum, shard| sum.wrapping_add(shard[at].load(Ordering::Relaxed)),
-        )
+        self.shards
+            .iter()
+            .fold(self.counts[at].load(Ordering::Relaxed), |sum, shard| {
+                sum.wrapping_add(shard[at].load(Ordering::Relaxed))
+            })
     }
 
     /// The count of dense id `id` (0 when it has no counter).

@@ -6,7 +6,7 @@
 pub(crate) use loom::cell::UnsafeCell;
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{
-    fence, AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
 };
 #[cfg(loom)]
 pub(crate) use loom::sync::Arc;
@@ -39,7 +39,7 @@ impl Backoff {
 #[cfg(not(loom))]
 #[allow(unused_imports)]
 pub(crate) use std::sync::atomic::{
-    fence, AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
 };
 #[cfg(not(loom))]
 #[allow(unused_imports)]

@@ -535,9 +535,7 @@ fn run_trace(
         if args.json {
             let rows: Vec<Value> = rows
                 .iter()
-                .map(|&(n, l, b)| {
-                    json!({"ring_slots": n, "lru": round4(l), "belady": round4(b), })
-                })
+                .map(|&(n, l, b)| json!({"ring_slots": n, "lru": round4(l), "belady": round4(b), }))
                 .collect();
             return out(&format!(
                 "{}\n",

@@ -98,7 +98,10 @@ fn sweep_gives_the_reference_lru_and_belady_figures() {
             (r["belady"].as_f64().unwrap() - belady).abs() <= 0.001,
             "{r}"
         );
-        assert!(r.get("lru_policy").is_none(), "no simulated curve but LRU and Belady");
+        assert!(
+            r.get("lru_policy").is_none(),
+            "no simulated curve but LRU and Belady"
+        );
     }
     assert_eq!(rows.first().unwrap()["ring_slots"], 13);
     // The text table has a row per size.

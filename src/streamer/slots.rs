@@ -79,7 +79,7 @@
 use crossbeam_utils::CachePadded;
 
 use crate::queue::Queue;
-use crate::sync::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 pub(crate) const EMPTY: u64 = 0;
 pub(crate) const QUEUED: u64 = 1;
@@ -274,10 +274,11 @@ struct Cell {
     /// The layer index of `id` (`id / experts_per_layer`), written with it:
     /// the adaptive policy reads it for every candidate, without a division.
     layer: AtomicU32,
-    /// Adaptive policy: [`DISTANCE`] or [`RECENCY`] when that rule kept this
-    /// slot while the other would have evicted it, so a hit on it proves
-    /// that rule right (see [`SlotTable::judge`]); 0 otherwise.
-    kept: AtomicU8,
+    /// Adaptive policy: the claims of the expert `id` so far, counting those
+    /// of its earlier loads ([`SlotTable::claims`]). Written by claims
+    /// with a plain load and store (a lost increment only blurs a hint);
+    /// on this line, which the claim's compare-exchange owns already.
+    count: AtomicU32,
 }
 
 impl Cell {
@@ -288,7 +289,7 @@ impl Cell {
             tick: AtomicU64::new(0),
             id: AtomicU32::new(0),
             layer: AtomicU32::new(0),
-            kept: AtomicU8::new(0),
+            count: AtomicU32::new(0),
         }
     }
 }
@@ -314,13 +315,6 @@ pub(crate) struct Shape {
     pub(crate) layers: u32,
 }
 
-/// A slot of the layer being loaded that was touched within this many loads
-/// is taken (under the adaptive policy) only when nothing else is idle: it
-/// is most likely one of the experts the engine asked for in the same step,
-/// about to be claimed. Older slots of that layer are the first victims
-/// (their next use is a whole layer loop away).
-const SAME_STEP_LOADS: u64 = 16;
-
 /// Adaptive policy: the group of slots not used in the latest visit of
 /// their layer (evicted first).
 const STALE_GROUP: u32 = 2;
@@ -343,25 +337,6 @@ impl Best {
             self.slot = Some(slot);
         }
     }
-}
-
-/// Adaptive policy, among slots not used in the latest visit of their
-/// layer: the rule that evicts the one whose layer comes last in the loop.
-const DISTANCE: u8 = 1;
-/// ... and the rule that evicts the least recently used.
-const RECENCY: u8 = 2;
-/// Bound of [`SlotTable::judge`]'s score either way: how much evidence it
-/// takes to change rules after a long run of one regime.
-const JUDGE_MAX: i32 = 64;
-
-/// A victim chosen by [`SlotTable::victim`]: the slot and the word seen,
-/// and, under the adaptive policy when its two rules disagreed, the rule
-/// followed and the slot the other rule would have taken.
-#[derive(Clone, Copy, Debug)]
-struct Victim {
-    slot: u32,
-    word: Word,
-    disagreed: Option<(u8, u32)>,
 }
 
 /// See the module doc.
@@ -393,13 +368,10 @@ pub(crate) struct SlotTable {
     visit_start: Box<[AtomicU64]>,
     /// Adaptive policy: the layer of the last load.
     last_layer: CachePadded<AtomicU32>,
-    /// Adaptive policy, per dense id: `clock << 2 | rule` when the id was
-    /// evicted by `rule` while the other rule would have kept it; 0
-    /// otherwise. Empty under LRU.
-    ghosts: Box<[AtomicU64]>,
-    /// Adaptive policy: evidence for [`DISTANCE`] (positive) or [`RECENCY`]
-    /// (negative), in `-JUDGE_MAX..=JUDGE_MAX`.
-    judge: CachePadded<AtomicI32>,
+    /// Adaptive policy, per dense id: its claims during its earlier loads,
+    /// saved from the slot's count when the slot is reused. Written and read
+    /// on loads only. Empty under LRU.
+    claims: Box<[AtomicU32]>,
 }
 
 impl SlotTable {
@@ -414,9 +386,9 @@ impl SlotTable {
         SlotTable {
             shape,
             visit_start: (0..shape.layers).map(|_| AtomicU64::new(0)).collect(),
-            ghosts: match shape.policy {
+            claims: match shape.policy {
                 Policy::Lru => Box::new([]),
-                Policy::Adaptive => (0..ids).map(|_| AtomicU64::new(0)).collect(),
+                Policy::Adaptive => (0..ids).map(|_| AtomicU32::new(0)).collect(),
             },
             ..Self::new(slots, ids)
         }
@@ -446,8 +418,7 @@ impl SlotTable {
             },
             visit_start: Box::new([AtomicU64::new(0)]),
             last_layer: CachePadded::new(AtomicU32::new(u32::MAX)),
-            ghosts: Box::new([]),
-            judge: CachePadded::new(AtomicI32::new(0)),
+            claims: Box::new([]),
         }
     }
 
@@ -481,7 +452,8 @@ impl SlotTable {
     /// resident experts write no shared line.
     fn touch(&self, slot: u32) {
         let cell = &self.cells[slot as usize];
-        cell.stamp.store(crate::sys::recency_stamp(), Ordering::Relaxed);
+        cell.stamp
+            .store(crate::sys::recency_stamp(), Ordering::Relaxed);
         let now = self.clock.load(Ordering::Relaxed);
         if cell.tick.load(Ordering::Relaxed) != now {
             cell.tick.store(now, Ordering::Relaxed);
@@ -628,6 +600,17 @@ impl SlotTable {
         spare: Option<&[u64]>,
     ) -> Option<(u32, u64, bool)> {
         let n = self.slots();
+        if self.shape.policy == Policy::Adaptive {
+            // A load of another layer than the last load's starts a visit
+            // of this layer: its experts used before now are stale (the
+            // victim scan below already sees that).
+            let layer = id / self.shape.experts_per_layer;
+            if self.last_layer.swap(layer, Ordering::Relaxed) != layer {
+                if let Some(v) = self.visit_start.get(layer as usize) {
+                    v.store(self.clock.load(Ordering::Relaxed), Ordering::Relaxed);
+                }
+            }
+        }
         if self.fresh.load(Ordering::Relaxed) < n {
             let i = self.fresh.fetch_add(1, Ordering::Relaxed);
             if i < n {
@@ -635,7 +618,7 @@ impl SlotTable {
                 // to the scan); the take's compare-exchange checks the word.
                 let seen = Word(self.cells[i as usize].word.load(Ordering::Relaxed));
                 if seen.state() == EMPTY {
-                    if let Some(t) = self.try_take(i, seen, id, origin, None) {
+                    if let Some(t) = self.try_take(i, seen, id, origin) {
                         return Some(t);
                     }
                 }
@@ -645,8 +628,8 @@ impl SlotTable {
         // chose; a fresh scan sees that. Give up after as many rounds as there
         // are slots: the ring is busy beyond what a prefetch should wait for.
         for _ in 0..n.max(8) {
-            let v = self.victim(id, spare)?;
-            if let Some(t) = self.try_take(v.slot, v.word, id, origin, v.disagreed) {
+            let (i, w) = self.victim(id, spare)?;
+            if let Some(t) = self.try_take(i, w, id, origin) {
                 return Some(t);
             }
         }
@@ -656,7 +639,7 @@ impl SlotTable {
     /// The idle slot to evict for a load of `id`, by a scan of the cells (an
     /// EMPTY slot at once). Under [`Policy::Lru`], the least recently used;
     /// under [`Policy::Adaptive`], see [`SlotTable::adaptive_rank`].
-    fn victim(&self, id: u32, spare: Option<&[u64]>) -> Option<Victim> {
+    fn victim(&self, id: u32, spare: Option<&[u64]>) -> Option<(u32, Word)> {
         // The id of an idle slot is read after its word; a stale id (a take
         // racing the scan) only affects this choice, and the take's
         // compare-exchange on the word seen here fails if the slot changed.
@@ -675,10 +658,9 @@ impl SlotTable {
         // longer than UNCLAIMED_TURNOVERS turns of the ring (loads), so that
         // speculation that never came true does not pin the ring.
         let stale_before = now.saturating_sub(UNCLAIMED_TURNOVERS * u64::from(self.slots()));
-        // Bigger key, better victim: (group, rank in it, older stamp). Two
-        // candidates under the adaptive policy, one per rule (see
-        // `adaptive_rank`); under LRU both are the least recently used.
-        let mut best = [Best::NONE; 2];
+        // Bigger key, better victim: (group, rank in it, older stamp); under
+        // LRU only the stamp counts.
+        let mut best = Best::NONE;
         let mut unclaimed = Best::NONE;
         for (i, cell) in self.cells.iter().enumerate() {
             let w = cell.word.load(Ordering::Relaxed);
@@ -686,156 +668,80 @@ impl SlotTable {
                 continue;
             }
             let t = match w & STATE_MASK {
-                EMPTY => {
-                    return Some(Victim {
-                        slot: i as u32,
-                        word: Word(w),
-                        disagreed: None,
-                    })
-                }
+                EMPTY => return Some((i as u32, Word(w))),
                 READY | CONSUMED if !spared(cell) => cell.tick.load(Ordering::Relaxed),
                 _ => continue,
             };
-            let older = u64::MAX - cell.stamp.load(Ordering::Relaxed);
-            let (group, distance) = if adaptive {
-                self.adaptive_rank(cell.layer.load(Ordering::Relaxed), layer, t, now)
+            let (group, rank) = if adaptive {
+                self.adaptive_rank(cell, layer, t)
             } else {
                 (0, 0)
             };
-            let by_distance = (group, distance, older);
-            let candidate = (i as u32, Word(w));
+            let key = (group, rank, u64::MAX - cell.stamp.load(Ordering::Relaxed));
             if w & STATE_MASK == READY && t >= stale_before {
-                unclaimed.offer(by_distance, candidate);
+                unclaimed.offer(key, (i as u32, Word(w)));
             } else {
-                best[0].offer(by_distance, candidate);
-                // The recency rule orders the group of slots not used in
-                // their layer's latest visit by age alone.
-                let by_recency = if group == STALE_GROUP {
-                    (group, 0, older)
-                } else {
-                    by_distance
-                };
-                best[1].offer(by_recency, candidate);
+                best.offer(key, (i as u32, Word(w)));
             }
         }
-        let (Some(d), Some(r)) = (best[0].slot, best[1].slot) else {
-            return unclaimed.slot.map(|(slot, word)| Victim {
-                slot,
-                word,
-                disagreed: None,
-            });
-        };
-        let follow_distance = self.judge.load(Ordering::Relaxed) >= 0;
-        let ((slot, word), other, rule) = if follow_distance {
-            (d, r, DISTANCE)
-        } else {
-            (r, d, RECENCY)
-        };
-        Some(Victim {
-            slot,
-            word,
-            disagreed: (adaptive && other.0 != slot).then_some((rule, other.0)),
-        })
+        best.slot.or(unclaimed.slot)
     }
 
-    /// Adaptive policy: moves the score toward [`DISTANCE`] (`+1`) or
-    /// [`RECENCY`] (`-1`), within ±[`JUDGE_MAX`]. The score decides which
-    /// rule orders the slots not used in their layer's latest visit:
-    /// weakly persistent routing (a token's experts barely predict the
-    /// next token's) favours the loop order, strongly persistent routing
-    /// favours recency. Evidence comes only from the two rules' real
-    /// disagreements: an expert one rule evicted coming back within a turn
-    /// of the ring (the other would have kept it), or an expert one rule
-    /// kept getting a hit (the other would have evicted it).
-    fn judge(&self, toward: i32) {
-        let v = self.judge.load(Ordering::Relaxed);
-        if (toward > 0 && v < JUDGE_MAX) || (toward < 0 && v > -JUDGE_MAX) {
-            self.judge.fetch_add(toward, Ordering::Relaxed);
-        }
-    }
-
-    /// Scores a hit on a slot one rule kept against the other's choice.
-    fn judge_hit(&self, slot: u32) {
-        let kept = &self.cells[slot as usize].kept;
-        match kept.load(Ordering::Relaxed) {
-            0 => {}
-            rule => {
-                kept.store(0, Ordering::Relaxed);
-                self.judge(if rule == DISTANCE { 1 } else { -1 });
-            }
-        }
-    }
-
-    /// Scores the miss of `id`, if one rule evicted it recently against the
-    /// other's choice.
-    fn judge_miss(&self, id: u32, now: u64) {
-        let Some(ghost) = self.ghosts.get(id as usize) else {
-            return;
-        };
-        let g = ghost.swap(0, Ordering::Relaxed);
-        if g != 0 && now.saturating_sub(g >> 2) <= u64::from(self.slots()) {
-            self.judge(if g & 3 == u64::from(DISTANCE) { -1 } else { 1 });
-        }
-    }
-
-    /// Under the adaptive policy, how good a victim an idle slot of layer
-    /// `held` is when a slot is needed for an expert of layer `loading`; the
-    /// slot was last used at load-clock `tick`, and the clock reads `now`
-    /// (bigger is better; ties go to the least recently used).
+    /// Under the adaptive policy, how good a victim the idle slot `cell` is
+    /// when a slot is needed for an expert of layer `loading`: (group, rank
+    /// within the group), bigger first; ties go to the least recently used.
+    /// The slot was last used at load-clock `tick`.
     ///
-    /// A decode step walks the layers in order, so an expert of layer `held`
-    /// is needed next when the step reaches `held` again: `held − loading`
-    /// layers ahead, going round the loop. Two things rank a slot:
+    /// A decode step walks the layers in order, so an expert of layer
+    /// `held` is needed next when the step reaches `held` again, `held −
+    /// loading` layers ahead, going round the loop; and routing persists
+    /// from token to token, so an expert used in the latest visit of its
+    /// layer is the likelier to be used at the next. The groups, evicted
+    /// first to last:
     ///
-    /// 1. Whether its expert was used during the latest visit of its layer
-    ///    (since [`SlotTable::visit_start`] of that layer). Routing persists
-    ///    from token to token, so such an expert is the likelier to be
-    ///    needed again; those not used in the latest visit go first.
-    /// 2. Within each group, the layer that comes last in the loop first.
-    ///    The experts of the layer being loaded come last of all (their
-    ///    next use is a whole loop away), except those used within the last
-    ///    [`SAME_STEP_LOADS`] loads, which the engine most likely asked for
-    ///    in this very step and is about to claim: they rank below all.
-    ///
-    /// This is what LRU gets wrong when the ring is smaller than a step's
-    /// working set: the layer just finished is the most recent, and its
-    /// experts are the ones the next step needs last.
-    fn adaptive_rank(&self, held: u32, loading: u32, tick: u64, now: u64) -> (u32, u32) {
+    /// 2. ([`STALE_GROUP`]) Experts not used in the latest visit of their
+    ///    layer (since its [`SlotTable::visit_start`]), the least often
+    ///    claimed first (their count of claims, this load's and earlier
+    ///    loads': [`SlotTable::claims`]). Routing is skewed: some experts
+    ///    are chosen far more often than others.
+    /// 1. Experts used in the latest visit of their layer, and those of the
+    ///    layer being loaded (used in an earlier visit), the layer that
+    ///    comes last in the loop first: the layer being loaded (its next use
+    ///    is a whole loop away), then the layer just finished, and so on.
+    ///    This is what LRU gets wrong when the ring is smaller than a step's
+    ///    working set: the layer just finished is its most recent.
+    /// 0. Experts of the layer being loaded used in this visit: asked for in
+    ///    this very step, about to be claimed.
+    fn adaptive_rank(&self, cell: &Cell, loading: u32, tick: u64) -> (u32, u32) {
+        let held = cell.layer.load(Ordering::Relaxed);
+        let used_in_latest_visit = self
+            .visit_start
+            .get(held as usize)
+            .is_some_and(|v| tick >= v.load(Ordering::Relaxed));
         let layers = self.shape.layers;
-        let distance = if held == loading {
-            if now.saturating_sub(tick) <= SAME_STEP_LOADS {
-                return (0, 0);
-            }
-            layers
-        } else if held > loading {
+        if held == loading {
+            // Used since this visit of the layer began: this step's.
+            return if used_in_latest_visit {
+                (0, 0)
+            } else {
+                (1, layers)
+            };
+        }
+        if !used_in_latest_visit {
+            return (STALE_GROUP, u32::MAX - cell.count.load(Ordering::Relaxed));
+        }
+        let distance = if held > loading {
             // held, loading < layers, so this is (held − loading) mod
             // layers, without a division.
             held - loading
         } else {
             held + layers - loading
         };
-        let used_in_latest_visit = self
-            .visit_start
-            .get(held as usize)
-            .is_some_and(|v| tick >= v.load(Ordering::Relaxed));
-        if used_in_latest_visit {
-            (1, distance)
-        } else {
-            (STALE_GROUP, distance)
-        }
+        (1, distance)
     }
 
     /// Moves slot `i` from the idle word `seen` to QUEUED for `id`.
-    /// `disagreed`: the adaptive rule followed and the slot the other rule
-    /// would have taken, to judge later which was right.
-    fn try_take(
-        &self,
-        i: u32,
-        seen: Word,
-        id: u32,
-        origin: Origin,
-        disagreed: Option<(u8, u32)>,
-    ) -> Option<(u32, u64, bool)> {
+    fn try_take(&self, i: u32, seen: Word, id: u32, origin: Origin) -> Option<(u32, u64, bool)> {
         let generation = next_generation(seen.generation());
         let new = Word::new(QUEUED, generation, origin);
         // AcqRel: Acquire orders the last claimant's reads of the slot (its
@@ -848,20 +754,23 @@ impl SlotTable {
         // A load is the one event that advances the clock.
         let now = self.clock.fetch_add(1, Ordering::Relaxed) + 1;
         cell.tick.store(now, Ordering::Relaxed);
-        cell.kept.store(0, Ordering::Relaxed);
-        cell.stamp.store(crate::sys::recency_stamp(), Ordering::Relaxed);
-        // The slot is ours (QUEUED, refcount 0): nobody else writes its ids.
+        cell.stamp
+            .store(crate::sys::recency_stamp(), Ordering::Relaxed);
+        // The slot is ours (QUEUED, refcount 0): nobody else writes its ids
+        // or its count (a claimant's count store happens before its release,
+        // which our Acquire above ordered before us).
         let old_id = cell.id.swap(id, Ordering::Relaxed);
-        let layer = id / self.shape.experts_per_layer;
-        cell.layer.store(layer, Ordering::Relaxed);
-        if self.shape.policy == Policy::Adaptive {
-            if self.last_layer.swap(layer, Ordering::Relaxed) != layer {
-                if let Some(v) = self.visit_start.get(layer as usize) {
-                    v.store(now, Ordering::Relaxed);
+        if let Some(claims) = self.claims.get(id as usize) {
+            if seen.state() != EMPTY {
+                if let Some(old) = self.claims.get(old_id as usize) {
+                    old.store(cell.count.load(Ordering::Relaxed), Ordering::Relaxed);
                 }
             }
-            self.judge_miss(id, now);
+            cell.count
+                .store(claims.load(Ordering::Relaxed), Ordering::Relaxed);
         }
+        let layer = id / self.shape.experts_per_layer;
+        cell.layer.store(layer, Ordering::Relaxed);
         let evicted = seen.state() != EMPTY;
         if evicted {
             self.evictions.fetch_add(1, Ordering::Relaxed);
@@ -874,12 +783,6 @@ impl SlotTable {
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             );
-            if let Some((rule, other)) = disagreed {
-                if let Some(ghost) = self.ghosts.get(old_id as usize) {
-                    ghost.store(now << 2 | u64::from(rule), Ordering::Relaxed);
-                }
-                self.cells[other as usize].kept.store(rule, Ordering::Relaxed);
-            }
         }
         Some((i, generation, evicted))
     }
@@ -1046,7 +949,13 @@ impl SlotTable {
                         ) {
                             Ok(_) => {
                                 self.touch(slot);
-                                self.judge_hit(slot);
+                                if self.shape.policy == Policy::Adaptive {
+                                    let count = &self.cells[slot as usize].count;
+                                    count.store(
+                                        count.load(Ordering::Relaxed).saturating_add(1),
+                                        Ordering::Relaxed,
+                                    );
+                                }
                                 let hit = !(w.state() == READY && w.demand());
                                 return Claimed::Ready {
                                     slot,
@@ -1366,6 +1275,143 @@ mod tests {
         assert!(t.present(last), "the recently claimed expert was kept");
     }
 
+    fn adaptive(slots: u32, layers: u32, experts: u32) -> SlotTable {
+        SlotTable::with_shape(
+            slots,
+            layers * experts,
+            Shape {
+                policy: Policy::Adaptive,
+                experts_per_layer: experts,
+                layers,
+            },
+        )
+    }
+
+    /// Loads and claims (then releases) `ids` in order, as a decode does.
+    fn decode(t: &SlotTable, ids: &[u32]) {
+        for &id in ids {
+            t.prefetch(id, Origin::Demand);
+            load_all(t);
+            let Claimed::Ready { ticket, .. } = t.claim(id) else {
+                panic!("{id} not ready")
+            };
+            t.release(ticket).unwrap();
+        }
+    }
+
+    /// The layer loop: with 3 slots and 4 layers (2 experts each, ids
+    /// `layer × 2 + expert`), loading layer 3 after layers 0, 1 and 2 evicts
+    /// layer 2's expert (needed again last) under the adaptive policy, and
+    /// layer 0's (the oldest, needed again first) under LRU.
+    #[test]
+    fn adaptive_evicts_the_layer_just_finished_first() {
+        for (policy, evicted) in [(Policy::Adaptive, 4), (Policy::Lru, 0)] {
+            let t = SlotTable::with_shape(
+                3,
+                8,
+                Shape {
+                    policy,
+                    experts_per_layer: 2,
+                    layers: 4,
+                },
+            );
+            decode(&t, &[0, 2, 4, 6]);
+            assert_eq!(t.policy(), policy);
+            for id in [0, 2, 4, 6] {
+                assert_eq!(t.present(id), id != evicted, "{policy:?}: id {id}");
+            }
+        }
+    }
+
+    /// Whatever the policy ranks first, a claimed slot is never taken: with
+    /// layer 2's expert claimed, loading layer 3 takes the next best.
+    #[test]
+    fn adaptive_never_evicts_a_claimed_slot() {
+        let t = adaptive(3, 4, 2);
+        decode(&t, &[0, 2, 4]);
+        let Claimed::Ready { ticket, .. } = t.claim(4) else {
+            panic!()
+        };
+        t.prefetch(6, Origin::Demand);
+        load_all(&t);
+        assert!(t.present(4), "the claimed expert stayed");
+        assert!(t.present(0) && !t.present(2), "layer 1 (next best) went");
+        t.release(ticket).unwrap();
+        let t = adaptive(1, 2, 2);
+        decode(&t, &[0]);
+        let Claimed::Ready { .. } = t.claim(0) else {
+            panic!()
+        };
+        assert_eq!(t.prefetch(2, Origin::Demand), Prefetched::RingFull);
+    }
+
+    /// Among experts not used in their layer's latest visit, the least often
+    /// claimed goes first (LRU would take the least recently used).
+    #[test]
+    fn adaptive_evicts_the_rarely_claimed_first() {
+        for (policy, evicted) in [(Policy::Adaptive, 5), (Policy::Lru, 4)] {
+            let t = SlotTable::with_shape(
+                4,
+                12,
+                Shape {
+                    policy,
+                    experts_per_layer: 4,
+                    layers: 3,
+                },
+            );
+            // Layer 1: 4 claimed six times, 5 twice (5 the more recent).
+            decode(&t, &[4, 5]);
+            for id in [4, 4, 4, 4, 4, 5] {
+                let Claimed::Ready { ticket, .. } = t.claim(id) else {
+                    panic!()
+                };
+                t.release(ticket).unwrap();
+            }
+            // Layer 2, then a visit of layer 1 without 4 and 5, then layer 0.
+            decode(&t, &[8, 6, 0]);
+            for id in [0, 4, 5, 6, 8] {
+                assert_eq!(t.present(id), id != evicted, "{policy:?}: id {id}");
+            }
+        }
+    }
+
+    /// A layer's experts asked for in the same step are kept while its
+    /// other experts load: prefetching layer 0's experts 0 (resident) and 1
+    /// evicts layer 1's expert, not 0, though 0's layer is the one being
+    /// loaded.
+    #[test]
+    fn adaptive_keeps_the_experts_of_the_current_step() {
+        let t = adaptive(2, 2, 2);
+        decode(&t, &[0, 2]);
+        assert_eq!(t.prefetch(0, Origin::Demand), Prefetched::Present);
+        assert!(matches!(
+            t.prefetch(1, Origin::Demand),
+            Prefetched::Queued { evicted: true, .. }
+        ));
+        assert!(t.present(0) && !t.present(2));
+    }
+
+    /// The adaptive policy keeps the never-claimed rule: a prefetch burst
+    /// does not evict its own head.
+    #[test]
+    fn adaptive_spares_a_prefetch_burst() {
+        let t = adaptive(4, 1, 10);
+        for id in 0..4 {
+            t.prefetch(id, Origin::Demand);
+        }
+        load_all(&t);
+        let Claimed::Ready { ticket, .. } = t.claim(0) else {
+            panic!()
+        };
+        t.release(ticket).unwrap();
+        t.prefetch(4, Origin::Demand);
+        load_all(&t);
+        assert!(!t.present(0), "the claimed, released 0 made room");
+        for id in 1..5 {
+            assert!(t.present(id), "{id} kept");
+        }
+    }
+
     #[test]
     fn prefetching_a_resident_expert_makes_it_recent() {
         let t = SlotTable::new(2, 10);
@@ -1450,8 +1496,12 @@ mod loom_tests {
 
     impl Model {
         fn new(slots: u32, ids: u32) -> Arc<Model> {
+            Self::with_table(SlotTable::new(slots, ids))
+        }
+        fn with_table(table: SlotTable) -> Arc<Model> {
+            let slots = table.slots();
             Arc::new(Model {
-                table: SlotTable::new(slots, ids),
+                table,
                 data: (0..slots).map(|_| UnsafeCell::new(u32::MAX)).collect(),
             })
         }
@@ -1499,6 +1549,44 @@ mod loom_tests {
                 reads += 1;
             }
             assert_eq!(reads, 1);
+        });
+    }
+
+    /// The adaptive policy's hints (claim counts, visit starts) race a claim's hit and an evicting prefetch: whatever the
+    /// victim, a claimed slot is never rewritten and every claim sees its
+    /// own expert's bytes.
+    #[test]
+    fn adaptive_eviction_races_claims() {
+        loom::model(|| {
+            // Two slots, two layers of two experts (ids 0..4): 0 and 1 are
+            // loaded and claimed once; loading 2 (layer 1) must evict one.
+            let shape = Shape {
+                policy: Policy::Adaptive,
+                experts_per_layer: 2,
+                layers: 2,
+            };
+            let m = Model::with_table(SlotTable::with_shape(2, 4, shape));
+            for id in [0, 1] {
+                m.table.prefetch(id, Origin::Demand);
+                assert!(m.work());
+                assert!(m.claim_check_release(id));
+            }
+            let m2 = m.clone();
+            let claimer = thread::spawn(move || {
+                m2.claim_check_release(1);
+            });
+            let m3 = m.clone();
+            let loader = thread::spawn(move || {
+                let _ = m3.table.prefetch(2, Origin::Demand);
+                m3.work();
+            });
+            m.claim_check_release(0);
+            claimer.join().unwrap();
+            loader.join().unwrap();
+            while m.work() {}
+            for id in 0..3 {
+                m.claim_check_release(id);
+            }
         });
     }
 
