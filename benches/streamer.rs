@@ -4,13 +4,14 @@
 //!   release when the guard drops;
 //! - `prefetch_resident`: prefetch of an expert already in the ring;
 //! - `prefetch_evict_4096`: prefetch that must evict, on a 4096-slot ring
-//!   (the read it queues runs on the workers, not in the measured thread).
+//!   (the read it queues runs on the workers, not in the measured thread);
+//!   `prefetch_evict_4096_adaptive`: the same under the adaptive policy.
 
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use smoe::vault::synth::SynthSpec;
-use smoe::{Config, DirectIo, Priority, Streamer};
+use smoe::{Config, DirectIo, Policy, Priority, Streamer};
 
 fn synth(dir: &std::path::Path, layers: u32, experts: u32) {
     SynthSpec {
@@ -80,6 +81,15 @@ fn hot_paths(c: &mut Criterion) {
 }
 
 fn evicting_prefetch(c: &mut Criterion) {
+    for (name, policy) in [
+        ("prefetch_evict_4096", Policy::Lru),
+        ("prefetch_evict_4096_adaptive", Policy::Adaptive),
+    ] {
+        evicting_prefetch_with(c, name, policy);
+    }
+}
+
+fn evicting_prefetch_with(c: &mut Criterion, name: &str, policy: Policy) {
     let dir = tempfile::tempdir().unwrap();
     // 8192 experts through 4096 slots: cycling through them in order, each
     // prefetch finds its expert gone and evicts the least recently used.
@@ -93,6 +103,7 @@ fn evicting_prefetch(c: &mut Criterion) {
             ring_slots: 4096,
             workers: 1,
             direct_io: DirectIo::Off,
+            policy,
             ..Config::default()
         },
     )
@@ -120,7 +131,7 @@ fn evicting_prefetch(c: &mut Criterion) {
         settle(issued);
     }
     let before = s.stats().evictions;
-    c.bench_function("prefetch_evict_4096", |b| {
+    c.bench_function(name, |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             let mut left = iters;

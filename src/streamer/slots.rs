@@ -256,14 +256,12 @@ type Item = u64;
 struct Cell {
     /// The state word; layout in the module doc.
     word: AtomicU64,
-    /// When the slot was last taken, loaded, claimed or asked for again
-    /// ([`crate::sys::recency_stamp`]): the recency order. Only a hint for
+    /// When the slot was last taken, loaded, claimed or asked for again: the
+    /// recency order, `tick << SEQ_BITS | seq` ([`next_stamp`]), where
+    /// `tick` is the load clock (how many loads ago: the never-claimed
+    /// slot's turnover bound, the adaptive policy's visits). Only a hint for
     /// choosing a victim; correctness never depends on it.
     stamp: AtomicU64,
-    /// The load clock's value at the same moment: how many loads ago the
-    /// slot was used (the adaptive policy's same-step window, the
-    /// never-claimed slot's turnover bound). Written only when it changes.
-    tick: AtomicU64,
     /// The dense id of the slot's current (or last) load. Written only by
     /// the thread whose take moved the slot to QUEUED, before it publishes
     /// the load's ticket (map store, queue push, both Release), so a worker
@@ -286,7 +284,6 @@ impl Cell {
         Cell {
             word: AtomicU64::new(EMPTY | (generation << GEN_SHIFT)),
             stamp: AtomicU64::new(0),
-            tick: AtomicU64::new(0),
             id: AtomicU32::new(0),
             layer: AtomicU32::new(0),
             count: AtomicU32::new(0),
@@ -313,6 +310,32 @@ pub(crate) struct Shape {
     pub(crate) policy: Policy,
     pub(crate) experts_per_layer: u32,
     pub(crate) layers: u32,
+}
+
+/// Low bits of a stamp: the order of touches within one tick of the load
+/// clock.
+const SEQ_BITS: u32 = 24;
+
+/// The stamp of a touch at load-clock `tick`: `tick << SEQ_BITS | seq`,
+/// where `seq` counts this thread's touches since the clock last moved
+/// (saturating). Exact recency order for a thread that claims alone (an
+/// engine's decode loop); between threads touching slots in the same tick,
+/// an arbitrary but harmless order. No shared write, no timestamp read.
+fn next_stamp(tick: u64) -> u64 {
+    thread_local! {
+        static LAST: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+    }
+    let seq = LAST.with(|last| {
+        let (t, n) = last.get();
+        let seq = if t == tick {
+            (n + 1).min((1 << SEQ_BITS) - 1)
+        } else {
+            1
+        };
+        last.set((tick, seq));
+        seq
+    });
+    tick << SEQ_BITS | seq
 }
 
 /// Adaptive policy: the group of slots not used in the latest visit of
@@ -441,23 +464,19 @@ impl SlotTable {
         self.cells[slot as usize].id.load(Ordering::Relaxed)
     }
 
-    /// When `slot` was last used ([`crate::sys::recency_stamp`]).
+    /// When `slot` was last used ([`next_stamp`]).
     pub(crate) fn stamp(&self, slot: u32) -> u64 {
         self.cells[slot as usize].stamp.load(Ordering::Relaxed)
     }
 
-    /// Marks `slot` as used now: its stamp, and its tick if the load clock
-    /// moved. Both live on the slot's own cache line (which a claim's
-    /// compare-exchange owns already) and the clock is only read, so hits on
-    /// resident experts write no shared line.
+    /// Marks `slot` as used now. The stamp lives on the slot's own cache
+    /// line (which a claim's compare-exchange owns already) and the clock is
+    /// only read, so hits on resident experts write no shared line.
     fn touch(&self, slot: u32) {
-        let cell = &self.cells[slot as usize];
-        cell.stamp
-            .store(crate::sys::recency_stamp(), Ordering::Relaxed);
         let now = self.clock.load(Ordering::Relaxed);
-        if cell.tick.load(Ordering::Relaxed) != now {
-            cell.tick.store(now, Ordering::Relaxed);
-        }
+        self.cells[slot as usize]
+            .stamp
+            .store(next_stamp(now), Ordering::Relaxed);
     }
 
     /// Makes sure `id` is resident or in flight; queues a read if not.
@@ -669,7 +688,9 @@ impl SlotTable {
             }
             let t = match w & STATE_MASK {
                 EMPTY => return Some((i as u32, Word(w))),
-                READY | CONSUMED if !spared(cell) => cell.tick.load(Ordering::Relaxed),
+                READY | CONSUMED if !spared(cell) => {
+                    cell.stamp.load(Ordering::Relaxed) >> SEQ_BITS
+                }
                 _ => continue,
             };
             let (group, rank) = if adaptive {
@@ -753,9 +774,9 @@ impl SlotTable {
             .ok()?;
         // A load is the one event that advances the clock.
         let now = self.clock.fetch_add(1, Ordering::Relaxed) + 1;
-        cell.tick.store(now, Ordering::Relaxed);
-        cell.stamp
-            .store(crate::sys::recency_stamp(), Ordering::Relaxed);
+        // Sequence 0: older than this thread's later touches in the same
+        // tick, newer than anything touched before the load.
+        cell.stamp.store(now << SEQ_BITS, Ordering::Relaxed);
         // The slot is ours (QUEUED, refcount 0): nobody else writes its ids
         // or its count (a claimant's count store happens before its release,
         // which our Acquire above ordered before us).

@@ -167,15 +167,6 @@ fn sysctl_uint(name: &CStr) -> io::Result<u64> {
 /// touched (https://developer.apple.com/library/archive/documentation/Performance/Conceptual/ManagingMemory/Articles/AboutMemory.html).
 pub(super) const MAP_RESERVE_ONLY: libc::c_int = 0;
 
-/// `mach_absolute_time`: a monotonic tick count that does not advance while
-/// the system sleeps, read without a system call
-/// (https://developer.apple.com/documentation/kernel/1462446-mach_absolute_time).
-#[inline]
-pub(super) fn recency_stamp() -> u64 {
-    // SAFETY: mach_absolute_time takes no arguments and has no preconditions.
-    unsafe { libc::mach_absolute_time() }
-}
-
 /// The page size (sysconf(3) `_SC_PAGESIZE`).
 pub(super) fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.

@@ -358,23 +358,6 @@ fn parse_limit(text: &str) -> Option<u64> {
 /// `SMOE_ERR_NO_MEMORY`), instead of letting its reads exhaust memory later.
 pub(super) const MAP_RESERVE_ONLY: libc::c_int = 0;
 
-/// The time-stamp counter on x86-64: invariant and synchronized across
-/// cores on the processors Linux marks `constant_tsc nonstop_tsc`, and a
-/// hint only otherwise (see `sys::recency_stamp`).
-#[cfg(target_arch = "x86_64")]
-#[inline]
-pub(super) fn recency_stamp() -> u64 {
-    // SAFETY: RDTSC reads a counter; it has no preconditions and touches no
-    // memory.
-    unsafe { core::arch::x86_64::_rdtsc() }
-}
-
-/// Elsewhere, the monotonic clock (a vDSO call, no system call).
-#[cfg(not(target_arch = "x86_64"))]
-pub(super) fn recency_stamp() -> u64 {
-    super::monotonic_nanos()
-}
-
 /// The page size (sysconf(3) `_SC_PAGESIZE`).
 pub(super) fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.

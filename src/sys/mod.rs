@@ -53,25 +53,6 @@ pub enum DirectIo {
     Off,
 }
 
-/// A cheap timestamp that orders recent events across threads: the eviction
-/// policy's recency tick. Not a duration and not comparable across
-/// processes; consecutive reads on one thread never go backwards, reads on
-/// different cores may be skewed by a few nanoseconds (only a hint for
-/// choosing a victim, never for correctness). It writes no shared memory,
-/// so a claim can stamp its slot without a global counter.
-#[inline]
-pub(crate) fn recency_stamp() -> u64 {
-    imp::recency_stamp()
-}
-
-/// Nanoseconds of the monotonic clock since the first call in this process.
-#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
-fn monotonic_nanos() -> u64 {
-    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let origin = *ORIGIN.get_or_init(std::time::Instant::now);
-    u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
-}
-
 /// A file opened by [`open_for_streaming`].
 #[derive(Debug)]
 pub struct OpenedFile {
