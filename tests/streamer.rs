@@ -535,3 +535,43 @@ fn a_panicking_worker_fails_the_streamer_not_the_process() {
     );
     drop(s); // joins the surviving workers
 }
+
+/// The layer loop through a ring smaller than one step's working set: 8
+/// layers, one expert each per step, alternating between two experts from
+/// token to token, through 6 slots. LRU always evicts the expert needed
+/// next and never hits; the adaptive policy evicts the layer just finished
+/// and keeps hitting. Every claimed byte is checked under both.
+#[test]
+fn adaptive_policy_survives_the_layer_loop() {
+    let v = common::vault(8, 4, 3000, &[]);
+    let mut hits = Vec::new();
+    for policy in [smoe::Policy::Lru, smoe::Policy::Adaptive] {
+        let s = Streamer::open(
+            &v.file,
+            Config {
+                policy,
+                ..common::quiet_config(6, 2)
+            },
+        )
+        .unwrap();
+        assert_eq!(s.stats().policy, policy as u64);
+        for token in 0..40u32 {
+            for layer in 0..8 {
+                let expert = (token / 2) % 2;
+                s.prefetch(layer, expert, Priority::Demand).unwrap();
+                let c = s.claim_wait(layer, expert, WAIT).unwrap().unwrap();
+                v.check(layer, expert, &c);
+            }
+        }
+        let st = s.stats();
+        assert_eq!(st.claims, 320);
+        hits.push(st.hits);
+    }
+    assert!(hits[0] <= 8, "LRU hit the loop {} times", hits[0]);
+    assert!(
+        hits[1] >= 100,
+        "adaptive hit {} of 320 claims (LRU {})",
+        hits[1],
+        hits[0]
+    );
+}

@@ -78,7 +78,7 @@ macro_rules! config_schema {
             /// Eviction policy: [`Policy::Lru`](crate::Policy::Lru) (the
             /// default) or the layer-aware
             /// [`Policy::Adaptive`](crate::Policy::Adaptive).
-            policy: $crate::Policy = $crate::Policy::Lru,
+            policy: $crate::streamer::Policy = $crate::streamer::Policy::Lru,
         }
     };
 }

@@ -118,6 +118,8 @@ static void test_config_init(void) {
   CHECK(cfg.engine_overhead_bytes == 0, "engine_overhead_bytes");
   CHECK(cfg.freq_path == NULL, "freq_path");
   CHECK(cfg.trace_path == NULL, "trace_path");
+  CHECK(cfg.policy == SMOE_POLICY_LRU && SMOE_POLICY_LRU == 0 && SMOE_POLICY_ADAPTIVE == 1,
+        "policy %u", cfg.policy);
   EXPECT(smoe_config_init(NULL), SMOE_ERR_ARGUMENT);
   CHECK(strcmp(smoe_last_error(), "cfg is NULL") == 0, "config_init(NULL) message");
 
@@ -264,6 +266,23 @@ static void test_config_values(void) {
   CHECK(strstr(smoe_last_error(), "prewarm is 2") != NULL, "message names prewarm");
 
   smoe_config_init(&cfg);
+  cfg.policy = 2;
+  EXPECT(smoe_open(vault_file, &cfg, &s), SMOE_ERR_ARGUMENT);
+  CHECK(strstr(smoe_last_error(), "policy is 2") != NULL, "message names policy");
+
+  /* The adaptive policy is reported back in the stats. */
+  smoe_config_init(&cfg);
+  cfg.policy = SMOE_POLICY_ADAPTIVE;
+  cfg.prewarm = 0;
+  EXPECT(smoe_open(vault_file, &cfg, &s), SMOE_OK);
+  {
+    smoe_stats st = get_stats(s);
+    CHECK(st.policy == SMOE_POLICY_ADAPTIVE, "policy %llu", (unsigned long long)st.policy);
+  }
+  smoe_close(s);
+  s = NULL;
+
+  smoe_config_init(&cfg);
   cfg.verify = 7;
   EXPECT(smoe_open(vault_file, &cfg, &s), SMOE_ERR_ARGUMENT);
   CHECK(strstr(smoe_last_error(), "verify is 7") != NULL, "message names verify");
@@ -364,6 +383,7 @@ static void test_streaming(smoe_streamer *s) {
   CHECK(st.claims == 0 && st.hits == 0 && st.bytes_read == 0 && st.resident == 0,
         "fresh streamer has counts");
   CHECK(st.direct_io <= 1, "direct_io %llu", (unsigned long long)st.direct_io);
+  CHECK(st.policy == SMOE_POLICY_LRU, "policy %llu", (unsigned long long)st.policy);
 
   /* PENDING does not write `out`: a claim of a non-resident expert. */
   memset(&sentinel, 0xa5, sizeof sentinel);
