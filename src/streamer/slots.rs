@@ -342,26 +342,6 @@ fn next_stamp(tick: u64) -> u64 {
 /// their layer (evicted first).
 const STALE_GROUP: u32 = 2;
 
-/// The best victim so far of one ordering.
-#[derive(Clone, Copy)]
-struct Best {
-    key: (u32, u32, u64),
-    slot: Option<(u32, Word)>,
-}
-
-impl Best {
-    const NONE: Best = Best {
-        key: (0, 0, 0),
-        slot: None,
-    };
-    fn offer(&mut self, key: (u32, u32, u64), slot: (u32, Word)) {
-        if self.slot.is_none() || key > self.key {
-            self.key = key;
-            self.slot = Some(slot);
-        }
-    }
-}
-
 /// See the module doc.
 pub(crate) struct SlotTable {
     /// One cell per slot, each on its own cache line.
@@ -659,6 +639,36 @@ impl SlotTable {
     /// EMPTY slot at once). Under [`Policy::Lru`], the least recently used;
     /// under [`Policy::Adaptive`], see [`SlotTable::adaptive_rank`].
     fn victim(&self, id: u32, spare: Option<&[u64]>) -> Option<(u32, Word)> {
+        let now = self.clock.load(Ordering::Relaxed);
+        // A slot loaded but never claimed (READY) is the head of a prefetch
+        // burst the engine is about to claim: it is taken only when no idle
+        // claimed slot (CONSUMED) is left, or when it has waited unclaimed
+        // longer than UNCLAIMED_TURNOVERS turns of the ring (loads), so that
+        // speculation that never came true does not pin the ring.
+        let stale_before = now.saturating_sub(UNCLAIMED_TURNOVERS * u64::from(self.slots()));
+        match self.shape.policy {
+            Policy::Lru => self.scan(spare, stale_before, |_, _| 0),
+            Policy::Adaptive => {
+                let layer = id / self.shape.experts_per_layer;
+                self.scan(spare, stale_before, |cell, tick| {
+                    let (group, rank) = self.adaptive_rank(cell, layer, tick);
+                    u64::from(group) << 32 | u64::from(rank)
+                })
+            }
+        }
+    }
+
+    /// The scan of [`SlotTable::victim`]: the idle slot with the biggest
+    /// `rank(cell, tick)`, the least recently used among equals, from the
+    /// claimed (or stale unclaimed) slots if any, else from the unclaimed.
+    /// One pass over the cells, one cache line each.
+    #[inline(always)]
+    fn scan(
+        &self,
+        spare: Option<&[u64]>,
+        stale_before: u64,
+        rank: impl Fn(&Cell, u64) -> u64,
+    ) -> Option<(u32, Word)> {
         // The id of an idle slot is read after its word; a stale id (a take
         // racing the scan) only affects this choice, and the take's
         // compare-exchange on the word seen here fails if the slot changed.
@@ -668,42 +678,42 @@ impl SlotTable {
                 bits.get(id / 64).is_some_and(|b| b & (1 << (id % 64)) != 0)
             })
         };
-        let now = self.clock.load(Ordering::Relaxed);
-        let layer = id / self.shape.experts_per_layer;
-        let adaptive = self.shape.policy == Policy::Adaptive;
-        // A slot loaded but never claimed (READY) is the head of a prefetch
-        // burst the engine is about to claim: it is taken only when no idle
-        // claimed slot (CONSUMED) is left, or when it has waited unclaimed
-        // longer than UNCLAIMED_TURNOVERS turns of the ring (loads), so that
-        // speculation that never came true does not pin the ring.
-        let stale_before = now.saturating_sub(UNCLAIMED_TURNOVERS * u64::from(self.slots()));
-        // Bigger key, better victim: (group, rank in it, older stamp); under
-        // LRU only the stamp counts.
-        let mut best = Best::NONE;
-        let mut unclaimed = Best::NONE;
+        // Bigger (rank, !stamp), better victim; slot u32::MAX = none yet.
+        // Plain locals, one set per class, so the loop keeps them in
+        // registers.
+        let (mut c_rank, mut c_age, mut c_slot, mut c_word) = (0u64, 0u64, u32::MAX, 0u64);
+        let (mut u_rank, mut u_age, mut u_slot, mut u_word) = (0u64, 0u64, u32::MAX, 0u64);
         for (i, cell) in self.cells.iter().enumerate() {
             let w = cell.word.load(Ordering::Relaxed);
             if w & REF_MASK != 0 {
                 continue;
             }
-            let t = match w & STATE_MASK {
-                EMPTY => return Some((i as u32, Word(w))),
-                READY | CONSUMED if !spared(cell) => cell.stamp.load(Ordering::Relaxed) >> SEQ_BITS,
-                _ => continue,
-            };
-            let (group, rank) = if adaptive {
-                self.adaptive_rank(cell, layer, t)
-            } else {
-                (0, 0)
-            };
-            let key = (group, rank, u64::MAX - cell.stamp.load(Ordering::Relaxed));
-            if w & STATE_MASK == READY && t >= stale_before {
-                unclaimed.offer(key, (i as u32, Word(w)));
-            } else {
-                best.offer(key, (i as u32, Word(w)));
+            let state = w & STATE_MASK;
+            if state == EMPTY {
+                return Some((i as u32, Word(w)));
+            }
+            if (state != READY && state != CONSUMED) || spared(cell) {
+                continue;
+            }
+            let stamp = cell.stamp.load(Ordering::Relaxed);
+            let tick = stamp >> SEQ_BITS;
+            let r = rank(cell, tick);
+            let age = !stamp;
+            if state == READY && tick >= stale_before {
+                if u_slot == u32::MAX || (r, age) > (u_rank, u_age) {
+                    (u_rank, u_age, u_slot, u_word) = (r, age, i as u32, w);
+                }
+            } else if c_slot == u32::MAX || (r, age) > (c_rank, c_age) {
+                (c_rank, c_age, c_slot, c_word) = (r, age, i as u32, w);
             }
         }
-        best.slot.or(unclaimed.slot)
+        if c_slot != u32::MAX {
+            Some((c_slot, Word(c_word)))
+        } else if u_slot != u32::MAX {
+            Some((u_slot, Word(u_word)))
+        } else {
+            None
+        }
     }
 
     /// Under the adaptive policy, how good a victim the idle slot `cell` is
