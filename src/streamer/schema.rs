@@ -74,6 +74,28 @@ macro_rules! config_schema {
             /// off. Every OK claim is recorded and written to this file at
             /// close, replacing only a missing file or an earlier trace.
             trace_path: Option<::std::path::PathBuf> = None,
+            []
+            /// Pre-fault the ring's pages in the background after open (a
+            /// thread asks the OS to commit them slot by slot, never
+            /// changing their contents), so the first loads find them
+            /// committed. Off: pages are committed as slots are first
+            /// loaded.
+            populate: bool = false,
+            []
+            /// Lock the ring in memory (`mlock`): every page is committed at
+            /// open and never swapped. Refused by the OS (a small
+            /// `RLIMIT_MEMLOCK`, no privilege), open fails with
+            /// [`ErrorKind::NoMemory`](crate::ErrorKind::NoMemory) or
+            /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported)
+            /// naming the OS error. A locked ring is not elastic.
+            lock: bool = false,
+            [budget]
+            /// Elastic ring: a monitor thread watches memory pressure (the
+            /// cgroup's limit and non-reclaimable use, the system's available
+            /// memory) and takes idle slots offline, releasing their pages,
+            /// while memory is short; it gives them back when it is not
+            /// (docs/c-api.md, "Elastic ring"). Ignored when `lock` is on.
+            elastic: bool = true,
         }
     };
 }
@@ -149,6 +171,13 @@ macro_rules! stats_schema {
             /// ([`DEFAULT_TRACE_CAPACITY`](crate::streamer::DEFAULT_TRACE_CAPACITY)
             /// claims).
             trace_dropped,
+            /// Slots that may hold data now: `ring_slots` minus the slots the
+            /// elastic ring has taken offline under memory pressure.
+            slots_active,
+            /// Times the elastic ring shrank (took idle slots offline).
+            shrinks,
+            /// Times the elastic ring grew (gave offline slots back).
+            grows,
         }
     };
 }
@@ -232,6 +261,7 @@ mod tests {
             slot_mb: 3,
             scout_bytes: Some(5),
             engine_overhead_bytes: 9,
+            elastic: false,
             workers: 2,
             ..Config::default()
         };
@@ -242,6 +272,7 @@ mod tests {
                 slot_mb: 3,
                 scout_bytes: Some(5),
                 engine_overhead_bytes: 9,
+                elastic: false,
             }
         );
     }

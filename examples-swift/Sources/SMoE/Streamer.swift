@@ -82,6 +82,12 @@ public final class Streamer {
         /// written to this file at close as a routing trace (docs/c-api.md,
         /// "Trace capture").
         public var tracePath: String?
+        /// Pre-fault the ring's pages in the background after open.
+        public var populate = false
+        /// Lock the ring in memory (`mlock`); open fails if the OS refuses.
+        public var lock = false
+        /// Elastic ring: idle slots are given back under memory pressure.
+        public var elastic = true
 
         public init() {}
     }
@@ -127,6 +133,9 @@ public final class Streamer {
         cfg.verify = config.verify ? 1 : 0
         cfg.scout_bytes = config.scoutBytes
         cfg.engine_overhead_bytes = config.engineOverheadBytes
+        cfg.populate = config.populate ? 1 : 0
+        cfg.lock = config.lock ? 1 : 0
+        cfg.elastic = config.elastic ? 1 : 0
         var out: OpaquePointer?
         // freq_path and trace_path are read during smoe_open only, so
         // temporary C strings are enough.
