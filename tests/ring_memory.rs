@@ -227,3 +227,49 @@ fn lock_refused_under_a_small_memlock_limit() {
         "{line}"
     );
 }
+
+/// The figures of docs/performance.md: open time and RSS of an 8 GiB ring
+/// with populate off and on. Ignored (it commits 8 GiB): `cargo test
+/// --release --test ring_memory -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn populate_figures_8_gib() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let v = common::vault(1, 64, 100_000, &[]);
+    for populate in [false, true] {
+        let rss0 = common::rss_bytes();
+        let t0 = Instant::now();
+        let s = Streamer::open(
+            v.dir.path(),
+            Config {
+                slot_mb: 128,
+                populate,
+                ..common::quiet_config(64, 2)
+            },
+        )
+        .unwrap();
+        let open = t0.elapsed();
+        let after_open = common::rss_bytes().saturating_sub(rss0);
+        let mut full = None;
+        while t0.elapsed() < Duration::from_secs(30) {
+            if common::rss_bytes().saturating_sub(rss0) >= (8 << 30) - (64 << 20) {
+                full = Some(t0.elapsed());
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(if populate { 10 } else { 500 }));
+            if !populate && t0.elapsed() > Duration::from_secs(2) {
+                break;
+            }
+        }
+        let later = common::rss_bytes().saturating_sub(rss0);
+        let t1 = Instant::now();
+        drop(s);
+        let close = t1.elapsed();
+        eprintln!(
+            "8 GiB ring, populate {populate}: open {open:?}, RSS +{} MiB after open, \
+             +{} MiB at the end, all committed after {full:?}, close {close:?}",
+            after_open / MIB,
+            later / MIB
+        );
+    }
+}

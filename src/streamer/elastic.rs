@@ -40,6 +40,8 @@ pub const MIN_ACTIVE_SLOTS: u32 = 8;
 pub(crate) const STALL_BLOCKS_GROWTH: f64 = 10.0;
 
 const MIB: u64 = 1 << 20;
+/// Bytes committed by one populate call (a multiple of every page size).
+const POPULATE_CHUNK: usize = 4 << 20;
 
 /// The low and high watermarks of headroom for a memory limit: low is
 /// `limit / 16` within 128 MiB..=1 GiB, high twice that.
@@ -137,11 +139,18 @@ pub(crate) fn run(shared: Arc<Shared>, populate: bool, probe: Option<PressurePro
             // state the slot is in; an OFFLINE one is skipped (no elastic
             // step runs before this loop ends, so none is).
             if table.word(slot).state() != OFFLINE {
-                // Advice: a refusal only means the first load commits it.
-                let _ = shared
-                    .ring
-                    .reservation()
-                    .populate(slot as usize * slot_bytes, slot_bytes);
+                // In pieces of POPULATE_CHUNK, so a close waits for one
+                // piece at most (committing is slow where memory is
+                // virtualised: about 1 GB/s on the development VM).
+                let start = slot as usize * slot_bytes;
+                let mut done = 0;
+                while done < slot_bytes && !stopping() {
+                    let len = POPULATE_CHUNK.min(slot_bytes - done);
+                    // Advice: a refusal only means the first load commits
+                    // those pages.
+                    let _ = shared.ring.reservation().populate(start + done, len);
+                    done += len;
+                }
             }
         }
     }
