@@ -128,6 +128,7 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
         payload_seed: Some(spec.seed),
         trace: None,
         read_all: true,
+        elastic: true,
     };
     let bar = progress::count_bar(u64::from(args.tokens), "decode");
     let report = decode(vault, &opts, &mut |_| bar.inc(1))?;

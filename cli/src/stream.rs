@@ -38,6 +38,10 @@ pub struct DecodeOptions {
     /// Read (sum) every byte of each claimed expert inside the timed wait:
     /// the same work per expert as the mmap baseline of `smoe bench`.
     pub read_all: bool,
+    /// The library's elastic ring (its default). Off where the ring is
+    /// sized to a memory cap on purpose and must stay that size for a
+    /// comparison to mean anything (`smoe bench --mem-cap`).
+    pub elastic: bool,
 }
 
 /// Sums every byte of `bytes` (as little-endian u64 words, then the tail):
@@ -105,6 +109,7 @@ pub fn decode(
             ring_slots: opts.ring_slots,
             workers: opts.workers,
             direct_io: opts.direct_io,
+            elastic: opts.elastic,
             ..Config::default()
         },
     )?;

@@ -44,9 +44,9 @@ const MIB: u64 = 1 << 20;
 const POPULATE_CHUNK: usize = 4 << 20;
 
 /// The low and high watermarks of headroom for a memory limit: low is
-/// `limit / 16` within 128 MiB..=1 GiB, high twice that.
+/// `limit / 16` within 32 MiB..=1 GiB, high twice that.
 pub fn watermarks(limit_bytes: u64) -> (u64, u64) {
-    let low = (limit_bytes / 16).clamp(128 * MIB, 1024 * MIB);
+    let low = (limit_bytes / 16).clamp(32 * MIB, 1024 * MIB);
     (low, 2 * low)
 }
 
@@ -221,10 +221,10 @@ mod tests {
 
     #[test]
     fn watermarks_scale_with_the_limit() {
-        assert_eq!(watermarks(GIB), (128 * MIB, 256 * MIB));
+        assert_eq!(watermarks(GIB), (64 * MIB, 128 * MIB));
         assert_eq!(watermarks(3 * GIB), (192 * MIB, 384 * MIB));
         assert_eq!(watermarks(64 * GIB), (GIB, 2 * GIB));
-        assert_eq!(watermarks(0), (128 * MIB, 256 * MIB));
+        assert_eq!(watermarks(0), (32 * MIB, 64 * MIB));
     }
 
     #[test]

@@ -1037,11 +1037,20 @@ mod imp {
     }
 
     fn ring_full(shared: &Shared, layer: u32, expert: u32) -> Error {
+        let slots = shared.table.slots();
+        let active = shared.elastic.active.load(Ordering::Relaxed);
+        let offline = if active < slots {
+            format!(
+                " ({} of the ring's {slots} are offline: the elastic ring gave them back under memory pressure)",
+                slots - active
+            )
+        } else {
+            String::new()
+        };
         Error::new(
             ErrorKind::RingFull,
             format!(
-                "every one of the {} slots is claimed or loading; release a claim and retry",
-                shared.table.slots()
+                "every one of the {active} active slots{offline} is claimed or loading; release a claim and retry"
             ),
         )
         .with_expert(layer, expert)
