@@ -91,18 +91,32 @@ impl Cgroup {
             write(&dir.join("memory.limit_in_bytes"), &limit.to_string())?;
             (dir, home, false)
         } else if let Some(path) = v2 {
-            // Under the hierarchy's root (exempt from the no-internal-process
-            // rule), with the memory controller enabled for its children.
+            // Under the nearest ancestor of the process's cgroup, from the
+            // hierarchy's root down, that has the memory controller enabled
+            // for its children or lets it be enabled (the root is exempt
+            // from the no-internal-process rule; the process's own cgroup,
+            // holding this process, could not delegate it).
             let mount = Path::new("/sys/fs/cgroup");
             if !mount.join("cgroup.controllers").exists() {
                 return Err("no cgroup v2 hierarchy at /sys/fs/cgroup".into());
             }
-            let control =
-                fs::read_to_string(mount.join("cgroup.subtree_control")).unwrap_or_default();
-            if !control.split_whitespace().any(|c| c == "memory") {
-                write(&mount.join("cgroup.subtree_control"), "+memory")?;
-            }
-            let dir = mount.join(&name);
+            let own: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+            let parent = (0..own.len().max(1))
+                .map(|depth| {
+                    own[..depth]
+                        .iter()
+                        .fold(mount.to_path_buf(), |p, c| p.join(c))
+                })
+                .find(|dir| {
+                    let sub = dir.join("cgroup.subtree_control");
+                    let on = fs::read_to_string(&sub).unwrap_or_default();
+                    on.split_whitespace().any(|c| c == "memory")
+                        || fs::write(&sub, "+memory").is_ok()
+                })
+                .ok_or_else(|| {
+                    format!("no ancestor of cgroup {path} can delegate the memory controller")
+                })?;
+            let dir = parent.join(&name);
             fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
             write(&dir.join("memory.max"), &limit.to_string())?;
             let _ = fs::write(dir.join("memory.swap.max"), "0");
