@@ -122,6 +122,7 @@ pub(crate) fn run(shared: Arc<Shared>, populate: bool, probe: Option<PressurePro
     let table = &shared.table;
     let slots = table.slots();
     let slot_bytes = shared.slot_bytes as usize;
+    // Acquire: pairs with the Release store of `shutdown` in `stop`.
     let stopping = || shared.shutdown.load(Ordering::Acquire);
     if populate {
         for slot in 0..slots {

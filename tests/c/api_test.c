@@ -118,6 +118,8 @@ static void test_config_init(void) {
   CHECK(cfg.engine_overhead_bytes == 0, "engine_overhead_bytes");
   CHECK(cfg.freq_path == NULL, "freq_path");
   CHECK(cfg.trace_path == NULL, "trace_path");
+  CHECK(cfg.populate == 0 && cfg.lock == 0 && cfg.elastic == 1, "populate %u lock %u elastic %u",
+        cfg.populate, cfg.lock, cfg.elastic);
   EXPECT(smoe_config_init(NULL), SMOE_ERR_ARGUMENT);
   CHECK(strcmp(smoe_last_error(), "cfg is NULL") == 0, "config_init(NULL) message");
 
@@ -364,6 +366,10 @@ static void test_streaming(smoe_streamer *s) {
   CHECK(st.claims == 0 && st.hits == 0 && st.bytes_read == 0 && st.resident == 0,
         "fresh streamer has counts");
   CHECK(st.direct_io <= 1, "direct_io %llu", (unsigned long long)st.direct_io);
+  /* Elastic by default; a fresh ring under no pressure has every slot. */
+  CHECK(st.slots_active == 4 && st.shrinks == 0 && st.grows == 0,
+        "slots_active %llu shrinks %llu grows %llu", (unsigned long long)st.slots_active,
+        (unsigned long long)st.shrinks, (unsigned long long)st.grows);
 
   /* PENDING does not write `out`: a claim of a non-resident expert. */
   memset(&sentinel, 0xa5, sizeof sentinel);
