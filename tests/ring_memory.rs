@@ -273,3 +273,144 @@ fn populate_figures_8_gib() {
         );
     }
 }
+
+/// Writes a fake `/proc/meminfo` under `root` (atomically: the monitor may
+/// be reading it).
+fn fake_meminfo(root: &std::path::Path, total: u64, available: u64) {
+    let text = format!(
+        "MemTotal: {} kB\nMemFree: {} kB\nMemAvailable: {} kB\n",
+        total / 1024,
+        available / 1024,
+        available / 1024
+    );
+    let tmp = root.join("proc/meminfo.tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, root.join("proc/meminfo")).unwrap();
+}
+
+/// Polls until `done(stats)` or 10 s.
+fn wait_for(s: &Streamer, done: impl Fn(&smoe::Stats) -> bool) -> smoe::Stats {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = s.stats();
+        if done(&st) || Instant::now() > deadline {
+            return st;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The elastic ring through the whole streamer, without root: the monitor
+/// reads a fake `/proc/meminfo` (the hidden `pressure_root` hook) whose
+/// `MemAvailable` the test lowers and raises. Shrinking releases the
+/// offline slots' pages (RSS falls), claims stay right throughout, a ring
+/// shrunk to its floor answers RING_FULL as a ring of that size would, and
+/// growing gives every slot back.
+#[test]
+fn elastic_ring_shrinks_and_grows_with_fake_pressure() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    const GIB: u64 = 1 << 30;
+    let v = common::vault(1, 64, 4 * MIB - 16384, &[]);
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("proc")).unwrap();
+    // 4 GiB "machine": low watermark 256 MiB, high 512 MiB.
+    fake_meminfo(root.path(), 4 * GIB, 3 * GIB);
+    let s = Streamer::open(
+        v.dir.path(),
+        Config {
+            pressure_root: Some(root.path().to_path_buf()),
+            ..config()
+        },
+    )
+    .unwrap();
+    assert!(s.warnings().is_empty(), "{:?}", s.warnings());
+    for e in 0..64 {
+        s.prefetch(0, e, Priority::Demand).unwrap();
+    }
+    for e in 0..64 {
+        let c = s
+            .claim_wait(0, e, Duration::from_secs(10))
+            .unwrap()
+            .unwrap();
+        v.check(0, e, &c);
+    }
+    let full = common::rss_bytes();
+    assert_eq!(s.stats().resident, 64);
+
+    // Pressure: 100 MiB available. The monitor shrinks to the floor of 8
+    // slots (it would take 103) and releases 56 × 4 MiB.
+    fake_meminfo(root.path(), 4 * GIB, 100 * MIB);
+    let st = wait_for(&s, |st| st.slots_active == 8);
+    let shrunk = common::rss_bytes();
+    eprintln!(
+        "fake pressure: slots_active {} (shrinks {}), resident {}, RSS {} -> {} MiB",
+        st.slots_active,
+        st.shrinks,
+        st.resident,
+        full / MIB,
+        shrunk / MIB
+    );
+    assert_eq!((st.slots_active, st.resident), (8, 8), "{st:?}");
+    assert!(st.shrinks >= 1 && st.grows == 0, "{st:?}");
+    assert!(
+        full.saturating_sub(shrunk) >= 50 * 4 * MIB,
+        "RSS fell only from {full} to {shrunk}"
+    );
+    // Every expert is still claimable, right, through the 8 active slots.
+    for e in (0..64).rev() {
+        let c = s
+            .claim_wait(0, e, Duration::from_secs(10))
+            .unwrap()
+            .unwrap();
+        v.check(0, e, &c);
+    }
+    // Hold 8 claims: a ninth is RING_FULL, as with a ring of 8 slots.
+    let held: Vec<_> = (0..8)
+        .map(|e| {
+            s.claim_wait(0, e, Duration::from_secs(10))
+                .unwrap()
+                .unwrap()
+        })
+        .collect();
+    let err = s.claim_wait(0, 40, Duration::from_secs(10)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::RingFull, "{err}");
+    assert!(
+        err.to_string()
+            .contains("8 active slots (56 of the ring's 64 are offline"),
+        "{err}"
+    );
+    drop(held);
+
+    // Pressure ends: every slot comes back and is used again.
+    fake_meminfo(root.path(), 4 * GIB, 3 * GIB);
+    let st = wait_for(&s, |st| st.slots_active == 64);
+    assert_eq!(st.slots_active, 64, "{st:?}");
+    assert!(st.grows >= 1, "{st:?}");
+    for e in 0..64 {
+        s.prefetch(0, e, Priority::Demand).unwrap();
+    }
+    for e in 0..64 {
+        let c = s
+            .claim_wait(0, e, Duration::from_secs(10))
+            .unwrap()
+            .unwrap();
+        v.check(0, e, &c);
+    }
+    assert_eq!(s.stats().resident, 64);
+
+    // With elastic off there is no monitor: the same pressure changes nothing.
+    drop(s);
+    fake_meminfo(root.path(), 4 * GIB, 100 * MIB);
+    let fixed = Streamer::open(
+        v.dir.path(),
+        Config {
+            pressure_root: Some(root.path().to_path_buf()),
+            elastic: false,
+            ..config()
+        },
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    let st = fixed.stats();
+    assert_eq!((st.slots_active, st.shrinks), (64, 0), "{st:?}");
+}

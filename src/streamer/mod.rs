@@ -841,7 +841,11 @@ mod imp {
             }
             let mut warnings = Vec::new();
             let probe = if elastic {
-                match PressureProbe::new() {
+                let probe = match &config.pressure_root {
+                    Some(root) => PressureProbe::from_root(root),
+                    None => PressureProbe::new(),
+                };
+                match probe {
                     Ok(probe) => Some(probe),
                     Err(e) => {
                         warnings.push(format!(

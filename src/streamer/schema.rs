@@ -204,6 +204,13 @@ macro_rules! define_config {
             /// Not a setting of the C API.
             #[doc(hidden)]
             pub trace_capacity: usize,
+            /// Test hook: the elastic ring's monitor reads its memory files
+            /// (`proc/meminfo`, `proc/self/cgroup`, `sys/fs/cgroup/...`)
+            /// under this directory instead of `/` (Linux), so a test can
+            /// put the ring under pressure without root. Not a setting of
+            /// the C API.
+            #[doc(hidden)]
+            pub pressure_root: Option<::std::path::PathBuf>,
         }
 
         impl Default for Config {
@@ -212,6 +219,7 @@ macro_rules! define_config {
                     $($name: $default,)*
                     count_claims: true,
                     trace_capacity: crate::trace::DEFAULT_TRACE_CAPACITY,
+                    pressure_root: None,
                 }
             }
         }

@@ -224,6 +224,14 @@ impl PressureProbe {
         })
     }
 
+    /// No files to read on Apple: the probe is sysctls.
+    pub(super) fn from_root(_root: &std::path::Path) -> io::Result<PressureProbe> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the memory-pressure probe reads sysctls here, not files",
+        ))
+    }
+
     pub(super) fn sample(&self) -> io::Result<MemoryPressure> {
         let level = sysctl_uint(c"kern.memorystatus_level")?.min(100);
         // Unreadable (a sandbox): the available share alone decides.

@@ -467,6 +467,12 @@ impl PressureProbe {
         imp::PressureProbe::new().map(PressureProbe)
     }
 
+    /// [`PressureProbe::new`] reading every file under `root` instead of
+    /// `/` (tests); `Unsupported` on Apple, whose probe reads sysctls.
+    pub fn from_root(root: &Path) -> io::Result<PressureProbe> {
+        imp::PressureProbe::from_root(root).map(PressureProbe)
+    }
+
     /// One sample.
     pub fn sample(&self) -> io::Result<MemoryPressure> {
         self.0.sample()
