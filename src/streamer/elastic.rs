@@ -22,7 +22,8 @@
 //! waits for one (a slot it cannot retire now is retried at the next
 //! sample), and keeps at least [`MIN_ACTIVE_SLOTS`] slots (or the whole ring
 //! if smaller). Between samples the thread sleeps (`park_timeout`), so an
-//! idle streamer pays a few small file reads every [`INTERVAL`].
+//! idle streamer pays a few small file reads every [`INTERVAL`]
+//! ([`FAST_INTERVAL`] while the headroom is under the high watermark).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -34,6 +35,10 @@ use crate::sys::{MemoryPressure, PressureProbe};
 
 /// Time between two samples of memory pressure.
 pub(crate) const INTERVAL: Duration = Duration::from_millis(200);
+/// Time between two samples while the headroom is under the high
+/// watermark: a neighbour's allocations are met sooner, and only while
+/// memory is short does the monitor cost more.
+pub(crate) const FAST_INTERVAL: Duration = Duration::from_millis(50);
 /// The elastic ring never goes below this many slots (or the ring's size).
 pub const MIN_ACTIVE_SLOTS: u32 = 8;
 /// A memory stall (`some avg10`, percent) at or above this blocks growth.
@@ -161,13 +166,20 @@ pub(crate) fn run(shared: Arc<Shared>, populate: bool, probe: Option<PressurePro
     // Only this thread retires or restores slots, so it keeps the list.
     let mut offline: Vec<u32> = Vec::new();
     let state = &shared.elastic;
+    let mut interval = INTERVAL;
     loop {
-        std::thread::park_timeout(INTERVAL);
+        std::thread::park_timeout(interval);
         if stopping() {
             return;
         }
         let Ok(sample) = probe.sample() else {
+            interval = INTERVAL;
             continue;
+        };
+        interval = if sample.headroom_bytes < watermarks(sample.limit_bytes).1 {
+            FAST_INTERVAL
+        } else {
+            INTERVAL
         };
         match decide(&sample, slots, offline.len() as u32, shared.slot_bytes) {
             Step::Shrink(n) => {
