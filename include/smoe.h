@@ -189,6 +189,28 @@ typedef struct smoe_config {
    * `SMOE_ERR_ARGUMENT`.
    */
   uint32_t policy;
+  /**
+   * Added after version 1: 1 = pre-fault the ring's pages in the
+   * background after open (slot by slot, contents unchanged); default 0,
+   * pages are committed as slots are first loaded.
+   */
+  uint32_t populate;
+  /**
+   * Added after version 1: 1 = lock the ring in memory (`mlock`: every
+   * page committed at open, never swapped); default 0. When the OS
+   * refuses (`RLIMIT_MEMLOCK`, privilege), `smoe_open` fails with
+   * `SMOE_ERR_NO_MEMORY` or `SMOE_ERR_UNSUPPORTED` and the OS error in
+   * the message. A locked ring is not elastic.
+   */
+  uint32_t lock;
+  /**
+   * Added after version 1: 1 (default) = elastic ring: idle slots are
+   * taken offline and their pages released while memory is short (the
+   * cgroup's limit, the system's available memory), and given back when
+   * it is not (docs/c-api.md, "Elastic ring"); 0 = a fixed ring. Ignored
+   * when `lock` is 1.
+   */
+  uint32_t elastic;
 } smoe_config;
 
 /**
@@ -323,6 +345,19 @@ typedef struct smoe_stats {
    * (`SMOE_POLICY_LRU` or `SMOE_POLICY_ADAPTIVE`).
    */
   uint64_t policy;
+  /**
+   * Added after version 1's list: slots that may hold data now
+   * (`ring_slots` minus those the elastic ring took offline).
+   */
+  uint64_t slots_active;
+  /**
+   * Added after version 1's list: times the elastic ring shrank.
+   */
+  uint64_t shrinks;
+  /**
+   * Added after version 1's list: times the elastic ring grew back.
+   */
+  uint64_t grows;
 } smoe_stats;
 
 #ifdef __cplusplus

@@ -22,7 +22,8 @@ use crate::vault::{Vault, DEFAULT_ALIGNMENT};
 
 /// Engine memory besides the ring and the scout when the config says 0.
 pub const DEFAULT_ENGINE_OVERHEAD_BYTES: u64 = 2 << 30;
-/// The floor (memory left to the rest of the system) is at least this.
+/// The floor (memory left to the rest of the system) is at least this,
+/// except for an elastic ring under a cgroup limit (see [`plan_ring`]).
 pub const MIN_FLOOR_BYTES: u64 = 4 << 30;
 /// Fewest slots the automatic sizing gives (before the cap at the entry count).
 pub const MIN_AUTO_SLOTS: u32 = 64;
@@ -167,7 +168,8 @@ pub struct RingPlan {
     pub scout_bytes: u64,
     /// Engine memory besides the ring and the scout.
     pub engine_overhead_bytes: u64,
-    /// Memory left to everything else: `max(ram / 8, 4 GiB)`.
+    /// Memory left to everything else: `max(ram / 8, 4 GiB)`, or `ram / 8`
+    /// for an elastic ring under a cgroup limit.
     pub floor_bytes: u64,
     /// `avail − scout − overhead − floor`, saturating at 0.
     pub subtractive_budget_bytes: u64,
@@ -189,6 +191,12 @@ pub struct RingPlan {
     pub clamp: SlotClamp,
     /// `slots × slot_bytes`: the memory the ring will take.
     pub ring_bytes: u64,
+    /// The ring is elastic (it gives idle slots back under memory
+    /// pressure, docs/c-api.md "Elastic ring").
+    pub elastic: bool,
+    /// `ram_bytes` is a cgroup's limit, so the floor had no 4 GiB minimum
+    /// when the ring is elastic.
+    pub cgroup_limited: bool,
     /// Where each input came from.
     pub sources: PlanSources,
 }
@@ -196,7 +204,7 @@ pub struct RingPlan {
 /// Sizes the ring (docs/c-api.md, "Ring sizing") from fixed inputs; touches nothing outside.
 ///
 /// ```text
-/// floor  = max(ram / 8, 4 GiB)
+/// floor  = max(ram / 8, 4 GiB)       (ram / 8: elastic, under a cgroup limit)
 /// budget = avail − scout − overhead − floor      (saturating at 0)
 /// bytes  = max(budget, avail / 4)
 /// slots  = clamp(bytes / slot_bytes, 64, 4096), then min(slots, n_entries)
@@ -205,6 +213,13 @@ pub struct RingPlan {
 /// With `config.ring_slots` set, `slots` is that number, still capped at
 /// `n_entries`. `slot_bytes` is the largest padded blob rounded up to
 /// [`DEFAULT_ALIGNMENT`], or `config.slot_mb` MiB.
+///
+/// The 4 GiB minimum of the floor keeps memory for the rest of a machine.
+/// Inside a memory cgroup the rest of the machine is outside the limit,
+/// which already protects it, and an elastic ring gives its idle slots
+/// back when a neighbour in the cgroup needs memory; so an elastic ring
+/// under a cgroup limit keeps only `ram / 8` (of the limit) as its floor.
+/// Without a cgroup limit, or with `elastic` off, the formula is unchanged.
 ///
 /// # Errors
 ///
@@ -239,7 +254,11 @@ pub fn plan_ring(
 
     let avail_bytes = snapshot.avail_bytes;
     let ram_bytes = snapshot.ram_bytes;
-    let floor_bytes = (ram_bytes / 8).max(MIN_FLOOR_BYTES);
+    let floor_bytes = if config.elastic && snapshot.cgroup_limited {
+        ram_bytes / 8
+    } else {
+        (ram_bytes / 8).max(MIN_FLOOR_BYTES)
+    };
     let subtractive_budget_bytes = avail_bytes
         .saturating_sub(scout_bytes)
         .saturating_sub(engine_overhead_bytes)
@@ -289,6 +308,8 @@ pub fn plan_ring(
         n_entries: vault.n_entries,
         clamp,
         ring_bytes: u64::from(slots).saturating_mul(slot_bytes),
+        elastic: config.elastic,
+        cgroup_limited: snapshot.cgroup_limited,
         sources: PlanSources {
             avail: snapshot.avail_source.clone(),
             ram: snapshot.ram_source.clone(),
@@ -354,6 +375,7 @@ pub fn plan_for(vault: &Vault, config: &BudgetConfig) -> Result<RingPlan> {
                 ram_bytes: 0,
                 avail_source: source.clone(),
                 ram_source: source,
+                cgroup_limited: false,
             }
         }
         Err(err) => {
@@ -379,7 +401,85 @@ mod tests {
             ram_bytes,
             avail_source: "test avail".to_owned(),
             ram_source: "test ram".to_owned(),
+            cgroup_limited: false,
         }
+    }
+
+    /// A process in a memory cgroup of `limit` bytes using 256 MiB of it.
+    fn in_cgroup(limit: u64) -> MemorySnapshot {
+        MemorySnapshot {
+            avail_bytes: limit - 256 * MIB,
+            ram_bytes: limit,
+            avail_source: "cgroup v2 memory.max - memory.current".to_owned(),
+            ram_source: "cgroup v2 memory.max".to_owned(),
+            cgroup_limited: true,
+        }
+    }
+
+    /// The plan under cgroup limits of 2, 4, 8 and 16 GiB (issue 13): the
+    /// ring's bytes with the elastic ring (the default) and without, for a
+    /// vault of 8 MiB blobs, no scout, the default 2 GiB engine overhead.
+    #[test]
+    fn plan_under_cgroup_limits() {
+        let vault = shape(8 * MIB, 100_000, 0);
+        let elastic = BudgetConfig::default();
+        assert!(elastic.elastic, "elastic is the default");
+        let fixed = BudgetConfig {
+            elastic: false,
+            ..BudgetConfig::default()
+        };
+        // (limit GiB, elastic ring MiB, fixed ring MiB): budget / 8 MiB
+        // slots (at least 64), times 8 MiB.
+        let expected = [
+            // 1.75 GiB avail: both fall back to avail / 4 = 448 MiB, raised
+            // to the minimum of 64 slots.
+            (2, 512, 512),
+            // 3.75 − 2 − 0.5 = 1.25 GiB against avail / 4 = 0.94 GiB.
+            (4, 1280, 960),
+            // 7.75 − 2 − 1 = 4.75 GiB against 7.75 − 2 − 4 = 1.75 < 1.94.
+            (8, 4864, 1984),
+            // 15.75 − 2 − 2 = 11.75 GiB against 15.75 − 6 = 9.75 GiB.
+            (16, 12032, 9984),
+        ];
+        for (limit, elastic_mib, fixed_mib) in expected {
+            let snap = in_cgroup(limit * GIB);
+            let e = plan_ring(&snap, &vault, &elastic).unwrap();
+            let f = plan_ring(&snap, &vault, &fixed).unwrap();
+            eprintln!(
+                "cgroup {limit} GiB: elastic {} slots = {} MiB (floor {} MiB), fixed {} slots = {} MiB",
+                e.slots,
+                e.ring_bytes / MIB,
+                e.floor_bytes / MIB,
+                f.slots,
+                f.ring_bytes / MIB
+            );
+            assert_eq!(e.floor_bytes, limit * GIB / 8);
+            assert_eq!(f.floor_bytes, 4 * GIB);
+            assert_eq!(
+                (e.ring_bytes / MIB, f.ring_bytes / MIB),
+                (elastic_mib, fixed_mib),
+                "{limit} GiB"
+            );
+            assert!(e.elastic && e.cgroup_limited);
+            // Never more than the limit less the engine's overhead.
+            assert!(
+                e.ring_bytes <= limit * GIB - 2 * GIB || e.budget_bytes == e.quarter_avail_bytes
+            );
+        }
+        // No cgroup limit: the original formula, elastic or not.
+        let machine = snapshot(40 * GIB, 64 * GIB);
+        assert_eq!(
+            plan_ring(&machine, &vault, &elastic).unwrap(),
+            RingPlan {
+                elastic: true,
+                ..plan_ring(&machine, &vault, &fixed).unwrap()
+            }
+        );
+        let small = snapshot(7 * GIB, 8 * GIB);
+        assert_eq!(
+            plan_ring(&small, &vault, &elastic).unwrap().floor_bytes,
+            4 * GIB
+        );
     }
 
     fn shape(padded_size: u64, n_entries: u32, scout_bytes: u64) -> VaultShape {

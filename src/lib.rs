@@ -72,6 +72,12 @@ pub mod internals {
             plan_for, plan_ring, BudgetConfig, LargestBlob, VaultShape,
             DEFAULT_ENGINE_OVERHEAD_BYTES, MAX_AUTO_SLOTS, MIN_AUTO_SLOTS, MIN_FLOOR_BYTES,
         };
+        /// The elastic ring's watermarks and least slot count, for `smoe
+        /// budget`'s account of how the ring behaves under pressure.
+        #[cfg(not(loom))]
+        pub use crate::streamer::elastic::{
+            watermarks as elastic_watermarks, MIN_ACTIVE_SLOTS as ELASTIC_MIN_ACTIVE_SLOTS,
+        };
     }
 
     /// The claim histogram and its file (docs/format.md §4).

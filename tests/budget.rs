@@ -29,6 +29,7 @@ mod budget_plan {
             ram_bytes,
             avail_source: "fixture MemAvailable".to_owned(),
             ram_source: "fixture MemTotal".to_owned(),
+            cgroup_limited: false,
         }
     }
 
@@ -366,12 +367,14 @@ mod budget_plan {
             slot_mb in prop_oneof![Just(0u32), any::<u32>()],
             scout_override in any::<Option<u64>>(),
             overhead in prop_oneof![Just(0u64), any::<u64>()],
+            elastic in any::<bool>(),
         ) {
             let config = BudgetConfig {
                 ring_slots,
                 slot_mb,
                 scout_bytes: scout_override,
                 engine_overhead_bytes: overhead,
+                elastic,
             };
             let result = plan_ring(&snapshot(avail, ram), &shape(padded, n_entries, scout), &config);
             let p = match result {
@@ -382,6 +385,8 @@ mod budget_plan {
                 }
                 Ok(p) => p,
             };
+            // The fixture snapshot has no cgroup limit: elastic or not,
+            // the original floor.
             let floor = (ram / 8).max(4 * GIB);
             let overhead = if overhead == 0 { 2 * GIB } else { overhead };
             let scout = scout_override.unwrap_or(scout);

@@ -1,4 +1,6 @@
-//! Idle workers sleep: 16 workers with nothing to read use almost no CPU.
+//! Idle workers sleep: 16 workers with nothing to read, and the elastic
+//! ring's memory monitor (on by default, sampling every 200 ms), use almost
+//! no CPU.
 //! This is its own test binary so no other test's threads share the
 //! process's CPU accounting.
 
@@ -32,12 +34,21 @@ fn sixteen_idle_workers_use_under_one_percent_of_a_core() {
         );
     }
     std::thread::sleep(Duration::from_millis(100));
+    // The memory monitor is among the threads measured.
+    let threads: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .collect();
+    assert!(
+        threads.iter().any(|c| c.trim() == "smoe-memory"),
+        "{threads:?}"
+    );
     let (cpu0, t0) = (common::process_cpu(), Instant::now());
     std::thread::sleep(Duration::from_secs(2));
     let (cpu, wall) = (common::process_cpu() - cpu0, t0.elapsed());
     let share = cpu.as_secs_f64() / wall.as_secs_f64();
     eprintln!(
-        "16 idle workers: {cpu:?} CPU over {wall:?} = {:.3}% of a core",
+        "16 idle workers and the memory monitor: {cpu:?} CPU over {wall:?} = {:.3}% of a core",
         share * 100.0
     );
     assert!(

@@ -37,6 +37,9 @@ pub struct BudgetArgs {
     #[arg(long, default_value_t = 0, allow_negative_numbers = true,
           value_parser = flags::whole_u64)]
     pub overhead_bytes: u64,
+    /// Plan a fixed ring (`elastic` off) instead of the default elastic one.
+    #[arg(long)]
+    pub no_elastic: bool,
 }
 
 /// Runs `smoe budget`: opens (and so validates) the vault, probes memory and
@@ -48,6 +51,7 @@ pub fn run(args: &BudgetArgs) -> Result<(), Failure> {
         slot_mb: args.slot_mb,
         scout_bytes: args.scout_bytes,
         engine_overhead_bytes: args.overhead_bytes,
+        elastic: !args.no_elastic,
     };
     let plan = plan_for(&vault, &config)?;
     if args.json {
@@ -108,9 +112,14 @@ fn human_plan(vault: &Vault, plan: &RingPlan) -> String {
         "engine overhead",
         format!("{}  from {}", bytes(plan.engine_overhead_bytes), s.overhead),
     );
+    let floor_rule = if plan.elastic && plan.cgroup_limited {
+        "= ram / 8 (an elastic ring under a cgroup limit: no 4 GiB minimum)"
+    } else {
+        "= max(ram / 8, 4 GiB)"
+    };
     line(
         "floor",
-        format!("{}  = max(ram / 8, 4 GiB)", bytes(plan.floor_bytes)),
+        format!("{}  {floor_rule}", bytes(plan.floor_bytes)),
     );
     line(
         "subtractive",
@@ -157,5 +166,25 @@ fn human_plan(vault: &Vault, plan: &RingPlan) -> String {
         "ring",
         format!("{}  = slots × slot", bytes(plan.ring_bytes)),
     );
+    line("under pressure", pressure_behaviour(plan));
     text
+}
+
+/// How the ring will behave when memory runs short, in one sentence.
+fn pressure_behaviour(plan: &RingPlan) -> String {
+    if !plan.elastic {
+        return "fixed ring (elastic off): it keeps every slot; under pressure the OS reclaims or kills"
+            .to_owned();
+    }
+    let (low, high) = smoe::internals::budget::elastic_watermarks(plan.ram_bytes);
+    format!(
+        "elastic: when less than {} can still be committed (of {}; page cache not counted), \
+         idle slots go offline and their pages are released until {} is free again, keeping at \
+         least {} slots; they come back when memory is free again",
+        human_bytes(low),
+        human_bytes(plan.ram_bytes),
+        human_bytes(high),
+        plan.slots
+            .min(smoe::internals::budget::ELASTIC_MIN_ACTIVE_SLOTS)
+    )
 }

@@ -140,6 +140,7 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
         read_all: true,
         policy: args.policy.policy(),
         capture: None,
+        elastic: true,
     };
     let bar = progress::count_bar(u64::from(args.tokens), "decode");
     let report = decode(vault, &opts, &mut |_| bar.inc(1))?;

@@ -42,6 +42,10 @@ pub struct DecodeOptions {
     pub policy: smoe::Policy,
     /// Record the claims into this routing-trace file (`trace_path`).
     pub capture: Option<std::path::PathBuf>,
+    /// The library's elastic ring (its default). Off where the ring is
+    /// sized to a memory cap on purpose and must stay that size for a
+    /// comparison to mean anything (`smoe bench --mem-cap`).
+    pub elastic: bool,
 }
 
 /// Sums every byte of `bytes` (as little-endian u64 words, then the tail):
@@ -111,6 +115,7 @@ pub fn decode(
             direct_io: opts.direct_io,
             policy: opts.policy,
             trace_path: opts.capture.clone(),
+            elastic: opts.elastic,
             ..Config::default()
         },
     )?;

@@ -90,6 +90,22 @@ pub struct smoe_config {
     /// docs/c-api.md, "Eviction"). Any other value fails `smoe_open` with
     /// `SMOE_ERR_ARGUMENT`.
     pub policy: u32,
+    /// Added after version 1: 1 = pre-fault the ring's pages in the
+    /// background after open (slot by slot, contents unchanged); default 0,
+    /// pages are committed as slots are first loaded.
+    pub populate: u32,
+    /// Added after version 1: 1 = lock the ring in memory (`mlock`: every
+    /// page committed at open, never swapped); default 0. When the OS
+    /// refuses (`RLIMIT_MEMLOCK`, privilege), `smoe_open` fails with
+    /// `SMOE_ERR_NO_MEMORY` or `SMOE_ERR_UNSUPPORTED` and the OS error in
+    /// the message. A locked ring is not elastic.
+    pub lock: u32,
+    /// Added after version 1: 1 (default) = elastic ring: idle slots are
+    /// taken offline and their pages released while memory is short (the
+    /// cgroup's limit, the system's available memory), and given back when
+    /// it is not (docs/c-api.md, "Elastic ring"); 0 = a fixed ring. Ignored
+    /// when `lock` is 1.
+    pub elastic: u32,
 }
 
 /// A claimed expert, filled by `smoe_claim`/`smoe_claim_wait`; pass it to
@@ -168,6 +184,13 @@ pub struct smoe_stats {
     /// Added after version 1's list: the eviction policy in use
     /// (`SMOE_POLICY_LRU` or `SMOE_POLICY_ADAPTIVE`).
     pub policy: u64,
+    /// Added after version 1's list: slots that may hold data now
+    /// (`ring_slots` minus those the elastic ring took offline).
+    pub slots_active: u64,
+    /// Added after version 1's list: times the elastic ring shrank.
+    pub shrinks: u64,
+    /// Added after version 1's list: times the elastic ring grew back.
+    pub grows: u64,
 }
 
 /// An open streamer (opaque). Made by `smoe_open`, freed by `smoe_close`;

@@ -6,6 +6,8 @@
 //! Nothing here knows about C: the `ffi` module wraps this API.
 
 #[cfg(not(loom))]
+pub(crate) mod elastic;
+#[cfg(not(loom))]
 mod prewarm;
 mod ring;
 mod schema;
@@ -36,6 +38,7 @@ mod imp {
 
     use crossbeam_utils::CachePadded;
 
+    use super::elastic::{self, ElasticState};
     use super::prewarm;
     use super::ring::Ring;
     use super::slots::{Claimed, Origin, Policy, Prefetched, Shape, SlotTable};
@@ -44,7 +47,7 @@ mod imp {
     use crate::budget::RingPlan;
     use crate::error::{Error, ErrorKind, Result};
     use crate::popularity::Histogram;
-    use crate::sys::{DirectIo, OpenedFile};
+    use crate::sys::{DirectIo, OpenedFile, PressureProbe};
     use crate::trace::TraceRecorder;
     use crate::vault::{Entry, Vault, DEFAULT_ALIGNMENT};
 
@@ -117,6 +120,8 @@ mod imp {
         pub(crate) prewarm: prewarm::Control,
         /// Trace capture (`trace_path`), when on.
         pub(crate) trace: Option<TraceRecorder>,
+        /// The elastic ring's slot count and counters.
+        pub(crate) elastic: ElasticState,
     }
 
     /// Streams expert blobs from a vault into a ring of slots. See the module
@@ -125,6 +130,8 @@ mod imp {
         shared: Arc<Shared>,
         threads: Vec<JoinHandle<()>>,
         prewarm_thread: Option<JoinHandle<()>>,
+        /// The memory thread (populate, elastic monitor), when either is on.
+        memory_thread: Option<JoinHandle<()>>,
         workers: u32,
         direct_all: bool,
         warnings: Vec<String>,
@@ -264,6 +271,7 @@ mod imp {
                 histogram,
                 prewarm_budget,
                 trace,
+                probe,
                 warnings,
             } = resolved;
             let ids = vault.header().expert_ids() as u32;
@@ -283,6 +291,7 @@ mod imp {
                         layers: vault.header().n_layers.max(1),
                     },
                 ),
+                elastic: ElasticState::new(plan.slots),
                 ring,
                 slot_bytes: plan.slot_bytes,
                 verify: config.verify,
@@ -307,10 +316,24 @@ mod imp {
             } else {
                 None
             };
+            let populate = config.populate && !config.lock;
+            let memory_thread = if populate || probe.is_some() {
+                match start_memory(&shared, populate, probe) {
+                    Ok(thread) => Some(thread),
+                    Err(err) => {
+                        let mut prewarm_thread = prewarm_thread;
+                        stop(&shared, &mut threads, &mut prewarm_thread);
+                        return Err(err);
+                    }
+                }
+            } else {
+                None
+            };
             Ok(Streamer {
                 shared,
                 threads,
                 prewarm_thread,
+                memory_thread,
                 workers,
                 direct_all,
                 warnings,
@@ -688,6 +711,9 @@ mod imp {
                     Policy::Lru => 0,
                     Policy::Adaptive => 1,
                 },
+                slots_active: u64::from(self.shared.elastic.active.load(Ordering::Relaxed)),
+                shrinks: self.shared.elastic.shrinks.load(Ordering::Relaxed),
+                grows: self.shared.elastic.grows.load(Ordering::Relaxed),
             }
         }
 
@@ -770,6 +796,8 @@ mod imp {
         histogram: Histogram,
         prewarm_budget: u32,
         trace: Option<TraceRecorder>,
+        /// The elastic ring's memory probe, when the ring is elastic.
+        probe: Option<PressureProbe>,
         /// The open-time warnings, for [`Streamer::warnings`].
         warnings: Vec<String>,
     }
@@ -781,7 +809,14 @@ mod imp {
         /// thread.
         fn new(vault: &Vault, config: &Config) -> Result<Resolved> {
             let workers = worker_count(config.workers)?;
-            let plan = crate::budget::plan_for(vault, &config.budget())?;
+            // A locked ring cannot release pages (madvise refuses locked
+            // ones), so it is never elastic; the sizing must know.
+            let elastic = config.elastic && !config.lock;
+            let budget = crate::budget::BudgetConfig {
+                elastic,
+                ..config.budget()
+            };
+            let plan = crate::budget::plan_for(vault, &budget)?;
             // The ring is reserved, not committed, so the OS would accept a
             // ring larger than the machine (an override of slots or slot
             // size) and its reads would exhaust memory later: refuse it now.
@@ -799,7 +834,42 @@ mod imp {
                 ));
             }
             let ring = Ring::new(plan.slots, plan.slot_bytes)?;
+            if config.lock {
+                ring.reservation().lock().map_err(|e| {
+                    let kind = if e.raw_os_error() == Some(libc::EPERM) {
+                        ErrorKind::Unsupported
+                    } else {
+                        ErrorKind::NoMemory
+                    };
+                    Error::new(
+                        kind,
+                        format!(
+                            "lock: the OS refused to lock the ring of {ring_bytes} bytes in memory \
+                             (mlock: {e}); raise the locked-memory limit (ulimit -l, \
+                             RLIMIT_MEMLOCK) or open with lock off"
+                        ),
+                    )
+                    .with_os_error(e.raw_os_error())
+                })?;
+            }
             let mut warnings = Vec::new();
+            let probe = if elastic {
+                let probe = match &config.pressure_root {
+                    Some(root) => PressureProbe::from_root(root),
+                    None => PressureProbe::new(),
+                };
+                match probe {
+                    Ok(probe) => Some(probe),
+                    Err(e) => {
+                        warnings.push(format!(
+                            "the elastic ring is off: memory pressure cannot be read ({e})"
+                        ));
+                        None
+                    }
+                }
+            } else {
+                None
+            };
             let files = open_worker_files(vault, workers, config.direct_io)?;
             let direct_all = files.iter().all(|f| f.direct);
             if !direct_all && config.direct_io == DirectIo::Auto {
@@ -827,6 +897,7 @@ mod imp {
                 direct_all,
                 histogram,
                 trace,
+                probe,
                 warnings,
             })
         }
@@ -953,13 +1024,49 @@ mod imp {
         }
     }
 
+    /// Starts the memory thread (populate, elastic monitor), which catches
+    /// its own panics and marks the streamer broken.
+    fn start_memory(
+        shared: &Arc<Shared>,
+        populate: bool,
+        probe: Option<PressureProbe>,
+    ) -> Result<JoinHandle<()>> {
+        let shared2 = shared.clone();
+        std::thread::Builder::new()
+            .name("smoe-memory".into())
+            .spawn(move || {
+                let s = shared2.clone();
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    elastic::run(s, populate, probe)
+                }));
+                if r.is_err() {
+                    // Release: later calls that Acquire `broken` fail cleanly.
+                    shared2.broken.store(true, Ordering::Release);
+                    shared2.landed.notify();
+                }
+            })
+            .map_err(|e| {
+                Error::new(
+                    ErrorKind::Internal,
+                    format!("could not start the memory thread: {e}"),
+                )
+            })
+    }
+
     fn ring_full(shared: &Shared, layer: u32, expert: u32) -> Error {
+        let slots = shared.table.slots();
+        let active = shared.elastic.active.load(Ordering::Relaxed);
+        let which = if active < slots {
+            format!(
+                "{active} active slots ({} of the ring's {slots} are offline: the elastic ring gave them back under memory pressure)",
+                slots - active
+            )
+        } else {
+            format!("{slots} slots")
+        };
         Error::new(
             ErrorKind::RingFull,
-            format!(
-                "every one of the {} slots is claimed or loading; release a claim and retry",
-                shared.table.slots()
-            ),
+            format!("every one of the {which} is claimed or loading; release a claim and retry"),
         )
         .with_expert(layer, expert)
     }
@@ -985,6 +1092,11 @@ mod imp {
     impl Drop for Streamer {
         fn drop(&mut self) {
             stop(&self.shared, &mut self.threads, &mut self.prewarm_thread);
+            // `stop` set `shutdown`; the unpark ends the monitor's sleep.
+            if let Some(t) = self.memory_thread.take() {
+                t.thread().unpark();
+                let _ = t.join();
+            }
             // Nobody is left to report a failure to; `flush_stats` is the
             // call that reports one.
             let _ = self.shared.histogram.persist();

@@ -12,6 +12,8 @@
 //! evicts another of the warm set (it stops when only those are idle). It
 //! never claims (so it never
 //! takes a read error meant for the engine), and it is joined at close.
+//! While the elastic ring is shrunk, the budget shrinks with it, the
+//! engine's share of slots kept.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -108,7 +110,13 @@ fn warm_pass(shared: &Shared) {
     // untrusted input): only real experts are targets.
     let mut targets = shared.histogram.hottest_first();
     targets.retain(|&id| shared.vault.entry_by_id(id).is_some());
-    targets.truncate(control.budget as usize);
+    // A ring the elastic monitor shrank keeps the engine's share of slots
+    // (`slots − budget`) and warms fewer experts, so warming never fights
+    // the engine for the slots memory pressure left.
+    let slots = shared.table.slots();
+    let active = shared.elastic.active.load(Ordering::Relaxed).min(slots);
+    let reserve = slots.saturating_sub(control.budget);
+    targets.truncate(active.saturating_sub(reserve).min(control.budget) as usize);
     // Warming one target must never evict another.
     let mut spare = vec![0u64; shared.histogram.len().div_ceil(64)];
     for &id in &targets {

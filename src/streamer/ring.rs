@@ -56,6 +56,12 @@ impl Ring {
         })
     }
 
+    /// The mapping, for the calls that act on its pages (populate,
+    /// discard, lock); which slots they may touch is the caller's to decide.
+    pub(crate) fn reservation(&self) -> &Reservation {
+        &self.memory
+    }
+
     pub(crate) fn base(&self) -> *mut u8 {
         self.memory.as_ptr()
     }

@@ -79,6 +79,28 @@ macro_rules! config_schema {
             /// default) or the layer-aware
             /// [`Policy::Adaptive`](crate::Policy::Adaptive).
             policy: $crate::streamer::Policy = $crate::streamer::Policy::Lru,
+            []
+            /// Pre-fault the ring's pages in the background after open (a
+            /// thread asks the OS to commit them slot by slot, never
+            /// changing their contents), so the first loads find them
+            /// committed. Off: pages are committed as slots are first
+            /// loaded.
+            populate: bool = false,
+            []
+            /// Lock the ring in memory (`mlock`): every page is committed at
+            /// open and never swapped. Refused by the OS (a small
+            /// `RLIMIT_MEMLOCK`, no privilege), open fails with
+            /// [`ErrorKind::NoMemory`](crate::ErrorKind::NoMemory) or
+            /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported)
+            /// naming the OS error. A locked ring is not elastic.
+            lock: bool = false,
+            [budget]
+            /// Elastic ring: a monitor thread watches memory pressure (the
+            /// cgroup's limit and non-reclaimable use, the system's available
+            /// memory) and takes idle slots offline, releasing their pages,
+            /// while memory is short; it gives them back when it is not
+            /// (docs/c-api.md, "Elastic ring"). Ignored when `lock` is on.
+            elastic: bool = true,
         }
     };
 }
@@ -156,6 +178,13 @@ macro_rules! stats_schema {
             trace_dropped,
             /// The eviction policy in use: 0 LRU, 1 adaptive.
             policy,
+            /// Slots that may hold data now: `ring_slots` minus the slots the
+            /// elastic ring has taken offline under memory pressure.
+            slots_active,
+            /// Times the elastic ring shrank (took idle slots offline).
+            shrinks,
+            /// Times the elastic ring grew (gave offline slots back).
+            grows,
         }
     };
 }
@@ -182,6 +211,13 @@ macro_rules! define_config {
             /// Not a setting of the C API.
             #[doc(hidden)]
             pub trace_capacity: usize,
+            /// Test hook: the elastic ring's monitor reads its memory files
+            /// (`proc/meminfo`, `proc/self/cgroup`, `sys/fs/cgroup/...`)
+            /// under this directory instead of `/` (Linux), so a test can
+            /// put the ring under pressure without root. Not a setting of
+            /// the C API.
+            #[doc(hidden)]
+            pub pressure_root: Option<::std::path::PathBuf>,
         }
 
         impl Default for Config {
@@ -190,6 +226,7 @@ macro_rules! define_config {
                     $($name: $default,)*
                     count_claims: true,
                     trace_capacity: crate::trace::DEFAULT_TRACE_CAPACITY,
+                    pressure_root: None,
                 }
             }
         }
@@ -239,6 +276,7 @@ mod tests {
             slot_mb: 3,
             scout_bytes: Some(5),
             engine_overhead_bytes: 9,
+            elastic: false,
             workers: 2,
             ..Config::default()
         };
@@ -249,6 +287,7 @@ mod tests {
                 slot_mb: 3,
                 scout_bytes: Some(5),
                 engine_overhead_bytes: 9,
+                elastic: false,
             }
         );
     }

@@ -19,7 +19,7 @@
 //! +------+-------------------------+---------+---+---+-----+
 //! ```
 //!
-//! - `state` (3 bits): EMPTY, QUEUED, READING, READY, CONSUMED.
+//! - `state` (3 bits): EMPTY, QUEUED, READING, READY, CONSUMED, OFFLINE.
 //! - `D` (1 bit): a demand read was needed for this load (it was queued as
 //!   demand, promoted by a demand prefetch, or a claim waited for it). The
 //!   first claim of the load reads it to set `hit`, and clears it.
@@ -56,7 +56,19 @@
 //! READING  --finish failed------------------------------------> EMPTY    id kept
 //! READY    --claim (refcount+1, D cleared)--------------------> CONSUMED
 //! CONSUMED --claim (refcount+1) / release (refcount−1)--------> CONSUMED
+//! EMPTY/READY/CONSUMED (refcount 0) --retire (elastic)--------> OFFLINE  gen+1
+//! OFFLINE  --restore (elastic)--------------------------------> EMPTY
 //! ```
+//!
+//! OFFLINE is the elastic ring's: the memory monitor retires an idle slot
+//! (chosen by the same victim function as eviction) when memory is short,
+//! releases its pages, and restores it when the pressure ends. Retiring is a
+//! take with no new load: the generation is bumped (outstanding tickets and
+//! map entries of the old load become stale) and the old id's map entry is
+//! cleared. No path but `restore_slot` leaves OFFLINE: the eviction scan
+//! and the fresh-slot path take only EMPTY/READY/CONSUMED words, so an
+//! OFFLINE slot is invisible to prefetch and claim, exactly as if the ring
+//! were smaller.
 //!
 //! The LRU tick of a slot is refreshed when its load completes, when it is
 //! claimed, and when a prefetch finds it already loaded (see the README's
@@ -86,6 +98,8 @@ pub(crate) const QUEUED: u64 = 1;
 pub(crate) const READING: u64 = 2;
 pub(crate) const READY: u64 = 3;
 pub(crate) const CONSUMED: u64 = 4;
+/// Taken out of use by the elastic ring (module doc).
+pub(crate) const OFFLINE: u64 = 5;
 
 const STATE_MASK: u64 = 0b111;
 const DEMAND: u64 = 1 << 3;
@@ -816,6 +830,91 @@ impl SlotTable {
         Some((i, generation, evicted))
     }
 
+    /// Takes one idle slot out of use for the elastic ring: the victim the
+    /// eviction would choose next (so, EMPTY slots first, then the policy's
+    /// order), moved to OFFLINE by a compare-exchange exactly like a take.
+    /// The caller (the streamer, which owns the ring) then releases its
+    /// pages; nobody reads or writes an OFFLINE slot. `None` when no slot is
+    /// idle (every one is claimed or loading) after as many tries as a take
+    /// makes. Never waits.
+    pub(crate) fn retire_idle_slot(&self) -> Option<u32> {
+        // The adaptive policy ranks by the layer being loaded: take the last
+        // load's, as the next load is likely of that layer or the next.
+        let layer = self.last_layer.load(Ordering::Relaxed);
+        let id = if layer < self.shape.layers {
+            layer * self.shape.experts_per_layer
+        } else {
+            0
+        };
+        for _ in 0..self.slots().max(8) {
+            let (i, seen) = self.victim(id, None)?;
+            if !matches!(seen.state(), EMPTY | READY | CONSUMED) || seen.refs() != 0 {
+                continue;
+            }
+            let generation = next_generation(seen.generation());
+            let offline = Word(OFFLINE | (generation << GEN_SHIFT));
+            // AcqRel: Acquire orders the last claimant's reads of the slot
+            // (its Release in `release`) and the worker's writes (its Release
+            // of READY) before the caller releases the pages; Release
+            // publishes OFFLINE to every later scan.
+            let cell = &self.cells[i as usize];
+            if cell
+                .word
+                .compare_exchange(seen.0, offline.0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            if seen.state() != EMPTY {
+                // As in `try_take`: the old load's map entry may still name
+                // this slot; the ticket is unique to that load. Its claim
+                // count is saved for the adaptive policy.
+                let old_id = cell.id.load(Ordering::Relaxed);
+                if let Some(old) = self.claims.get(old_id as usize) {
+                    old.store(cell.count.load(Ordering::Relaxed), Ordering::Relaxed);
+                }
+                let _ = self.map[old_id as usize].compare_exchange(
+                    ticket(i, seen.generation()),
+                    NONE,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
+            }
+            return Some(i);
+        }
+        None
+    }
+
+    /// Gives back a slot [`SlotTable::retire_idle_slot`] took: OFFLINE →
+    /// EMPTY, so the next take may use it. False (and nothing changes) when
+    /// the slot is not OFFLINE.
+    pub(crate) fn restore_slot(&self, slot: u32) -> bool {
+        let Some(cell) = self.cells.get(slot as usize).map(|c| &c.word) else {
+            return false;
+        };
+        let w = Word(cell.load(Ordering::Relaxed));
+        if w.state() != OFFLINE {
+            return false;
+        }
+        // Release: the caller's release of the slot's pages happens before
+        // any take that Acquires the EMPTY word (and then writes the slot).
+        cell.compare_exchange(
+            w.0,
+            w.with_state(EMPTY).0,
+            Ordering::Release,
+            Ordering::Relaxed,
+        )
+        .is_ok()
+    }
+
+    /// Number of OFFLINE slots (for tests; the streamer counts its own).
+    #[cfg(test)]
+    pub(crate) fn offline(&self) -> u32 {
+        (0..self.slots())
+            .filter(|&i| self.word(i).state() == OFFLINE)
+            .count() as u32
+    }
+
     /// The next read for a worker, demand first. None when both queues are
     /// empty. Entries made stale by a promotion or a newer generation are
     /// skipped.
@@ -1516,6 +1615,81 @@ mod tests {
     }
 
     #[test]
+    fn retire_takes_idle_slots_in_victim_order_and_never_a_claimed_one() {
+        let t = SlotTable::new(3, 10);
+        for id in 0..3 {
+            t.prefetch(id, Origin::Demand);
+        }
+        load_all(&t);
+        let Claimed::Ready { ticket: held, .. } = t.claim(0) else {
+            panic!()
+        };
+        for id in [2, 1] {
+            let Claimed::Ready { ticket, .. } = t.claim(id) else {
+                panic!()
+            };
+            t.release(ticket).unwrap();
+        }
+        // 2 was claimed before 1, so it is the least recently used idle one.
+        let first = t.retire_idle_slot().unwrap();
+        assert!(!t.present(2), "the LRU idle slot went first");
+        assert_eq!(t.word(first).state(), OFFLINE);
+        let second = t.retire_idle_slot().unwrap();
+        assert!(!t.present(1));
+        assert_eq!(t.retire_idle_slot(), None, "0 is claimed: never retired");
+        assert_eq!(t.offline(), 2);
+        assert_eq!(t.resident(), 1);
+        // The claim still holds 0's bytes and releases normally.
+        assert!(t.present(0));
+        t.release(held).unwrap();
+        // A one-slot ring now: loading 1 evicts 0, and while 1 is claimed
+        // another load is RING_FULL, exactly as with a ring of one slot.
+        assert!(matches!(
+            t.prefetch(1, Origin::Demand),
+            Prefetched::Queued { evicted: true, .. }
+        ));
+        load_all(&t);
+        let Claimed::Ready { ticket: one, .. } = t.claim(1) else {
+            panic!()
+        };
+        assert_eq!(t.claim(2), Claimed::RingFull);
+        // Growing back: the restored slots take the next loads.
+        assert!(t.restore_slot(first) && t.restore_slot(second));
+        assert!(!t.restore_slot(first), "restored once");
+        assert!(!t.restore_slot(99), "no such slot");
+        assert_eq!(t.offline(), 0);
+        assert!(matches!(t.claim(2), Claimed::Pending { queued: true }));
+        load_all(&t);
+        assert!(matches!(t.claim(2), Claimed::Ready { .. }));
+        t.release(one).unwrap();
+    }
+
+    #[test]
+    fn retired_tickets_are_stale_and_fresh_slots_are_not_taken_offline() {
+        let t = SlotTable::new(2, 10);
+        // Retire a fresh slot (EMPTY goes first): the fresh path skips it.
+        let gone = t.retire_idle_slot().unwrap();
+        for id in 0..3 {
+            t.prefetch(id, Origin::Demand);
+            load_all(&t);
+        }
+        assert_eq!(t.word(gone).state(), OFFLINE, "no take used it");
+        assert_eq!(t.resident(), 1);
+        let Claimed::Ready { ticket, slot, .. } = t.claim(2) else {
+            panic!()
+        };
+        assert_ne!(slot, gone);
+        t.release(ticket).unwrap();
+        // Retiring the loaded slot makes its ticket stale.
+        assert_eq!(t.retire_idle_slot(), Some(slot));
+        assert_eq!(t.release(ticket), Err(Stale));
+        assert_eq!(t.prefetch(3, Origin::Demand), Prefetched::RingFull);
+        assert_eq!(t.claim(2), Claimed::RingFull, "no slot: as a full ring");
+        assert!(t.restore_slot(slot));
+        assert!(matches!(t.claim(2), Claimed::Pending { queued: true }));
+    }
+
+    #[test]
     fn stale_and_foreign_tickets() {
         let t = SlotTable::new(2, 10);
         assert_eq!(t.release(0), Err(Stale));
@@ -1736,6 +1910,68 @@ mod loom_tests {
             assert_eq!(m.table.release(old), Err(Stale));
             m.claim_check_release(0);
             m.claim_check_release(1);
+        });
+    }
+
+    /// The elastic ring's retire racing a claim: a claimed slot is never
+    /// retired (the monitor's page release is modelled as a write to the
+    /// slot's cell, so retiring a slot a claimant still reads is a reported
+    /// data race), and a retired slot comes back through restore.
+    #[test]
+    fn retire_races_a_claim() {
+        loom::model(|| {
+            let m = Model::new(1, 2);
+            m.table.prefetch(0, Origin::Demand);
+            assert!(m.work());
+            let m2 = m.clone();
+            let claimer = thread::spawn(move || m2.claim_check_release(0));
+            let retired = m.table.retire_idle_slot();
+            if let Some(slot) = retired {
+                // SAFETY: an OFFLINE slot is no one else's.
+                m.data[slot as usize].with_mut(|p| unsafe { *p = u32::MAX });
+            }
+            let claimed = claimer.join().unwrap();
+            match retired {
+                Some(slot) => {
+                    assert_eq!(m.table.word(slot).state(), OFFLINE);
+                    assert_eq!(m.table.claim(0), Claimed::RingFull, "no slot left");
+                    assert!(m.table.restore_slot(slot));
+                }
+                None => assert!(claimed, "retire found no idle slot: the claim held it"),
+            }
+            let _ = m.table.prefetch(1, Origin::Demand);
+            while m.work() {}
+            m.claim_check_release(1);
+        });
+    }
+
+    /// Retire racing a prefetch that evicts: exactly one of them gets the
+    /// one idle slot's old load, a slot is never both loading and offline,
+    /// and after a restore every expert loads right.
+    #[test]
+    fn retire_races_a_prefetch() {
+        loom::model(|| {
+            let m = Model::new(2, 3);
+            m.table.prefetch(0, Origin::Demand);
+            m.table.prefetch(1, Origin::Demand);
+            while m.work() {}
+            let m2 = m.clone();
+            let prefetcher = thread::spawn(move || m2.table.prefetch(2, Origin::Demand));
+            let retired = m.table.retire_idle_slot();
+            let queued = prefetcher.join().unwrap();
+            if let (Some(r), Prefetched::Queued { slot, .. }) = (retired, queued) {
+                assert_ne!(r, slot, "a slot both retired and loading");
+            }
+            while m.work() {}
+            if let Some(slot) = retired {
+                assert_eq!(m.table.word(slot).state(), OFFLINE);
+                assert!(m.table.restore_slot(slot));
+            }
+            for id in 0..3 {
+                let _ = m.table.prefetch(id, Origin::Demand);
+                while m.work() {}
+                assert!(m.claim_check_release(id));
+            }
         });
     }
 

@@ -16,7 +16,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use super::{DirectOpenError, MemorySnapshot};
+use super::{DirectOpenError, MemoryPressure, MemorySnapshot};
 
 /// How the refused call is named in an `Unsupported` error.
 pub(super) const DIRECT_IO_CALL: &str = "fcntl F_NOCACHE";
@@ -128,6 +128,7 @@ pub(super) fn memory_snapshot() -> io::Result<MemorySnapshot> {
         ram_bytes,
         avail_source: "sysctl hw.memsize × kern.memorystatus_level / 100".to_owned(),
         ram_source: "sysctl hw.memsize".to_owned(),
+        cgroup_limited: false,
     })
 }
 
@@ -172,4 +173,77 @@ pub(super) fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     usize::try_from(n).unwrap_or(4096).max(4096)
+}
+
+/// `madvise(addr, len, MADV_WILLNEED)`: "Indicates that the application
+/// expects to access this address range soon" (advice only; contents
+/// unchanged). Darwin has no populate advice like Linux's.
+/// madvise(2): <https://developer.apple.com/library/archive/documentation/System/Conceptual/ManPages_iPhoneOS/man2/madvise.2.html>
+pub(super) fn populate(addr: *mut libc::c_void, len: usize) -> io::Result<()> {
+    // SAFETY: `addr..addr + len` is inside a mapping the caller owns;
+    // WILLNEED is advice only.
+    if unsafe { libc::madvise(addr, len, libc::MADV_WILLNEED) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `madvise(addr, len, MADV_FREE_REUSABLE)`: the pages may be reclaimed at
+/// once and stop counting in the process's footprint (the advice
+/// libmalloc gives freed memory); their contents are unspecified until
+/// written again. Documented in `<sys/mman.h>` and XNU's `bsd/kern/kern_mman.c`
+/// (not in Apple's madvise(2) page):
+/// <https://github.com/apple-oss-distributions/xnu/blob/main/bsd/sys/mman.h>
+pub(super) fn discard(addr: *mut libc::c_void, len: usize) -> io::Result<()> {
+    // SAFETY: `addr..addr + len` is inside a mapping the caller owns, and
+    // the caller makes sure nobody uses those bytes meanwhile.
+    if unsafe { libc::madvise(addr, len, libc::MADV_FREE_REUSABLE) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The elastic ring's probe on Apple: `kern.memorystatus_level` (percent of
+/// memory available, as in [`memory_snapshot`]) and
+/// `kern.memorystatus_vm_pressure_level`, the level behind the dispatch
+/// memory-pressure source (`DISPATCH_MEMORYPRESSURE_NORMAL` 1, `_WARN` 2,
+/// `_CRITICAL` 4: "The system memory pressure condition has changed to
+/// critical ... Applications should free as much memory as possible").
+/// DISPATCH_SOURCE_TYPE_MEMORYPRESSURE: <https://developer.apple.com/documentation/dispatch/dispatch_source_type_memorypressure>
+/// The level values: <https://developer.apple.com/documentation/dispatch/dispatch_source_memorypressure_flags_t>
+/// The sysctl: XNU `bsd/kern/kern_memorystatus_notify.c`,
+/// <https://github.com/apple-oss-distributions/xnu/blob/main/bsd/kern/kern_memorystatus_notify.c>
+pub(super) struct PressureProbe {
+    ram_bytes: u64,
+}
+
+impl PressureProbe {
+    pub(super) fn new() -> io::Result<PressureProbe> {
+        Ok(PressureProbe {
+            ram_bytes: sysctl_uint(c"hw.memsize")?,
+        })
+    }
+
+    /// No files to read on Apple: the probe is sysctls.
+    pub(super) fn from_root(_root: &std::path::Path) -> io::Result<PressureProbe> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the memory-pressure probe reads sysctls here, not files",
+        ))
+    }
+
+    pub(super) fn sample(&self) -> io::Result<MemoryPressure> {
+        let level = sysctl_uint(c"kern.memorystatus_level")?.min(100);
+        // Unreadable (a sandbox): the available share alone decides.
+        let vm_level = sysctl_uint(c"kern.memorystatus_vm_pressure_level").unwrap_or(1);
+        Ok(MemoryPressure {
+            // ram × level fits u128 and the quotient is at most ram.
+            headroom_bytes: (u128::from(self.ram_bytes) * u128::from(level) / 100) as u64,
+            limit_bytes: self.ram_bytes,
+            stall_percent: None,
+            critical: vm_level >= 4,
+            source: "sysctl kern.memorystatus_level, kern.memorystatus_vm_pressure_level"
+                .to_owned(),
+        })
+    }
 }

@@ -18,7 +18,7 @@ use std::os::fd::RawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use super::{DirectOpenError, MemorySnapshot};
+use super::{DirectOpenError, MemoryPressure, MemorySnapshot};
 
 /// How the refused call is named in an `Unsupported` error.
 pub(super) const DIRECT_IO_CALL: &str = "O_DIRECT";
@@ -145,6 +145,7 @@ pub(super) fn memory_snapshot_from(root: &Path) -> io::Result<MemorySnapshot> {
         ram_bytes: meminfo.total_bytes,
         avail_source: "/proc/meminfo MemAvailable".to_owned(),
         ram_source: "/proc/meminfo MemTotal".to_owned(),
+        cgroup_limited: false,
     };
     // No /proc/self/cgroup (no cgroup support, a sandbox hiding it): no limit.
     let Ok(cgroup_text) = fs::read_to_string(root.join("proc/self/cgroup")) else {
@@ -165,6 +166,7 @@ pub(super) fn memory_snapshot_from(root: &Path) -> io::Result<MemorySnapshot> {
         }
         if limit < snapshot.ram_bytes {
             snapshot.ram_bytes = limit;
+            snapshot.cgroup_limited = true;
             snapshot.ram_source = format!(
                 "cgroup {} {} in {}",
                 hierarchy.name,
@@ -358,6 +360,161 @@ fn parse_limit(text: &str) -> Option<u64> {
 /// `SMOE_ERR_NO_MEMORY`), instead of letting its reads exhaust memory later.
 pub(super) const MAP_RESERVE_ONLY: libc::c_int = 0;
 
+/// `madvise(addr, len, MADV_POPULATE_WRITE)`: "Populate (prefault) page
+/// tables writable, faulting-in all pages in the range just as if manually
+/// writing to each page; however, avoid the actual memory access that would
+/// have been performed" (madvise(2), Linux 5.14), so the contents stay as
+/// they are. A kernel that does not know it answers `EINVAL`; then
+/// `MADV_WILLNEED` ("expect access in the near future"), which changes
+/// nothing either.
+pub(super) fn populate(addr: *mut libc::c_void, len: usize) -> io::Result<()> {
+    // SAFETY: `addr..addr + len` is inside a mapping the caller owns;
+    // populating never changes the contents (see above).
+    if unsafe { libc::madvise(addr, len, libc::MADV_POPULATE_WRITE) } == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::EINVAL) {
+        return Err(err);
+    }
+    // SAFETY: as above; WILLNEED is advice only.
+    if unsafe { libc::madvise(addr, len, libc::MADV_WILLNEED) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `madvise(addr, len, MADV_DONTNEED)`: on a private anonymous mapping
+/// "subsequent accesses of pages in the range ... will result in
+/// zero-fill-on-demand pages" (madvise(2)); the memory is freed at once
+/// (and uncharged from the cgroup). Refused (`EINVAL`) on locked pages.
+pub(super) fn discard(addr: *mut libc::c_void, len: usize) -> io::Result<()> {
+    // SAFETY: `addr..addr + len` is inside a mapping the caller owns, and
+    // the caller makes sure nobody uses those bytes meanwhile.
+    if unsafe { libc::madvise(addr, len, libc::MADV_DONTNEED) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The elastic ring's probe (`super::PressureProbe`): `/proc/meminfo`
+/// `MemAvailable`, and at each level of the process's memory cgroup that
+/// has a limit, the limit, the usage and the file cache (`memory.stat`
+/// `active_file + inactive_file`, v1 `total_active_file +
+/// total_inactive_file`: the reclaimable part; tmpfs and shared memory are
+/// not in it), and the deepest v2 level's `memory.pressure`.
+pub(super) struct PressureProbe {
+    root: PathBuf,
+    hierarchy: Option<&'static Hierarchy>,
+    levels: Vec<Level>,
+}
+
+impl PressureProbe {
+    pub(super) fn new() -> io::Result<PressureProbe> {
+        Self::from_root(Path::new("/"))
+    }
+
+    /// [`PressureProbe::new`] reading every file under `root` (fixtures).
+    pub(super) fn from_root(root: &Path) -> io::Result<PressureProbe> {
+        // The one required file: fail now rather than at every sample.
+        read_text(&root.join("proc/meminfo"))?;
+        let (hierarchy, levels) = match fs::read_to_string(root.join("proc/self/cgroup")) {
+            Ok(text) => {
+                let paths = parse_proc_self_cgroup(&text);
+                match (paths.v1_memory, paths.v2) {
+                    (Some(path), _) => (Some(&V1), cgroup_levels(root, &V1, &path)),
+                    (None, Some(path)) => (Some(&V2), cgroup_levels(root, &V2, &path)),
+                    (None, None) => (None, Vec::new()),
+                }
+            }
+            Err(_) => (None, Vec::new()),
+        };
+        Ok(PressureProbe {
+            root: root.to_path_buf(),
+            hierarchy,
+            levels,
+        })
+    }
+
+    pub(super) fn sample(&self) -> io::Result<MemoryPressure> {
+        let meminfo_path = self.root.join("proc/meminfo");
+        let meminfo = parse_meminfo(&read_text(&meminfo_path)?).map_err(|what| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {what}", meminfo_path.display()),
+            )
+        })?;
+        let mut sample = MemoryPressure {
+            headroom_bytes: meminfo.available_bytes,
+            limit_bytes: meminfo.total_bytes,
+            stall_percent: None,
+            critical: false,
+            source: "/proc/meminfo MemAvailable".to_owned(),
+        };
+        let Some(h) = self.hierarchy else {
+            return Ok(sample);
+        };
+        for (depth, level) in self.levels.iter().enumerate() {
+            if depth == 0 && h.name == "v2" {
+                sample.stall_percent = fs::read_to_string(level.dir.join("memory.pressure"))
+                    .ok()
+                    .and_then(|text| parse_stall(&text));
+            }
+            let Some(limit) = read_limit(&level.dir, h.limit_file) else {
+                continue;
+            };
+            if limit >= meminfo.total_bytes || limit >= h.no_limit_at {
+                continue;
+            }
+            let usage = read_limit(&level.dir, h.usage_file).unwrap_or(0);
+            let file = fs::read_to_string(level.dir.join("memory.stat"))
+                .map(|text| file_cache_bytes(&text, h.name == "v1"))
+                .unwrap_or(0);
+            let used = usage.saturating_sub(file);
+            let headroom = limit.saturating_sub(used);
+            sample.limit_bytes = sample.limit_bytes.min(limit);
+            if headroom < sample.headroom_bytes {
+                sample.headroom_bytes = headroom;
+                sample.source = format!(
+                    "cgroup {} {} - ({} - file cache) in {}",
+                    h.name,
+                    h.limit_file,
+                    h.usage_file,
+                    level.shown.display()
+                );
+            }
+        }
+        Ok(sample)
+    }
+}
+
+/// The reclaimable file cache of a `memory.stat` text: `active_file +
+/// inactive_file` (v1: the hierarchical `total_` lines, as the usage file
+/// counts the children too). Missing lines count as 0.
+fn file_cache_bytes(text: &str, v1: bool) -> u64 {
+    let keys: [&str; 2] = if v1 {
+        ["total_active_file", "total_inactive_file"]
+    } else {
+        ["active_file", "inactive_file"]
+    };
+    text.lines()
+        .filter_map(|line| {
+            let (key, value) = line.split_once(' ')?;
+            keys.contains(&key)
+                .then(|| value.trim().parse::<u64>().ok())?
+        })
+        .fold(0u64, u64::saturating_add)
+}
+
+/// `some avg10` of a PSI file ("some avg10=1.23 avg60=... total=...").
+fn parse_stall(text: &str) -> Option<f64> {
+    let line = text.lines().find(|l| l.starts_with("some "))?;
+    let value = line
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("avg10="))?;
+    value.parse::<f64>().ok().filter(|v| v.is_finite())
+}
+
 /// The page size (sysconf(3) `_SC_PAGESIZE`).
 pub(super) fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
@@ -492,6 +649,7 @@ mod tests {
     fn fixture_v2_limited() {
         let s = snapshot("v2_limited");
         assert_eq!((s.avail_bytes, s.ram_bytes), (3 * GIB, 4 * GIB));
+        assert!(s.cgroup_limited);
         assert_eq!(
             s.ram_source,
             "cgroup v2 memory.max in /sys/fs/cgroup/user.slice/app.scope"
@@ -524,6 +682,7 @@ mod tests {
     fn fixture_none() {
         let s = snapshot("none");
         assert_eq!((s.avail_bytes, s.ram_bytes), (50 * GIB, 64 * GIB));
+        assert!(!s.cgroup_limited);
         assert_eq!(s.ram_source, "/proc/meminfo MemTotal");
     }
 
@@ -564,6 +723,55 @@ mod tests {
         let s = memory_snapshot_from(root).unwrap();
         assert_eq!((s.avail_bytes, s.ram_bytes), (GIB / 2, GIB / 2));
         assert!(s.avail_source.contains("unreadable"), "{}", s.avail_source);
+    }
+
+    #[test]
+    fn pressure_from_fixtures() {
+        // v2: 4 GiB limit, 3 GiB used of which 1 GiB file cache (stat).
+        let p = PressureProbe::from_root(&fixture("v2_limited"))
+            .unwrap()
+            .sample()
+            .unwrap();
+        eprintln!("{p:?}");
+        // 1 GiB used, 512 MiB of it file cache (shmem is not reclaimable):
+        // headroom 4 GiB − 512 MiB.
+        assert_eq!(p.limit_bytes, 4 * GIB);
+        assert_eq!(p.headroom_bytes, 4 * GIB - GIB / 2);
+        assert_eq!(p.stall_percent, Some(2.5));
+        assert_eq!(
+            p.source,
+            "cgroup v2 memory.max - (memory.current - file cache) in /sys/fs/cgroup/user.slice/app.scope"
+        );
+        let none = PressureProbe::from_root(&fixture("none"))
+            .unwrap()
+            .sample()
+            .unwrap();
+        assert_eq!(none.source, "/proc/meminfo MemAvailable");
+        assert_eq!(
+            (none.headroom_bytes, none.limit_bytes),
+            (50 * GIB, 64 * GIB)
+        );
+        assert!(PressureProbe::from_root(Path::new("/nonexistent")).is_err());
+    }
+
+    #[test]
+    fn stat_and_psi_text() {
+        let v2 = "anon 100\nfile 900\nactive_file 300\ninactive_file 500\nshmem 100\n";
+        assert_eq!(file_cache_bytes(v2, false), 800);
+        let v1 = "cache 5\nactive_file 1\ntotal_active_file 40\ntotal_inactive_file 2\n";
+        assert_eq!(file_cache_bytes(v1, true), 42);
+        assert_eq!(file_cache_bytes("junk\nactive_file x\n", false), 0);
+        let psi = "some avg10=12.50 avg60=1.00 avg300=0.00 total=5\nfull avg10=3.00 avg60=0 avg300=0 total=1\n";
+        assert_eq!(parse_stall(psi), Some(12.5));
+        assert_eq!(parse_stall("full avg10=1.0\n"), None);
+        assert_eq!(parse_stall("some avg10=nan\n"), None);
+    }
+
+    #[test]
+    fn pressure_on_this_machine() {
+        let p = PressureProbe::new().unwrap().sample().unwrap();
+        eprintln!("{p:?}");
+        assert!(p.limit_bytes > 0 && p.headroom_bytes <= p.limit_bytes.max(p.headroom_bytes));
     }
 
     #[test]

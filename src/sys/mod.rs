@@ -376,6 +376,107 @@ impl Reservation {
     pub(crate) fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
+
+    /// `[offset, offset + len)` as a raw range of the mapping, or
+    /// `InvalidInput` when it is not inside it or not page aligned.
+    fn range(&self, offset: usize, len: usize) -> io::Result<*mut libc::c_void> {
+        let page = imp::page_size();
+        let inside = offset
+            .checked_add(len)
+            .is_some_and(|end| end <= self.len && len > 0);
+        if !inside || offset % page != 0 || len % page != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "range of {len} bytes at offset {offset} is not a page-aligned part of the \
+                     {} reserved bytes",
+                    self.len
+                ),
+            ));
+        }
+        // SAFETY: `offset < len` of the mapping (checked above).
+        Ok(unsafe { self.ptr.as_ptr().add(offset) }.cast())
+    }
+
+    /// Asks the OS to commit the pages of `[offset, offset + len)` now,
+    /// without changing their contents, so it is safe while other threads
+    /// read or write them. Linux: `madvise(MADV_POPULATE_WRITE)` (5.14+),
+    /// falling back to `MADV_WILLNEED` where the kernel does not know it;
+    /// Apple: `madvise(MADV_WILLNEED)`.
+    pub(crate) fn populate(&self, offset: usize, len: usize) -> io::Result<()> {
+        let at = self.range(offset, len)?;
+        imp::populate(at, len)
+    }
+
+    /// Releases the pages of `[offset, offset + len)`: they cost no memory
+    /// until touched again, and read as zero (Linux) or as unspecified bytes
+    /// (Apple) afterwards. Linux: `madvise(MADV_DONTNEED)`; Apple:
+    /// `madvise(MADV_FREE_REUSABLE)`. The caller makes sure no one reads or
+    /// writes the range meanwhile.
+    pub(crate) fn discard(&self, offset: usize, len: usize) -> io::Result<()> {
+        let at = self.range(offset, len)?;
+        imp::discard(at, len)
+    }
+
+    /// Locks the whole mapping in memory (`mlock(2)`): every page is
+    /// committed now and never paged out. The error is the OS's, errno
+    /// intact (`ENOMEM`: over `RLIMIT_MEMLOCK`; `EPERM`: no privilege;
+    /// `EAGAIN`: some pages could not be locked).
+    pub(crate) fn lock(&self) -> io::Result<()> {
+        // SAFETY: the range is the mapping this value owns; mlock only
+        // faults its pages in and pins them, their contents are unchanged.
+        let rc = unsafe { libc::mlock(self.ptr.as_ptr().cast(), self.len) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// What the elastic ring's monitor sees of memory, one sample.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryPressure {
+    /// Bytes that may still be committed before pressure: the smallest of
+    /// the system's available memory and, at each level of the process's
+    /// memory cgroup with a limit, `limit − (usage − file cache)` (page
+    /// cache is reclaimable, so it does not count as use).
+    pub headroom_bytes: u64,
+    /// The tightest limit seen (the cgroup's, else physical memory).
+    pub limit_bytes: u64,
+    /// Share of the last 10 s some task of the cgroup stalled on memory
+    /// (cgroup v2 `memory.pressure` `some avg10`, percent); `None` where
+    /// there is no such figure (cgroup v1, Apple).
+    pub stall_percent: Option<f64>,
+    /// The OS says memory is critically short (Apple's memory-pressure
+    /// level "critical"); always false on Linux, where the headroom says it.
+    pub critical: bool,
+    /// Where the headroom came from, e.g. "cgroup v2 memory.max in
+    /// /sys/fs/cgroup/app".
+    pub source: String,
+}
+
+/// Reads [`MemoryPressure`] samples; set up once (it finds the process's
+/// cgroup), then sampled by the monitor thread every few hundred
+/// milliseconds. Each sample reads a few small kernel files (Linux) or two
+/// sysctls (Apple).
+pub struct PressureProbe(imp::PressureProbe);
+
+impl PressureProbe {
+    /// Finds what to read. Errors name the file or sysctl that failed.
+    pub fn new() -> io::Result<PressureProbe> {
+        imp::PressureProbe::new().map(PressureProbe)
+    }
+
+    /// [`PressureProbe::new`] reading every file under `root` instead of
+    /// `/` (tests); `Unsupported` on Apple, whose probe reads sysctls.
+    pub fn from_root(root: &Path) -> io::Result<PressureProbe> {
+        imp::PressureProbe::from_root(root).map(PressureProbe)
+    }
+
+    /// One sample.
+    pub fn sample(&self) -> io::Result<MemoryPressure> {
+        self.0.sample()
+    }
 }
 
 impl Drop for Reservation {
@@ -555,6 +656,10 @@ pub struct MemorySnapshot {
     pub avail_source: String,
     /// Where `ram_bytes` came from, e.g. "cgroup v2 memory.max in /sys/fs/cgroup/app".
     pub ram_source: String,
+    /// `ram_bytes` is a cgroup's limit (lower than physical memory): the
+    /// process lives in a container whose limit already protects the rest
+    /// of the machine.
+    pub cgroup_limited: bool,
 }
 
 /// Probes the OS for a [`MemorySnapshot`].

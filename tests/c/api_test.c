@@ -120,6 +120,8 @@ static void test_config_init(void) {
   CHECK(cfg.trace_path == NULL, "trace_path");
   CHECK(cfg.policy == SMOE_POLICY_LRU && SMOE_POLICY_LRU == 0 && SMOE_POLICY_ADAPTIVE == 1,
         "policy %u", cfg.policy);
+  CHECK(cfg.populate == 0 && cfg.lock == 0 && cfg.elastic == 1, "populate %u lock %u elastic %u",
+        cfg.populate, cfg.lock, cfg.elastic);
   EXPECT(smoe_config_init(NULL), SMOE_ERR_ARGUMENT);
   CHECK(strcmp(smoe_last_error(), "cfg is NULL") == 0, "config_init(NULL) message");
 
@@ -384,6 +386,10 @@ static void test_streaming(smoe_streamer *s) {
         "fresh streamer has counts");
   CHECK(st.direct_io <= 1, "direct_io %llu", (unsigned long long)st.direct_io);
   CHECK(st.policy == SMOE_POLICY_LRU, "policy %llu", (unsigned long long)st.policy);
+  /* Elastic by default; a fresh ring under no pressure has every slot. */
+  CHECK(st.slots_active == 4 && st.shrinks == 0 && st.grows == 0,
+        "slots_active %llu shrinks %llu grows %llu", (unsigned long long)st.slots_active,
+        (unsigned long long)st.shrinks, (unsigned long long)st.grows);
 
   /* PENDING does not write `out`: a claim of a non-resident expert. */
   memset(&sentinel, 0xa5, sizeof sentinel);

@@ -64,6 +64,8 @@ public final class Streamer {
     /// Settings for `smoe_open` (`smoe_config`); zero means "default".
     public struct Config {
         public enum DirectIO: UInt32 { case auto = 0, require = 1, off = 2 }
+        /// The eviction policy (docs/c-api.md, "Eviction and retention").
+        public enum Policy: UInt32 { case lru = 0, adaptive = 1 }
 
         public var ringSlots: UInt32 = 0
         public var slotMiB: UInt32 = 0
@@ -82,6 +84,14 @@ public final class Streamer {
         /// written to this file at close as a routing trace (docs/c-api.md,
         /// "Trace capture").
         public var tracePath: String?
+        /// Which idle slot a load evicts.
+        public var policy: Policy = .lru
+        /// Pre-fault the ring's pages in the background after open.
+        public var populate = false
+        /// Lock the ring in memory (`mlock`); open fails if the OS refuses.
+        public var lock = false
+        /// Elastic ring: idle slots are given back under memory pressure.
+        public var elastic = true
 
         public init() {}
     }
@@ -127,6 +137,10 @@ public final class Streamer {
         cfg.verify = config.verify ? 1 : 0
         cfg.scout_bytes = config.scoutBytes
         cfg.engine_overhead_bytes = config.engineOverheadBytes
+        cfg.policy = config.policy.rawValue
+        cfg.populate = config.populate ? 1 : 0
+        cfg.lock = config.lock ? 1 : 0
+        cfg.elastic = config.elastic ? 1 : 0
         var out: OpaquePointer?
         // freq_path and trace_path are read during smoe_open only, so
         // temporary C strings are enough.
