@@ -158,8 +158,7 @@ fn identical(fixture: &str, slots: u32) -> f32 {
         stock.stderr()
     );
     assert!(
-        smoe.stderr()
-            .contains(&format!("ring of {slots} slots")),
+        smoe.stderr().contains(&format!("ring of {slots} slots")),
         "{}",
         smoe.stderr()
     );
@@ -179,7 +178,11 @@ fn identical(fixture: &str, slots: u32) -> f32 {
         text,
         "{fixture}: repacked stock's tokens differ"
     );
-    assert_eq!(smoe.logits.len(), stock.logits.len(), "{fixture}: steps differ");
+    assert_eq!(
+        smoe.logits.len(),
+        stock.logits.len(),
+        "{fixture}: steps differ"
+    );
     let differing = stock
         .logits
         .iter()
