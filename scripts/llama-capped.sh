@@ -16,8 +16,9 @@
 #                     (torch, transformers, sentencepiece, gguf), made by it
 #   CAP               memory.max of the cgroup (default 1536M)
 #   N_PREDICT         tokens to generate (default 64)
-#   SMOE_RING_SLOTS   ring slots for the smoe run (default 320: ~0.8 GiB of
-#                     ~2.5 MiB experts, leaving room for the rest under the cap)
+#   SMOE_RING_SLOTS   ring slots for the smoe run (default 448: 1.05 GiB of
+#                     2.39 MiB experts, leaving room for the rest under the cap)
+#   THREADS           llama-simple -t (default: nproc)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,7 +26,8 @@ WORK="${SMOE_CAPPED_DIR:-/var/cache/smoe-llama-capped}"
 VENV="${SMOE_FIXTURE_VENV:-/var/cache/smoe-fixtures-venv}"
 CAP="${CAP:-1536M}"
 N_PREDICT="${N_PREDICT:-64}"
-SLOTS="${SMOE_RING_SLOTS:-320}"
+SLOTS="${SMOE_RING_SLOTS:-448}"
+THREADS="${THREADS:-$(nproc)}"
 PROMPT="Hello world"
 
 say() { printf '[llama-capped] %s\n' "$*" >&2; }
@@ -131,7 +133,7 @@ run() {
   # the shell joins the cgroup, then starts llama-simple (which inherits it)
   bash -c 'echo $$ >"$1/cgroup.procs"; io=$2; shift 2; "$@" & pid=$!
            while kill -0 $pid 2>/dev/null; do cat /proc/$pid/io >"$io.tmp" 2>/dev/null && mv "$io.tmp" "$io"; sleep 0.1; done
-           wait $pid' _ "$CG" "$io" env "$@" "$BIN" -m "$GGUF" -n "$N_PREDICT" "$PROMPT" >"$out" 2>"$err" ||
+           wait $pid' _ "$CG" "$io" env "$@" "$BIN" -t "$THREADS" -m "$GGUF" -n "$N_PREDICT" "$PROMPT" >"$out" 2>"$err" ||
     { tail -20 "$err" >&2; die "$name failed (log: $err)"; }
   t1=$(date +%s.%N)
   local peak read_bytes

@@ -7,9 +7,10 @@
 #   scripts/llama.sh path     prints that path (exit 1 if it is not built)
 #
 # No llama.cpp source is committed here: only our patch and glue. The cache is
-# reused between runs; the source tree and build are made again from the
-# sdist when the patch or the glue changes (their hash is the cache key), and
-# relinked when libsmoe.a changes.
+# reused between runs; the source tree is extracted and patched again when
+# the patch or the glue changes (their hash is the cache key; the build then
+# recompiles what changed), and llama-simple is relinked when libsmoe.a
+# changes. Remove $SMOE_LLAMA_DIR/build for a build from scratch.
 #
 # Environment:
 #   SMOE_LLAMA_DIR   the cache (default /var/cache/smoe-llama)
@@ -102,7 +103,9 @@ build() {
     local sdist
     sdist="$(fetch_sdist)"
     say "extracting llama.cpp and applying $(basename "$PATCH") (key $key)"
-    rm -rf "$DIR/llama.cpp" "$DIR/build" "$DIR/extract" "$DIR/key"
+    # build/ is kept: tar restores the sdist's file times, so only the files the
+    # patch touches (and the glue) are compiled again
+    rm -rf "$DIR/llama.cpp" "$DIR/extract" "$DIR/key"
     mkdir -p "$DIR/extract"
     tar -xzf "$sdist" -C "$DIR/extract" "llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
     mv "$DIR/extract/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp" "$DIR/llama.cpp"
@@ -123,6 +126,12 @@ build() {
 
   local generator=()
   command -v ninja >/dev/null && generator=(-G Ninja)
+  # a build configured by another cmake or generator is made again
+  local stamp
+  stamp="$(cmake --version | head -n 1) ${generator[*]:-make}"
+  if [ "$(cat "$DIR/build/smoe-stamp" 2>/dev/null || true)" != "$stamp" ]; then
+    rm -rf "$DIR/build"
+  fi
   if [ ! -f "$DIR/build/CMakeCache.txt" ]; then
     say "configuring llama.cpp (CPU, Release, no CURL)"
     cmake -S "$DIR/llama.cpp" -B "$DIR/build" "${generator[@]}" \
@@ -130,6 +139,7 @@ build() {
       -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=OFF \
       -DLLAMA_BUILD_SERVER=OFF -DLLAMA_SMOE_INCLUDE="$ROOT/include" -DLLAMA_SMOE_LIB="$lib" >&2 ||
       die "cmake configure failed"
+    echo "$stamp" >"$DIR/build/smoe-stamp"
   else
     cmake "$DIR/build" -DLLAMA_SMOE_INCLUDE="$ROOT/include" -DLLAMA_SMOE_LIB="$lib" >/dev/null ||
       die "cmake reconfigure failed"

@@ -80,7 +80,11 @@ impl Run {
 fn run(bin: &Path, gguf: &Path, dir: &Path, name: &str, env: &[(&str, &str)]) -> Run {
     let dump = dir.join(format!("{name}.logits"));
     let mut cmd = Command::new(bin);
-    cmd.arg("-m").arg(gguf).arg("-n").arg(N_PREDICT).arg(PROMPT);
+    // one thread: ggml's default (4) spins at every op's barrier, which on a
+    // busy 2-core machine made these tiny models take ~1 s per token
+    cmd.args(["-t", "1", "-n", N_PREDICT, "-m"])
+        .arg(gguf)
+        .arg(PROMPT);
     for var in [
         "SMOE_VAULT",
         "SMOE_RING_SLOTS",
