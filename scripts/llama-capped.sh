@@ -19,6 +19,7 @@
 #   SMOE_RING_SLOTS   ring slots for the smoe run (default 448: 1.05 GiB of
 #                     2.39 MiB experts, leaving room for the rest under the cap)
 #   THREADS           llama-simple -t (default: nproc)
+#   SKIP_STOCK=1      keep the stock run of an earlier call (another ring size)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -154,8 +155,10 @@ run() {
   grep '^smoe: claims' "$err" || true
 }
 
-say "stock llama.cpp (mmap), $CG_KIND memory limit $CAP"
-run stock
+if [ "${SKIP_STOCK:-0}" != 1 ] || [ ! -f "$WORK/stock.out" ]; then
+  say "stock llama.cpp (mmap), $CG_KIND memory limit $CAP"
+  run stock
+fi
 say "llama.cpp + smoe ($SLOTS slots), $CG_KIND memory limit $CAP"
 run smoe SMOE_VAULT="$VAULT" SMOE_RING_SLOTS="$SLOTS"
 

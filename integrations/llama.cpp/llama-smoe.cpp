@@ -66,6 +66,8 @@ struct llama_smoe {
     uint32_t max_experts = 0;        // most experts of any layer
     bool speculate = false;          // SMOE_SPECULATE=1: prefetch layer il's experts for layer il+1
     std::vector<layer_claims> layers;
+    int first_layer = -1;            // the first and last layers with experts: the pre-warm
+    int last_layer = -1;             // thread pauses from the one's claims to the other's release
     std::atomic<bool> failed{false};
     uint64_t wait_ns = 0;
     uint64_t claim_ops = 0;
@@ -293,6 +295,8 @@ void llama_smoe_bind(llama_smoe * s) {
             s->max_experts = (uint32_t) n_expert;
         }
         bound[il].push_back(role);
+        s->first_layer = s->first_layer < 0 ? il : std::min(s->first_layer, il);
+        s->last_layer = std::max(s->last_layer, il);
         n_layer = std::max(n_layer, il + 1);
         // the view over the ring: expert slot i of this role at base + i*slot_bytes + offset
         t->data  = s->base + offset;
@@ -362,6 +366,9 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
         return;
     }
     const auto t0 = std::chrono::steady_clock::now();
+    if (l->il == s->first_layer) {
+        smoe_prewarm_pause(s->st, true);  // busy until the last layer's release
+    }
     // distinct experts in order of first use
     std::vector<int32_t> experts;
     std::unordered_map<int32_t, uint32_t> slot_of;
@@ -442,6 +449,9 @@ static void smoe_release_op(ggml_tensor * dst, const ggml_tensor * a, int ith, i
     if (ith == 0) {
         auto * l = (layer_claims *) userdata;
         l->s->release_all(*l);
+        if (l->il == l->s->last_layer) {
+            smoe_prewarm_pause(l->s->st, false);  // idle between graphs: pre-warm may read
+        }
     }
 }
 
