@@ -7,10 +7,11 @@
 #   scripts/llama.sh path     prints that path (exit 1 if it is not built)
 #
 # No llama.cpp source is committed here: only our patch and glue. The cache is
-# reused between runs; the source tree is extracted and patched again when
-# the patch or the glue changes (their hash is the cache key; the build then
-# recompiles what changed), and llama-simple is relinked when libsmoe.a
-# changes. Remove $SMOE_LLAMA_DIR/build for a build from scratch.
+# reused between runs: the source tree is extracted and patched again when
+# the patch changes (its hash is the cache key; the build then recompiles
+# what changed), the glue is copied in when it differs, and llama-simple is
+# relinked when libsmoe.a changes. Remove $SMOE_LLAMA_DIR for a build from
+# scratch.
 #
 # Environment:
 #   SMOE_LLAMA_DIR   the cache (default /var/cache/smoe-llama)
@@ -83,10 +84,12 @@ fetch_sdist() {
   echo "$sdist"
 }
 
+# the source tree's key: the sdist and the patch (the glue is copied in
+# whenever it differs, so a change to it recompiles it alone)
 cache_key() {
   (
     echo "llama-cpp-python $LLAMA_CPP_PYTHON_VERSION $LLAMA_CPP_PYTHON_SHA256"
-    cd "$INTEGRATION" && sha256sum "$(basename "$PATCH")" "${GLUE[@]}"
+    cd "$INTEGRATION" && sha256sum "$(basename "$PATCH")"
   ) | sha256sum | cut -c1-16
 }
 
@@ -113,11 +116,11 @@ build() {
     # the sdist's llama.cpp/.git is a submodule pointer to a repository it lacks
     rm -f "$DIR/llama.cpp/.git"
     (cd "$DIR/llama.cpp" && git apply --whitespace=nowarn "$PATCH") || die "$(basename "$PATCH") does not apply"
-    for f in "${GLUE[@]}"; do
-      cp "$INTEGRATION/$f" "$DIR/llama.cpp/src/$f"
-    done
     echo "$key" >"$DIR/key.pending"
   fi
+  for f in "${GLUE[@]}"; do
+    cmp -s "$INTEGRATION/$f" "$DIR/llama.cpp/src/$f" || cp "$INTEGRATION/$f" "$DIR/llama.cpp/src/$f"
+  done
 
   say "building libsmoe.a (cargo build --release -p smoe)"
   (cd "$ROOT" && cargo build --release -p smoe --lib) >&2 || die "cargo build failed"

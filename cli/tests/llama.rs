@@ -369,3 +369,51 @@ fn bad_settings_are_refused() {
         "distinct experts but the ring has 1 slots",
     );
 }
+
+#[test]
+fn speculation_keeps_output_identical() {
+    let Some(bin) = llama_simple() else {
+        return;
+    };
+    let gguf = fixtures().join("qwen3moe-q8_0.gguf");
+    let tmp = tempfile::tempdir().unwrap();
+    let vault = pack(&gguf, tmp.path());
+    let stock = run(&bin, &gguf, tmp.path(), "stock", &[("SMOE_NO_REPACK", "1")]);
+    let spec = run(
+        &bin,
+        &gguf,
+        tmp.path(),
+        "spec",
+        &[
+            ("SMOE_NO_REPACK", "1"),
+            ("SMOE_VAULT", vault.to_str().unwrap()),
+            ("SMOE_RING_SLOTS", "8"),
+            ("SMOE_SPECULATE", "1"),
+        ],
+    );
+    assert!(spec.out.status.success(), "{}", spec.stderr());
+    assert_eq!(spec.stdout(), stock.stdout());
+    assert!(!stock.logits.is_empty());
+    assert!(
+        stock
+            .logits
+            .iter()
+            .zip(&spec.logits)
+            .all(|(a, b)| a.to_bits() == b.to_bits())
+            && stock.logits.len() == spec.logits.len(),
+        "logits differ with speculation"
+    );
+    // "(… N demand, M speculative, …)": speculation read something
+    let err = spec.stderr();
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("smoe: claims "))
+        .expect(&err);
+    let before = &line[..line.find(" speculative").expect(line)];
+    let n: u64 = before.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(n > 0, "no speculative read: {line}");
+    assert!(
+        err.contains("speculative prefetch of the next layer"),
+        "{err}"
+    );
+}

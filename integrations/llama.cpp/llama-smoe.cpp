@@ -65,6 +65,7 @@ struct llama_smoe {
     uint32_t slots = 0;
     uint32_t max_experts = 0;        // most experts of any layer
     bool speculate = false;          // SMOE_SPECULATE=1: prefetch layer il's experts for layer il+1
+    bool spec_warned = false;
     std::vector<layer_claims> layers;
     int first_layer = -1;            // the first and last layers with experts: the pre-warm
     int last_layer = -1;             // thread pauses from the one's claims to the other's release
@@ -434,8 +435,12 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
     }
     if (s->speculate && l->il + 1 < (int) s->layers.size()) {
         for (int32_t e : experts) {
-            // a guess: errors (e.g. a full ring, a layer without experts) only cost the guess
-            (void) smoe_prefetch(s->st, (uint32_t) l->il + 1, (uint32_t) e, true);
+            // a guess: a full ring or a next layer without that expert only costs the guess
+            const smoe_status r = smoe_prefetch(s->st, (uint32_t) l->il + 1, (uint32_t) e, true);
+            if (r != SMOE_OK && r != SMOE_ERR_RING_FULL && r != SMOE_ERR_NOT_FOUND && !s->spec_warned) {
+                fprintf(stderr, "%s (speculative prefetch; reported once)\n", smoe_error("smoe_prefetch", r).c_str());
+                s->spec_warned = true;
+            }
         }
     }
     s->wait_ns += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
