@@ -107,6 +107,7 @@ rm -f "$VAULT/expert_freq.bin"  # no histogram from an earlier run: no pre-warm
 
 # 3. the runs, each in the capped cgroup with a cold page cache
 mkdir -p "$CG"
+trap 'rmdir "$CG" 2>/dev/null || true' EXIT # empty again once each run has exited
 CAP_BYTES=$(numfmt --from=iec "$CAP")
 if [ "$CG_KIND" = "cgroup v2" ]; then
   echo "+memory" >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
