@@ -115,7 +115,9 @@ build() {
     rm -rf "$DIR/extract"
     # the sdist's llama.cpp/.git is a submodule pointer to a repository it lacks
     rm -f "$DIR/llama.cpp/.git"
-    (cd "$DIR/llama.cpp" && git apply --whitespace=nowarn "$PATCH") || die "$(basename "$PATCH") does not apply"
+    # (the ceiling keeps git from taking an enclosing repository's root as the base)
+    (cd "$DIR/llama.cpp" && GIT_CEILING_DIRECTORIES="$DIR" git apply --whitespace=nowarn "$PATCH") ||
+      die "$(basename "$PATCH") does not apply"
     echo "$key" >"$DIR/key.pending"
   fi
   for f in "${GLUE[@]}"; do
