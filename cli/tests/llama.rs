@@ -1,0 +1,419 @@
+//! llama.cpp streaming its experts through smoe (issue 14, docs/llama.md):
+//! the patched `llama-simple` that `scripts/llama.sh build` leaves in its
+//! cache runs the committed MoE fixtures greedily for 32 tokens, once as
+//! stock llama.cpp and once with `SMOE_VAULT` and a ring smaller than a
+//! layer's experts. The tokens must be the same and the logits of every step
+//! bitwise equal (both with repacking off: smoe's experts keep the GGUF's
+//! layout); against stock with repacking on, the largest logit difference is
+//! printed. Failures (a blob failing its checksum, a truncated vault, a vault
+//! of another model) must stop it with smoe's message and a non-zero exit.
+//!
+//! Without the build the tests say why they skip, except under CI (`CI`
+//! set), where `.ci/run` builds it first and a missing build is a failure.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const PROMPT: &str = "Hello world";
+const N_PREDICT: &str = "32";
+/// Every fixture's vocabulary (tests/fixtures/models/README.md).
+const N_VOCAB: usize = 384;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models")
+}
+
+/// The patched llama-simple, or None (after saying why) when it is not built.
+fn llama_simple() -> Option<PathBuf> {
+    let dir = std::env::var_os("SMOE_LLAMA_DIR")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/smoe-llama"));
+    let bin = dir.join("build/bin/llama-simple");
+    if bin.is_file() {
+        return Some(bin);
+    }
+    let why = format!(
+        "{} is not built: run scripts/llama.sh build (SMOE_LLAMA_DIR picks the cache)",
+        bin.display()
+    );
+    if std::env::var_os("CI").is_some_and(|v| !v.is_empty()) {
+        panic!("CI: {why}");
+    }
+    eprintln!("skipped: {why}");
+    None
+}
+
+/// `smoe pack GGUF DIR/vault`, which must succeed.
+fn pack(gguf: &Path, dir: &Path) -> PathBuf {
+    let vault = dir.join("vault");
+    let out = Command::new(env!("CARGO_BIN_EXE_smoe"))
+        .arg("pack")
+        .arg(gguf)
+        .arg(&vault)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "smoe pack {}: {}",
+        gguf.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    vault
+}
+
+struct Run {
+    out: Output,
+    logits: Vec<f32>,
+}
+
+impl Run {
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.out.stdout).into_owned()
+    }
+    fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.out.stderr).into_owned()
+    }
+}
+
+/// llama-simple on `gguf` with `env`, its logits dumped to a file in `dir`.
+fn run(bin: &Path, gguf: &Path, dir: &Path, name: &str, env: &[(&str, &str)]) -> Run {
+    let dump = dir.join(format!("{name}.logits"));
+    let mut cmd = Command::new(bin);
+    // one thread: ggml's default (4) spins at every op's barrier, which on a
+    // busy 2-core machine made these tiny models take ~1 s per token
+    cmd.args(["-t", "1", "-n", N_PREDICT, "-m"])
+        .arg(gguf)
+        .arg(PROMPT);
+    for var in [
+        "SMOE_VAULT",
+        "SMOE_RING_SLOTS",
+        "SMOE_NO_REPACK",
+        "SMOE_VERIFY",
+        "SMOE_SPECULATE",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.env("SMOE_DUMP_LOGITS", &dump);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let logits = std::fs::read(&dump)
+        .map(|b| {
+            b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        })
+        .unwrap_or_default();
+    Run { out, logits }
+}
+
+/// The `smoe:` statistics line's `evictions N`.
+fn evictions(stderr: &str) -> u64 {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("smoe: claims "))
+        .unwrap_or_else(|| panic!("no `smoe: claims` line in:\n{stderr}"));
+    let rest = &line[line.find("evictions ").expect(line) + "evictions ".len()..];
+    rest.split(',').next().unwrap().trim().parse().unwrap()
+}
+
+/// Stock (repack off), smoe through a ring of `slots`, stock (repack on):
+/// same text, bitwise equal logits against the first; returns the largest
+/// difference against the third.
+fn identical(fixture: &str, slots: u32) -> f32 {
+    let Some(bin) = llama_simple() else {
+        return 0.0;
+    };
+    let gguf = fixtures().join(fixture);
+    let tmp = tempfile::tempdir().unwrap();
+    let vault = pack(&gguf, tmp.path());
+    let slots = slots.to_string();
+    let stock = run(&bin, &gguf, tmp.path(), "stock", &[("SMOE_NO_REPACK", "1")]);
+    let smoe = run(
+        &bin,
+        &gguf,
+        tmp.path(),
+        "smoe",
+        &[
+            ("SMOE_NO_REPACK", "1"),
+            ("SMOE_VAULT", vault.to_str().unwrap()),
+            ("SMOE_RING_SLOTS", &slots),
+        ],
+    );
+    let repack = run(&bin, &gguf, tmp.path(), "repack", &[]);
+    for (name, r) in [("stock", &stock), ("smoe", &smoe), ("repack", &repack)] {
+        assert!(
+            r.out.status.success(),
+            "{fixture} {name}: {}\n{}",
+            r.out.status,
+            r.stderr()
+        );
+        assert!(
+            !r.logits.is_empty() && r.logits.len() % N_VOCAB == 0,
+            "{fixture} {name}: {} logits",
+            r.logits.len()
+        );
+    }
+    assert!(
+        !stock.stderr().contains("smoe:"),
+        "stock run mentions smoe:\n{}",
+        stock.stderr()
+    );
+    assert!(
+        smoe.stderr().contains(&format!("ring of {slots} slots")),
+        "{}",
+        smoe.stderr()
+    );
+    assert!(
+        evictions(&smoe.stderr()) > 0,
+        "{fixture}: a ring of {slots} slots evicted nothing:\n{}",
+        smoe.stderr()
+    );
+    let text = stock.stdout();
+    assert!(
+        text.len() > PROMPT.len() + 10,
+        "{fixture}: stock generated too little: {text:?}"
+    );
+    assert_eq!(smoe.stdout(), text, "{fixture}: smoe's tokens differ");
+    assert_eq!(
+        repack.stdout(),
+        text,
+        "{fixture}: repacked stock's tokens differ"
+    );
+    assert_eq!(
+        smoe.logits.len(),
+        stock.logits.len(),
+        "{fixture}: steps differ"
+    );
+    let differing = stock
+        .logits
+        .iter()
+        .zip(&smoe.logits)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    assert_eq!(
+        differing,
+        0,
+        "{fixture}: {differing} of {} logits differ from stock (repack off)",
+        stock.logits.len()
+    );
+    assert_eq!(repack.logits.len(), stock.logits.len());
+    let max_diff = repack
+        .logits
+        .iter()
+        .zip(&smoe.logits)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    eprintln!(
+        "{fixture}: {} steps x {N_VOCAB} logits bitwise equal to stock without repacking; \
+         largest difference to stock with repacking {max_diff:e}; {}",
+        stock.logits.len() / N_VOCAB,
+        smoe.stderr()
+            .lines()
+            .find(|l| l.starts_with("smoe: claims"))
+            .unwrap()
+    );
+    max_diff
+}
+
+#[test]
+fn mixtral_q8_0_identical() {
+    // 4 experts per layer, top-2: 3 slots
+    identical("mixtral-q8_0.gguf", 3);
+}
+
+#[test]
+fn mixtral256_q4_k_m_identical() {
+    // Q4_K and Q6_K experts, which stock repacks when repacking is on
+    identical("mixtral256-q4_k_m.gguf", 3);
+}
+
+#[test]
+fn qwen3moe_q8_0_identical() {
+    // 16 experts per layer
+    identical("qwen3moe-q8_0.gguf", 8);
+}
+
+#[test]
+fn qwen3moe_bf16_identical() {
+    identical("qwen3moe-bf16.gguf", 8);
+}
+
+/// A run that must fail: non-zero exit, `expect` in stderr, and no token
+/// generated past the prompt (stock's stdout starts with what it printed).
+fn fails(bin: &Path, gguf: &Path, dir: &Path, env: &[(&str, &str)], expect: &str) {
+    let stock = run(bin, gguf, dir, "stock", &[]);
+    assert!(stock.out.status.success(), "{}", stock.stderr());
+    let r = run(bin, gguf, dir, "failing", env);
+    assert!(
+        !r.out.status.success(),
+        "succeeded with {env:?}:\n{}",
+        r.stderr()
+    );
+    assert!(
+        r.stderr().contains(expect),
+        "{env:?}: no {expect:?} in:\n{}",
+        r.stderr()
+    );
+    assert!(
+        r.stdout().len() < stock.stdout().len() && stock.stdout().starts_with(&r.stdout()),
+        "{env:?}: generated {:?}",
+        r.stdout()
+    );
+}
+
+#[test]
+fn corrupt_blob_stops_generation_with_smoes_error() {
+    let Some(bin) = llama_simple() else {
+        return;
+    };
+    let gguf = fixtures().join("mixtral-q8_0.gguf");
+    let tmp = tempfile::tempdir().unwrap();
+    let vault = pack(&gguf, tmp.path());
+    // 8 blobs of 19,840 bytes, each in a 32 KiB padded region at the end of
+    // the file (docs/format.md §2.1): flip a byte inside every payload
+    let path = vault.join("experts.smoe");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let data = bytes.len() - 8 * 32768;
+    assert!(data >= 16384, "{} bytes", bytes.len());
+    for i in 0..8 {
+        bytes[data + i * 32768 + 100] ^= 0x55;
+    }
+    std::fs::write(&path, bytes).unwrap();
+    let v = vault.to_str().unwrap();
+    fails(
+        &bin,
+        &gguf,
+        tmp.path(),
+        &[
+            ("SMOE_VAULT", v),
+            ("SMOE_VERIFY", "1"),
+            ("SMOE_RING_SLOTS", "3"),
+        ],
+        "SMOE_ERR_FORMAT",
+    );
+}
+
+#[test]
+fn truncated_vault_is_refused() {
+    let Some(bin) = llama_simple() else {
+        return;
+    };
+    let gguf = fixtures().join("mixtral-q8_0.gguf");
+    let tmp = tempfile::tempdir().unwrap();
+    let vault = pack(&gguf, tmp.path());
+    let path = vault.join("experts.smoe");
+    let len = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len - 40000)
+        .unwrap();
+    fails(
+        &bin,
+        &gguf,
+        tmp.path(),
+        &[("SMOE_VAULT", vault.to_str().unwrap())],
+        "smoe_open: SMOE_ERR_FORMAT",
+    );
+}
+
+#[test]
+fn vault_of_another_model_is_refused() {
+    let Some(bin) = llama_simple() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let vault = pack(&fixtures().join("qwen3moe-q8_0.gguf"), tmp.path());
+    fails(
+        &bin,
+        &fixtures().join("mixtral-q8_0.gguf"),
+        tmp.path(),
+        &[("SMOE_VAULT", vault.to_str().unwrap())],
+        "pack the vault from this GGUF",
+    );
+}
+
+#[test]
+fn bad_settings_are_refused() {
+    let Some(bin) = llama_simple() else {
+        return;
+    };
+    let gguf = fixtures().join("mixtral-q8_0.gguf");
+    let tmp = tempfile::tempdir().unwrap();
+    let vault = pack(&gguf, tmp.path());
+    let v = vault.to_str().unwrap();
+    fails(
+        &bin,
+        &gguf,
+        tmp.path(),
+        &[("SMOE_VAULT", v), ("SMOE_RING_SLOTS", "three")],
+        "SMOE_RING_SLOTS=three is not an integer",
+    );
+    fails(
+        &bin,
+        &gguf,
+        tmp.path(),
+        &[("SMOE_VAULT", "/nonexistent/vault")],
+        "smoe_open: SMOE_ERR_IO",
+    );
+    // one slot cannot hold a token's top-2
+    fails(
+        &bin,
+        &gguf,
+        tmp.path(),
+        &[("SMOE_VAULT", v), ("SMOE_RING_SLOTS", "1")],
+        "distinct experts but the ring has 1 slots",
+    );
+}
+
+#[test]
+fn speculation_keeps_output_identical() {
+    let Some(bin) = llama_simple() else {
+        return;
+    };
+    let gguf = fixtures().join("qwen3moe-q8_0.gguf");
+    let tmp = tempfile::tempdir().unwrap();
+    let vault = pack(&gguf, tmp.path());
+    let stock = run(&bin, &gguf, tmp.path(), "stock", &[("SMOE_NO_REPACK", "1")]);
+    let spec = run(
+        &bin,
+        &gguf,
+        tmp.path(),
+        "spec",
+        &[
+            ("SMOE_NO_REPACK", "1"),
+            ("SMOE_VAULT", vault.to_str().unwrap()),
+            ("SMOE_RING_SLOTS", "8"),
+            ("SMOE_SPECULATE", "1"),
+        ],
+    );
+    assert!(spec.out.status.success(), "{}", spec.stderr());
+    assert_eq!(spec.stdout(), stock.stdout());
+    assert!(!stock.logits.is_empty());
+    assert!(
+        stock
+            .logits
+            .iter()
+            .zip(&spec.logits)
+            .all(|(a, b)| a.to_bits() == b.to_bits())
+            && stock.logits.len() == spec.logits.len(),
+        "logits differ with speculation"
+    );
+    // "(… N demand, M speculative, …)": speculation read something
+    let err = spec.stderr();
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("smoe: claims "))
+        .expect(&err);
+    let before = &line[..line.find(" speculative").expect(line)];
+    let n: u64 = before.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(n > 0, "no speculative read: {line}");
+    assert!(
+        err.contains("speculative prefetch of the next layer"),
+        "{err}"
+    );
+}

@@ -1,0 +1,475 @@
+// llama-smoe.cpp: see llama-smoe.h. Every smoe call's status is checked; a failure
+// carries smoe_status_str() and smoe_last_error() in its message.
+#include "llama-smoe.h"
+
+#include "ggml.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+
+#include <nlohmann/json.hpp>
+#include "smoe.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+std::string smoe_error(const char * call, smoe_status st) {
+    return std::string("smoe: ") + call + ": " + smoe_status_str(st) + ": " + smoe_last_error();
+}
+
+// An unsigned integer environment variable; `def` when unset or empty.
+uint32_t env_u32(const char * name, uint32_t def, uint32_t max) {
+    const char * v = std::getenv(name);
+    if (v == nullptr || *v == '\0') {
+        return def;
+    }
+    char * end = nullptr;
+    errno = 0;
+    const unsigned long long x = std::strtoull(v, &end, 10);
+    if (!std::isdigit((unsigned char) v[0]) || *end != '\0' || errno != 0 || x > max) {
+        throw std::runtime_error(std::string("smoe: ") + name + "=" + v + " is not an integer from 0 to " + std::to_string(max));
+    }
+    return (uint32_t) x;
+}
+
+struct layer_claims {
+    llama_smoe * s = nullptr;
+    int il = 0;
+    std::vector<smoe_slot> held;  // this layer's claims until its expert compute is done
+};
+
+} // namespace
+
+struct llama_smoe {
+    smoe_streamer * st = nullptr;
+    std::string vault;
+    nlohmann::json layouts;          // the vault's layer_blob_layouts
+    ggml_context * ctx = nullptr;    // the expert weights (metadata only)
+    ggml_backend_buffer_t ring = nullptr;
+    uint8_t * base = nullptr;
+    uint64_t ring_bytes = 0;
+    uint64_t slot_bytes = 0;
+    uint32_t slots = 0;
+    uint32_t max_experts = 0;        // most experts of any layer
+    bool speculate = false;          // SMOE_SPECULATE=1: prefetch layer il's experts for layer il+1
+    bool spec_warned = false;
+    std::vector<layer_claims> layers;
+    int first_layer = -1;            // the first and last layers with experts: the pre-warm
+    int last_layer = -1;             // thread pauses from the one's claims to the other's release
+    std::atomic<bool> failed{false};
+    uint64_t wait_ns = 0;
+    uint64_t claim_ops = 0;
+
+    ~llama_smoe() {
+        for (auto & l : layers) {
+            release_all(l);
+        }
+        if (ring) {
+            ggml_backend_buffer_free(ring);
+        }
+        if (ctx) {
+            ggml_free(ctx);
+        }
+        smoe_close(st);
+    }
+
+    void release_all(layer_claims & l) {
+        for (const auto & slot : l.held) {
+            const smoe_status r = smoe_release(st, &slot);
+            if (r != SMOE_OK) {
+                fprintf(stderr, "%s\n", smoe_error("smoe_release", r).c_str());
+            }
+        }
+        l.held.clear();
+    }
+
+    void fail(const std::string & msg) {
+        fprintf(stderr, "%s\n", msg.c_str());
+        failed = true;
+    }
+};
+
+llama_smoe * llama_smoe_from_env() {
+    const char * vault = std::getenv("SMOE_VAULT");
+    if (vault == nullptr || *vault == '\0') {
+        return nullptr;
+    }
+    smoe_config cfg;
+    smoe_status r = smoe_config_init(&cfg);
+    if (r != SMOE_OK) {
+        throw std::runtime_error(smoe_error("smoe_config_init", r));
+    }
+    cfg.ring_slots = env_u32("SMOE_RING_SLOTS", 0, UINT32_MAX);
+    cfg.workers    = env_u32("SMOE_WORKERS", 0, 64);
+    cfg.verify     = env_u32("SMOE_VERIFY", 0, 1);
+    cfg.direct_io  = env_u32("SMOE_DIRECT_IO", 0, 2);
+    cfg.prewarm    = env_u32("SMOE_PREWARM", 1, 1);
+    const bool speculate = env_u32("SMOE_SPECULATE", 0, 1) == 1;
+
+    std::unique_ptr<llama_smoe> s(new llama_smoe);
+    s->vault = vault;
+    s->speculate = speculate;
+    r = smoe_open(vault, &cfg, &s->st);
+    if (r != SMOE_OK) {
+        throw std::runtime_error(smoe_error("smoe_open", r) + " (SMOE_VAULT=" + vault + ")");
+    }
+    const char * warnings = smoe_warnings(s->st);
+    if (*warnings) {
+        fprintf(stderr, "smoe: %s%s", warnings, warnings[strlen(warnings) - 1] == '\n' ? "" : "\n");
+    }
+    void * base = nullptr;
+    r = smoe_ring_region(s->st, &base, &s->ring_bytes, &s->slot_bytes);
+    if (r != SMOE_OK) {
+        throw std::runtime_error(smoe_error("smoe_ring_region", r));
+    }
+    s->base = (uint8_t *) base;
+    s->slots = (uint32_t) (s->ring_bytes / s->slot_bytes);
+
+    try {
+        const nlohmann::json meta = nlohmann::json::parse(smoe_vault_metadata(s->st));
+        if (!meta.is_object() || !meta.contains("layer_blob_layouts") || !meta["layer_blob_layouts"].is_object()) {
+            throw std::runtime_error("its metadata has no layer_blob_layouts (was it made by `smoe pack` from a GGUF?)");
+        }
+        s->layouts = meta["layer_blob_layouts"];
+    } catch (const std::exception & e) {
+        throw std::runtime_error(std::string("smoe: vault ") + vault + ": " + e.what());
+    }
+
+    ggml_init_params params = {
+        /*.mem_size   =*/ ggml_tensor_overhead() * 4 * (s->layouts.size() + 1),
+        /*.mem_buffer =*/ nullptr,
+        /*.no_alloc   =*/ true,
+    };
+    s->ctx = ggml_init(params);
+    if (s->ctx == nullptr) {
+        throw std::runtime_error("smoe: failed to create a ggml context");
+    }
+    return s.release();
+}
+
+void llama_smoe_free(llama_smoe * s) {
+    if (s == nullptr) {
+        return;
+    }
+    smoe_stats stats = {};
+    stats.struct_size = sizeof(stats);
+    const smoe_status r = smoe_get_stats(s->st, &stats);
+    if (r == SMOE_OK) {
+        fprintf(stderr,
+            "smoe: claims %llu, hits %llu (%.1f%%), bytes read %llu (%.2f MiB; %llu demand, %llu speculative, %llu pre-warm reads), "
+            "evictions %llu, waited %.3f s for experts, ring %llu slots x %llu bytes\n",
+            (unsigned long long) stats.claims, (unsigned long long) stats.hits,
+            stats.claims ? 100.0 * (double) stats.hits / (double) stats.claims : 0.0,
+            (unsigned long long) stats.bytes_read, stats.bytes_read / 1048576.0,
+            (unsigned long long) stats.reads_demand, (unsigned long long) stats.reads_speculative,
+            (unsigned long long) stats.reads_prewarm, (unsigned long long) stats.evictions,
+            s->wait_ns / 1e9, (unsigned long long) stats.ring_slots, (unsigned long long) stats.slot_bytes);
+    } else {
+        fprintf(stderr, "%s\n", smoe_error("smoe_get_stats", r).c_str());
+    }
+    delete s;
+}
+
+// "blk.N.ffn_{gate,up,down,gate_up}_exps.weight" -> (N, role)
+static bool parse_expert_name(const char * name, int * layer, std::string * role) {
+    int n = 0;
+    char buf[16];
+    int used = 0;
+    if (sscanf(name, "blk.%d.ffn_%15[a-z_]%n", &n, buf, &used) != 2 || n < 0) {
+        return false;
+    }
+    std::string r(buf);
+    const std::string suffix = "_exps";
+    if (r.size() <= suffix.size() || r.compare(r.size() - suffix.size(), suffix.size(), suffix) != 0 ||
+        strcmp(name + used, ".weight") != 0) {
+        return false;
+    }
+    r.resize(r.size() - suffix.size());
+    if (r != "gate" && r != "up" && r != "down" && r != "gate_up") {
+        return false;
+    }
+    *layer = n;
+    *role = r;
+    return true;
+}
+
+ggml_context * llama_smoe_tensor_ctx(llama_smoe * s, const char * name) {
+    int layer;
+    std::string role;
+    return s != nullptr && parse_expert_name(name, &layer, &role) ? s->ctx : nullptr;
+}
+
+void llama_smoe_bind(llama_smoe * s) {
+    const std::string where = "smoe: vault " + s->vault + ": ";
+    std::map<int, std::vector<std::string>> bound;  // layer -> roles
+    int n_layer = 0;
+    std::vector<ggml_tensor *> tensors;
+    for (ggml_tensor * t = ggml_get_first_tensor(s->ctx); t != nullptr; t = ggml_get_next_tensor(s->ctx, t)) {
+        tensors.push_back(t);
+    }
+    if (tensors.empty()) {
+        throw std::runtime_error(where + "the model has no routed-expert tensors (blk.N.ffn_*_exps.weight)");
+    }
+    if (s->slot_bytes == 0 || s->slots == 0) {
+        throw std::runtime_error(where + "empty ring");
+    }
+    for (ggml_tensor * t : tensors) {
+        int il;
+        std::string role;
+        parse_expert_name(t->name, &il, &role);
+        const std::string key = std::to_string(il);
+        if (!s->layouts.contains(key)) {
+            throw std::runtime_error(where + "has no layer " + key + ", which the model's " + t->name + " needs: pack the vault from this GGUF");
+        }
+        const nlohmann::json * item = nullptr;
+        for (const auto & it : s->layouts[key]) {
+            if (it.is_object() && it.value("role", "") == role) {
+                item = &it;
+            }
+        }
+        if (item == nullptr) {
+            throw std::runtime_error(where + "layer " + key + " has no '" + role + "' slice for " + t->name);
+        }
+        std::string type = ggml_type_name(t->type);
+        for (char & c : type) {
+            c = (char) toupper((unsigned char) c);
+        }
+        const uint64_t expert_bytes = t->nb[2];
+        const uint64_t n_expert = (uint64_t) t->ne[2];
+        uint64_t offset = 0;
+        uint64_t bytes = 0;
+        try {
+            if (item->at("tensor").get<std::string>() != t->name) {
+                throw std::runtime_error("its slice comes from " + item->at("tensor").get<std::string>());
+            }
+            if (item->at("dtype").get<std::string>() != type) {
+                throw std::runtime_error("its slice is " + item->at("dtype").get<std::string>() + ", the model's is " + type);
+            }
+            const auto shape = item->at("shape").get<std::vector<int64_t>>();
+            if (shape.size() != 2 || shape[0] != t->ne[1] || shape[1] != t->ne[0]) {
+                throw std::runtime_error("its slice shape " + item->at("shape").dump() + " differs from the model's [" +
+                                         std::to_string(t->ne[1]) + ", " + std::to_string(t->ne[0]) + "]");
+            }
+            offset = item->at("offset").get<uint64_t>();
+            bytes = item->at("bytes").get<uint64_t>();
+        } catch (const nlohmann::json::exception & e) {
+            throw std::runtime_error(where + "layer " + key + " '" + role + "': bad layout item: " + e.what());
+        } catch (const std::runtime_error & e) {
+            throw std::runtime_error(where + t->name + ": " + e.what() + ": pack the vault from this GGUF");
+        }
+        if (bytes != expert_bytes || ggml_nbytes(t) != expert_bytes * n_expert) {
+            throw std::runtime_error(where + t->name + ": its slice is " + std::to_string(bytes) + " bytes, the model's " + std::to_string(expert_bytes));
+        }
+        if (offset > s->slot_bytes || bytes > s->slot_bytes - offset) {
+            throw std::runtime_error(where + t->name + ": its slice ends past a ring slot (" + std::to_string(s->slot_bytes) + " bytes)");
+        }
+        for (uint64_t e = 0; e <= n_expert; e++) {
+            uint64_t size = 0, padded = 0, off = 0;
+            const smoe_status r = smoe_expert_info(s->st, (uint32_t) il, (uint32_t) e, &size, &padded, &off);
+            if (e == n_expert) {
+                if (r == SMOE_OK) {
+                    throw std::runtime_error(where + "layer " + key + " has more experts than the model's " + std::to_string(n_expert));
+                }
+                if (r != SMOE_ERR_NOT_FOUND) {
+                    throw std::runtime_error(smoe_error("smoe_expert_info", r));
+                }
+            } else if (r != SMOE_OK) {
+                throw std::runtime_error(smoe_error("smoe_expert_info", r) + " (the model has " + std::to_string(n_expert) + " experts in layer " + key + ")");
+            } else if (size < offset + bytes) {
+                throw std::runtime_error(where + "layer " + key + " expert " + std::to_string(e) + " is " + std::to_string(size) + " bytes, too short for its '" + role + "' slice");
+            }
+        }
+        if (n_expert > s->max_experts) {
+            s->max_experts = (uint32_t) n_expert;
+        }
+        bound[il].push_back(role);
+        s->first_layer = s->first_layer < 0 ? il : std::min(s->first_layer, il);
+        s->last_layer = std::max(s->last_layer, il);
+        n_layer = std::max(n_layer, il + 1);
+        // the view over the ring: expert slot i of this role at base + i*slot_bytes + offset
+        t->data  = s->base + offset;
+        t->ne[2] = s->slots;
+        t->nb[2] = s->slot_bytes;
+        t->nb[3] = s->slot_bytes * s->slots;
+    }
+    // every weight the vault holds for a layer must be used by the model
+    for (const auto & [key, items] : s->layouts.items()) {
+        const int il = std::atoi(key.c_str());
+        for (const auto & it : items) {
+            const std::string role = it.is_object() ? it.value("role", "") : "";
+            if (role != "gate" && role != "up" && role != "down" && role != "gate_up") {
+                continue;
+            }
+            const auto & roles = bound[il];
+            if (std::find(roles.begin(), roles.end(), role) == roles.end()) {
+                throw std::runtime_error(where + "layer " + key + " holds a '" + role + "' weight the model does not have: pack the vault from this GGUF");
+            }
+        }
+    }
+    s->ring = ggml_backend_cpu_buffer_from_ptr(s->base, s->ring_bytes);
+    if (s->ring == nullptr) {
+        throw std::runtime_error("smoe: cannot wrap the ring in a ggml buffer");
+    }
+    ggml_backend_buffer_set_usage(s->ring, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    for (ggml_tensor * t : tensors) {
+        t->buffer = s->ring;
+    }
+    s->layers.resize(n_layer);
+    for (int il = 0; il < n_layer; il++) {
+        s->layers[il].s = s;
+        s->layers[il].il = il;
+    }
+    fprintf(stderr, "smoe: vault %s: %zu expert tensors in %zu layers streamed through a ring of %u slots x %llu bytes%s\n",
+            s->vault.c_str(), tensors.size(), bound.size(), s->slots, (unsigned long long) s->slot_bytes,
+            s->speculate ? ", speculative prefetch of the next layer" : "");
+}
+
+uint32_t llama_smoe_max_ubatch(const llama_smoe * s, uint32_t n_ubatch, uint32_t n_expert_used) {
+    if (s->slots >= s->max_experts || n_expert_used == 0) {
+        return n_ubatch;  // a whole layer fits
+    }
+    const uint32_t fit = std::max<uint32_t>(1, s->slots / n_expert_used);
+    if (fit < n_ubatch) {
+        fprintf(stderr, "smoe: n_ubatch %u -> %u: a ring of %u slots holds the top-%u experts of %u tokens at once\n",
+                n_ubatch, fit, s->slots, n_expert_used, fit);
+        return fit;
+    }
+    return n_ubatch;
+}
+
+static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int nth, void * userdata) {
+    (void) nth;
+    if (ith != 0) {
+        return;
+    }
+    auto * l = (layer_claims *) userdata;
+    llama_smoe * s = l->s;
+    s->release_all(*l);  // left over by a graph that was aborted
+    const int64_t k = a->ne[0];
+    const int64_t n_tokens = a->ne[1];
+    auto id_at = [&](int64_t i, int64_t t) { return *(const int32_t *) ((const char *) a->data + i * a->nb[0] + t * a->nb[1]); };
+    int32_t * out = (int32_t *) dst->data;
+    std::fill(out, out + k * n_tokens, 0);
+    if (s->failed) {
+        return;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    if (l->il == s->first_layer) {
+        smoe_prewarm_pause(s->st, true);  // busy until the last layer's release
+    }
+    // distinct experts in order of first use
+    std::vector<int32_t> experts;
+    std::unordered_map<int32_t, uint32_t> slot_of;
+    for (int64_t t = 0; t < n_tokens; t++) {
+        for (int64_t i = 0; i < k; i++) {
+            const int32_t e = id_at(i, t);
+            if (slot_of.emplace(e, UINT32_MAX).second) {
+                experts.push_back(e);
+            }
+        }
+    }
+    if (experts.size() > s->slots) {
+        s->fail("smoe: layer " + std::to_string(l->il) + ": this batch routes to " + std::to_string(experts.size()) +
+                " distinct experts but the ring has " + std::to_string(s->slots) + " slots; raise SMOE_RING_SLOTS or lower n_ubatch");
+        return;
+    }
+    // first pin what is resident (a plain claim never waits), which queues the others' reads,
+    // then wait for the others
+    std::vector<int32_t> missing;
+    for (int32_t e : experts) {
+        if (e < 0) {
+            s->fail("smoe: layer " + std::to_string(l->il) + ": negative expert id " + std::to_string(e));
+            break;
+        }
+        smoe_slot slot;
+        const smoe_status r = smoe_claim(s->st, (uint32_t) l->il, (uint32_t) e, &slot);
+        if (r == SMOE_OK) {
+            l->held.push_back(slot);
+            slot_of[e] = slot.slot_index;
+        } else if (r == SMOE_PENDING || r == SMOE_ERR_RING_FULL) {
+            missing.push_back(e);
+        } else {
+            s->fail(smoe_error("smoe_claim", r));
+            break;
+        }
+    }
+    for (size_t j = 0; j < missing.size() && !s->failed; j++) {
+        const int32_t e = missing[j];
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(600);
+        for (;;) {
+            smoe_slot slot;
+            const smoe_status r = smoe_claim_wait(s->st, (uint32_t) l->il, (uint32_t) e, 1000000000ull, &slot);
+            if (r == SMOE_OK) {
+                l->held.push_back(slot);
+                slot_of[e] = slot.slot_index;
+                break;
+            }
+            // PENDING: still reading; RING_FULL: every free slot is loading another expert, which ends soon
+            if ((r != SMOE_PENDING && r != SMOE_ERR_RING_FULL) || std::chrono::steady_clock::now() > deadline) {
+                s->fail(smoe_error("smoe_claim_wait", r) + " (layer " + std::to_string(l->il) + ", expert " + std::to_string(e) + ")");
+                break;
+            }
+        }
+    }
+    if (s->failed) {
+        s->release_all(*l);
+        return;
+    }
+    for (int64_t t = 0; t < n_tokens; t++) {
+        for (int64_t i = 0; i < k; i++) {
+            out[t * k + i] = (int32_t) slot_of[id_at(i, t)];
+        }
+    }
+    if (s->speculate && l->il + 1 < (int) s->layers.size()) {
+        for (int32_t e : experts) {
+            // a guess: a full ring or a next layer without that expert only costs the guess
+            const smoe_status r = smoe_prefetch(s->st, (uint32_t) l->il + 1, (uint32_t) e, true);
+            if (r != SMOE_OK && r != SMOE_ERR_RING_FULL && r != SMOE_ERR_NOT_FOUND && !s->spec_warned) {
+                fprintf(stderr, "%s (speculative prefetch; reported once)\n", smoe_error("smoe_prefetch", r).c_str());
+                s->spec_warned = true;
+            }
+        }
+    }
+    s->wait_ns += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    s->claim_ops++;
+}
+
+static void smoe_release_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int nth, void * userdata) {
+    (void) dst;
+    (void) a;
+    (void) nth;
+    if (ith == 0) {
+        auto * l = (layer_claims *) userdata;
+        l->s->release_all(*l);
+        if (l->il == l->s->last_layer) {
+            smoe_prewarm_pause(l->s->st, false);  // idle between graphs: pre-warm may read
+        }
+    }
+}
+
+ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, int il) {
+    GGML_ASSERT(il >= 0 && il < (int) s->layers.size());
+    return ggml_map_custom1(ctx, selected_experts, smoe_claim_op, 1, &s->layers[il]);
+}
+
+ggml_tensor * llama_smoe_release(llama_smoe * s, ggml_context * ctx, ggml_tensor * experts, int il) {
+    GGML_ASSERT(il >= 0 && il < (int) s->layers.size());
+    return ggml_map_custom1_inplace(ctx, experts, smoe_release_op, 1, &s->layers[il]);
+}
+
+bool llama_smoe_failed(const llama_smoe * s) {
+    return s != nullptr && s->failed;
+}

@@ -1,0 +1,50 @@
+// llama-smoe.h: routed experts streamed from an smoe vault (the smoe library, include/smoe.h).
+//
+// With SMOE_VAULT=DIR set, the model loader creates every `blk.N.ffn_*_exps.weight`
+// tensor in a context of its own that is never allocated nor read; once the model is
+// loaded, each of those tensors becomes a view over smoe's ring (ne[2] = ring slots,
+// nb[2] = slot bytes). build_moe_ffn() then claims the experts a layer's top-k chose
+// and hands ggml_mul_mat_id their slot indices instead of their expert ids.
+// Without SMOE_VAULT nothing here runs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+struct ggml_context;
+struct ggml_tensor;
+struct llama_smoe;
+
+// Opens the vault named by SMOE_VAULT; nullptr when it is unset or empty.
+// Throws std::runtime_error with smoe's message on any failure.
+llama_smoe * llama_smoe_from_env();
+
+// Prints one "smoe: ..." line of statistics on stderr and closes the vault.
+void llama_smoe_free(llama_smoe * s);
+
+struct llama_smoe_deleter {
+    void operator()(llama_smoe * s) const { llama_smoe_free(s); }
+};
+using llama_smoe_ptr = std::unique_ptr<llama_smoe, llama_smoe_deleter>;
+
+// The context the loader must create tensor `name` in: smoe's (never allocated,
+// never read from the model file) for a routed-expert weight, nullptr otherwise.
+ggml_context * llama_smoe_tensor_ctx(llama_smoe * s, const char * name);
+
+// After the model's tensors are created: checks each expert tensor against the
+// vault's layout and turns it into a view over the ring. Throws std::runtime_error.
+void llama_smoe_bind(llama_smoe * s);
+
+// The largest n_ubatch (at most `n_ubatch`) whose distinct experts per layer
+// always fit in the ring; at least 1.
+uint32_t llama_smoe_max_ubatch(const llama_smoe * s, uint32_t n_ubatch, uint32_t n_expert_used);
+
+// Graph ops, both run by one thread. claim: prefetches and claims the experts in
+// `selected_experts` ([n_expert_used, n_tokens], I32) for layer il; returns their
+// slot indices (same shape), for ggml_mul_mat_id. release: returns `experts`
+// unchanged (in place) and releases layer il's claims once it is computed.
+ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, int il);
+ggml_tensor * llama_smoe_release(llama_smoe * s, ggml_context * ctx, ggml_tensor * experts, int il);
+
+// True once a claim failed: graph computation must stop (the abort callback).
+bool llama_smoe_failed(const llama_smoe * s);

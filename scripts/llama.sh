@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# llama.cpp with smoe (docs/llama.md): the pinned llama.cpp from the
+# llama-cpp-python source distribution, with integrations/llama.cpp/ applied,
+# built CPU-only into a cache outside the repository.
+#
+#   scripts/llama.sh build    leaves $SMOE_LLAMA_DIR/build/bin/llama-simple
+#   scripts/llama.sh path     prints that path (exit 1 if it is not built)
+#
+# No llama.cpp source is committed here: only our patch and glue. The cache is
+# reused between runs: the source tree is extracted and patched again when
+# the patch changes (its hash is the cache key; the build then recompiles
+# what changed), the glue is copied in when it differs, and llama-simple is
+# relinked when libsmoe.a changes. Remove $SMOE_LLAMA_DIR for a build from
+# scratch.
+#
+# Environment:
+#   SMOE_LLAMA_DIR   the cache (default /var/cache/smoe-llama)
+#   JOBS             parallel build jobs (default: nproc)
+#   CARGO_TARGET_DIR where cargo puts libsmoe.a (default: target/ here)
+#
+# Needs: python3 with pip (installed with apt-get when missing and root),
+# cmake >= 3.14 (likewise), a C/C++ compiler, cargo, network access to PyPI on
+# the first run.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DIR="${SMOE_LLAMA_DIR:-/var/cache/smoe-llama}"
+JOBS="${JOBS:-$(nproc)}"
+TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
+case "$TARGET_DIR" in /*) ;; *) TARGET_DIR="$ROOT/$TARGET_DIR" ;; esac
+
+# the same sdist as scripts/make-model-fixtures.sh
+LLAMA_CPP_PYTHON_VERSION=0.3.36
+LLAMA_CPP_PYTHON_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+INTEGRATION="$ROOT/integrations/llama.cpp"
+PATCH="$INTEGRATION/llama.cpp-smoe.patch"
+GLUE=(llama-smoe.h llama-smoe.cpp)
+
+say() { printf '[llama.sh] %s\n' "$*" >&2; }
+die() {
+  say "error: $*"
+  exit 1
+}
+
+BIN="$DIR/build/bin/llama-simple"
+
+usage() {
+  echo "usage: scripts/llama.sh build|path" >&2
+  exit 2
+}
+
+# apt-get install PACKAGE... when root on Debian; otherwise say what is missing.
+apt_install() {
+  if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+    die "missing $*: install it (Debian: apt-get install $*)"
+  fi
+  say "installing $* (apt-get)"
+  DEBIAN_FRONTEND=noninteractive timeout 600 apt-get update -qq </dev/null || say "apt-get update failed"
+  DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq --no-install-recommends "$@" </dev/null ||
+    die "apt-get install $* failed"
+}
+
+need_tools() {
+  command -v cc >/dev/null && command -v c++ >/dev/null || apt_install gcc g++
+  command -v cmake >/dev/null || apt_install cmake
+  python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
+  command -v cargo >/dev/null || die "cargo not found (install Rust with rustup)"
+}
+
+# The sdist, downloaded with pip (no dependencies, no wheel: the source) and
+# checked against its pinned sha256.
+fetch_sdist() {
+  local sdist="$DIR/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
+  if [ ! -f "$sdist" ] || ! echo "$LLAMA_CPP_PYTHON_SHA256  $sdist" | sha256sum -c --quiet 2>/dev/null; then
+    rm -f "$sdist"
+    say "downloading llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION (sdist, ~77 MB)"
+    python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python \
+      "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -d "$DIR" >&2 ||
+      die "pip download llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION failed"
+    [ -f "$sdist" ] || die "pip did not leave $sdist"
+    echo "$LLAMA_CPP_PYTHON_SHA256  $sdist" | sha256sum -c --quiet ||
+      die "$sdist: sha256 differs from the pinned $LLAMA_CPP_PYTHON_SHA256"
+  fi
+  echo "$sdist"
+}
+
+# the source tree's key: the sdist and the patch (the glue is copied in
+# whenever it differs, so a change to it recompiles it alone)
+cache_key() {
+  (
+    echo "llama-cpp-python $LLAMA_CPP_PYTHON_VERSION $LLAMA_CPP_PYTHON_SHA256"
+    cd "$INTEGRATION" && sha256sum "$(basename "$PATCH")"
+  ) | sha256sum | cut -c1-16
+}
+
+build() {
+  [ -f "$PATCH" ] || die "$PATCH is missing"
+  need_tools
+  mkdir -p "$DIR"
+  exec 9>"$DIR/.lock"
+  flock 9
+
+  local key
+  key="$(cache_key)"
+  if [ "$(cat "$DIR/key" 2>/dev/null || true)" != "$key" ]; then
+    local sdist
+    sdist="$(fetch_sdist)"
+    say "extracting llama.cpp and applying $(basename "$PATCH") (key $key)"
+    # build/ is kept: tar restores the sdist's file times, so only the files the
+    # patch touches (and the glue) are compiled again
+    rm -rf "$DIR/llama.cpp" "$DIR/extract" "$DIR/key"
+    mkdir -p "$DIR/extract"
+    tar -xzf "$sdist" -C "$DIR/extract" "llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
+    mv "$DIR/extract/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp" "$DIR/llama.cpp"
+    rm -rf "$DIR/extract"
+    # the sdist's llama.cpp/.git is a submodule pointer to a repository it lacks
+    rm -f "$DIR/llama.cpp/.git"
+    # (the ceiling keeps git from taking an enclosing repository's root as the base)
+    (cd "$DIR/llama.cpp" && GIT_CEILING_DIRECTORIES="$DIR" git apply --whitespace=nowarn "$PATCH") ||
+      die "$(basename "$PATCH") does not apply"
+    echo "$key" >"$DIR/key.pending"
+  fi
+  for f in "${GLUE[@]}"; do
+    cmp -s "$INTEGRATION/$f" "$DIR/llama.cpp/src/$f" || cp "$INTEGRATION/$f" "$DIR/llama.cpp/src/$f"
+  done
+
+  say "building libsmoe.a (cargo build --release -p smoe)"
+  (cd "$ROOT" && cargo build --release -p smoe --lib) >&2 || die "cargo build failed"
+  local lib="$TARGET_DIR/release/libsmoe.a"
+  [ -f "$lib" ] || die "$lib not found after cargo build"
+
+  local generator=()
+  command -v ninja >/dev/null && generator=(-G Ninja)
+  # a build configured by another cmake or generator is made again
+  local stamp
+  stamp="$(cmake --version | head -n 1) ${generator[*]:-make}"
+  if [ "$(cat "$DIR/build/smoe-stamp" 2>/dev/null || true)" != "$stamp" ]; then
+    rm -rf "$DIR/build"
+  fi
+  if [ ! -f "$DIR/build/CMakeCache.txt" ]; then
+    say "configuring llama.cpp (CPU, Release, no CURL)"
+    cmake -S "$DIR/llama.cpp" -B "$DIR/build" "${generator[@]}" \
+      -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF \
+      -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=OFF \
+      -DLLAMA_BUILD_SERVER=OFF -DLLAMA_SMOE_INCLUDE="$ROOT/include" -DLLAMA_SMOE_LIB="$lib" >&2 ||
+      die "cmake configure failed"
+    echo "$stamp" >"$DIR/build/smoe-stamp"
+  else
+    cmake "$DIR/build" -DLLAMA_SMOE_INCLUDE="$ROOT/include" -DLLAMA_SMOE_LIB="$lib" >/dev/null ||
+      die "cmake reconfigure failed"
+  fi
+  say "building llama-simple ($JOBS jobs; a few minutes the first time)"
+  cmake --build "$DIR/build" --target llama-simple -j "$JOBS" >&2 || die "building llama-simple failed"
+  [ -x "$BIN" ] || die "$BIN was not built"
+  if [ -f "$DIR/key.pending" ]; then
+    mv "$DIR/key.pending" "$DIR/key"
+  fi
+  say "built $BIN"
+  echo "$BIN"
+}
+
+case "${1:-}" in
+  build) build ;;
+  path)
+    [ -x "$BIN" ] || die "$BIN is not built: run scripts/llama.sh build"
+    echo "$BIN"
+    ;;
+  *) usage ;;
+esac
