@@ -91,18 +91,21 @@ fn evicting_prefetch(c: &mut Criterion) {
 
 fn evicting_prefetch_with(c: &mut Criterion, name: &str, policy: Policy) {
     let dir = tempfile::tempdir().unwrap();
-    // 8192 experts through 4096 slots: cycling through them in order, each
-    // prefetch finds its expert gone and evicts the least recently used.
-    // One worker, so on a 2-core machine the measured thread and the worker
-    // reading the queued blobs each have a core (with two workers, three
-    // busy threads share two cores and the figure measures preemption).
-    synth(dir.path(), 64, 128);
+    // 32768 experts (256 layers × 128) through 4096 slots, cycling through
+    // them in order: a prefetch almost always finds its expert gone and
+    // evicts (the policy's victim). One worker, so on a 2-core machine the
+    // measured thread and the worker reading the queued blobs each have a
+    // core (with two workers, three busy threads share two cores and the
+    // figure measures preemption).
+    const EXPERTS: u32 = 32768;
+    synth(dir.path(), EXPERTS / 128, 128);
     let s = Streamer::open(
         dir.path(),
         Config {
             ring_slots: 4096,
             workers: 1,
             direct_io: DirectIo::Off,
+            prewarm: false,
             policy,
             ..Config::default()
         },
@@ -112,14 +115,15 @@ fn evicting_prefetch_with(c: &mut Criterion, name: &str, policy: Policy) {
     let mut issued = 0u64;
     let mut prefetch_next = || {
         let (l, e) = (next / 128, next % 128);
-        next = (next + 1) % 8192;
+        next = (next + 1) % EXPERTS;
         s.prefetch(l, e, Priority::Speculative).unwrap();
     };
     // Reads land far slower than prefetches are issued, so time batches of
     // 512 prefetches and, untimed, let the workers finish each batch's reads
-    // before the next: every timed prefetch finds idle slots to evict.
+    // (every slot loaded again) before the next: every timed prefetch finds
+    // idle slots to evict.
     let settle = |issued: u64| {
-        while s.stats().reads_speculative < issued {
+        while s.stats().resident < issued.min(4096) {
             std::thread::sleep(Duration::from_micros(200));
         }
     };
@@ -130,6 +134,7 @@ fn evicting_prefetch_with(c: &mut Criterion, name: &str, policy: Policy) {
         issued += 512;
         settle(issued);
     }
+    let warm = issued;
     let before = s.stats().evictions;
     c.bench_function(name, |b| {
         b.iter_custom(|iters| {
@@ -146,10 +151,16 @@ fn evicting_prefetch_with(c: &mut Criterion, name: &str, policy: Policy) {
                 left -= n;
                 settle(issued);
             }
-            assert!(s.stats().evictions > before, "the benchmark did not evict");
             total
         })
     });
+    let evicted = s.stats().evictions - before;
+    assert!(evicted > 0, "the benchmark did not evict");
+    let timed = issued - warm;
+    println!(
+        "{name}: {:.1}% of the timed prefetches evicted ({evicted} of {timed})",
+        100.0 * evicted as f64 / timed.max(1) as f64
+    );
 }
 
 criterion_group! {
