@@ -91,6 +91,7 @@ fn run(bin: &Path, gguf: &Path, dir: &Path, name: &str, env: &[(&str, &str)]) ->
         "SMOE_NO_REPACK",
         "SMOE_VERIFY",
         "SMOE_SPECULATE",
+        "SMOE_POLICY",
     ] {
         cmd.env_remove(var);
     }
@@ -368,6 +369,52 @@ fn bad_settings_are_refused() {
         &[("SMOE_VAULT", v), ("SMOE_RING_SLOTS", "1")],
         "distinct experts but the ring has 1 slots",
     );
+}
+
+/// The adaptive eviction policy changes which experts stay, never what is
+/// computed: the same logits as stock, and as many claims as with LRU.
+#[test]
+fn adaptive_policy_keeps_output_identical() {
+    let Some(bin) = llama_simple() else {
+        return;
+    };
+    let gguf = fixtures().join("mixtral-q8_0.gguf");
+    let tmp = tempfile::tempdir().unwrap();
+    let vault = pack(&gguf, tmp.path());
+    let v = vault.to_str().unwrap();
+    let stock = run(&bin, &gguf, tmp.path(), "stock", &[("SMOE_NO_REPACK", "1")]);
+    let adaptive = run(
+        &bin,
+        &gguf,
+        tmp.path(),
+        "adaptive",
+        &[
+            ("SMOE_NO_REPACK", "1"),
+            ("SMOE_VAULT", v),
+            ("SMOE_RING_SLOTS", "3"),
+            ("SMOE_POLICY", "1"),
+        ],
+    );
+    assert!(adaptive.out.status.success(), "{}", adaptive.stderr());
+    assert_eq!(adaptive.stdout(), stock.stdout());
+    assert!(!stock.logits.is_empty() && stock.logits.len() == adaptive.logits.len());
+    assert!(
+        stock
+            .logits
+            .iter()
+            .zip(&adaptive.logits)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "logits differ under the adaptive policy"
+    );
+    let bad = run(
+        &bin,
+        &gguf,
+        tmp.path(),
+        "bad-policy",
+        &[("SMOE_VAULT", v), ("SMOE_POLICY", "2")],
+    );
+    assert!(!bad.out.status.success());
+    assert!(bad.stderr().contains("SMOE_POLICY"), "{}", bad.stderr());
 }
 
 #[test]

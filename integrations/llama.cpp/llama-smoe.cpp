@@ -117,6 +117,7 @@ llama_smoe * llama_smoe_from_env() {
     cfg.verify     = env_u32("SMOE_VERIFY", 0, 1);
     cfg.direct_io  = env_u32("SMOE_DIRECT_IO", 0, 2);
     cfg.prewarm    = env_u32("SMOE_PREWARM", 1, 1);
+    cfg.policy     = env_u32("SMOE_POLICY", SMOE_POLICY_LRU, SMOE_POLICY_ADAPTIVE);
     const bool speculate = env_u32("SMOE_SPECULATE", 0, 1) == 1;
 
     std::unique_ptr<llama_smoe> s(new llama_smoe);
