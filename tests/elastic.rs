@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use smoe::{Config, Priority, Streamer};
+use smoe::{Config, Streamer};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -221,18 +221,7 @@ fn elastic_ring_gives_way_to_a_neighbour() {
     assert!(s.warnings().is_empty(), "{:?}", s.warnings());
     assert_eq!(s.ring_region().1, 200 * 12 * MIB);
     // Fill the ring: every slot holds an expert.
-    for e in 0..200 {
-        s.prefetch(0, e, Priority::Demand).unwrap();
-    }
-    let mut checked = 0u64;
-    for e in 0..200 {
-        let c = s
-            .claim_wait(0, e, Duration::from_secs(20))
-            .unwrap()
-            .unwrap();
-        v.check(0, e, &c);
-        checked += 1;
-    }
+    let mut checked = v.stream(&s, 0, 0..200, Duration::from_secs(20));
     let st = s.stats();
     assert_eq!((st.resident, st.slots_active), (200, 200));
     eprintln!(

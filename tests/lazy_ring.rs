@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use smoe::{Config, Priority, Streamer};
+use smoe::{Config, Streamer};
 
 #[test]
 fn an_8_gib_ring_opens_at_once_and_costs_what_it_holds() {
@@ -27,16 +27,7 @@ fn an_8_gib_ring_opens_at_once_and_costs_what_it_holds() {
     let ring = s.ring_region().1;
     assert_eq!(ring, 8 << 30);
     let after_open = common::rss_bytes().saturating_sub(rss0);
-    for e in 0..8 {
-        s.prefetch(0, e, Priority::Demand).unwrap();
-    }
-    for e in 0..8 {
-        let c = s
-            .claim_wait(0, e, Duration::from_secs(10))
-            .unwrap()
-            .unwrap();
-        v.check(0, e, &c);
-    }
+    v.stream(&s, 0, 0..8, Duration::from_secs(10));
     let after_loads = common::rss_bytes().saturating_sub(rss0);
     let t0 = Instant::now();
     drop(s);

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use smoe::{Config, ErrorKind, Priority, Streamer};
+use smoe::{Config, ErrorKind, Streamer};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -58,16 +58,7 @@ fn populate_commits_the_ring_in_the_background_and_loads_stay_right() {
     .unwrap();
     let open = t0.elapsed();
     // Loads during the populate are read right: it never changes bytes.
-    for e in 0..64 {
-        s.prefetch(0, e, Priority::Demand).unwrap();
-    }
-    for e in 0..64 {
-        let c = s
-            .claim_wait(0, e, Duration::from_secs(10))
-            .unwrap()
-            .unwrap();
-        v.check(0, e, &c);
-    }
+    v.stream(&s, 0, 0..64, Duration::from_secs(10));
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut on = 0;
     while Instant::now() < deadline {
@@ -324,16 +315,7 @@ fn elastic_ring_shrinks_and_grows_with_fake_pressure() {
     )
     .unwrap();
     assert!(s.warnings().is_empty(), "{:?}", s.warnings());
-    for e in 0..64 {
-        s.prefetch(0, e, Priority::Demand).unwrap();
-    }
-    for e in 0..64 {
-        let c = s
-            .claim_wait(0, e, Duration::from_secs(10))
-            .unwrap()
-            .unwrap();
-        v.check(0, e, &c);
-    }
+    v.stream(&s, 0, 0..64, Duration::from_secs(10));
     let full = common::rss_bytes();
     assert_eq!(s.stats().resident, 64);
 
@@ -386,16 +368,7 @@ fn elastic_ring_shrinks_and_grows_with_fake_pressure() {
     let st = wait_for(&s, |st| st.slots_active == 64);
     assert_eq!(st.slots_active, 64, "{st:?}");
     assert!(st.grows >= 1, "{st:?}");
-    for e in 0..64 {
-        s.prefetch(0, e, Priority::Demand).unwrap();
-    }
-    for e in 0..64 {
-        let c = s
-            .claim_wait(0, e, Duration::from_secs(10))
-            .unwrap()
-            .unwrap();
-        v.check(0, e, &c);
-    }
+    v.stream(&s, 0, 0..64, Duration::from_secs(10));
     assert_eq!(s.stats().resident, 64);
 
     // With elastic off there is no monitor: the same pressure changes nothing.

@@ -40,6 +40,28 @@ pub fn vault_in(
 }
 
 impl TestVault {
+    /// Demand-prefetches experts `experts` of `layer`, then claims each
+    /// (waiting up to `wait`), checks every byte and releases it: the ring
+    /// ends up holding them, as a decode step leaves it. Returns how many
+    /// were checked.
+    #[track_caller]
+    pub fn stream(
+        &self,
+        s: &smoe::Streamer,
+        layer: u32,
+        experts: std::ops::Range<u32>,
+        wait: std::time::Duration,
+    ) -> u64 {
+        for e in experts.clone() {
+            s.prefetch(layer, e, smoe::Priority::Demand).unwrap();
+        }
+        for e in experts.clone() {
+            let c = s.claim_wait(layer, e, wait).unwrap().unwrap();
+            self.check(layer, e, &c);
+        }
+        u64::from(experts.end - experts.start)
+    }
+
     /// Asserts `data` is exactly the payload of (layer, expert).
     #[track_caller]
     pub fn check(&self, layer: u32, expert: u32, data: &[u8]) {
