@@ -56,10 +56,45 @@ impl PolicyArg {
     }
     /// The name on the command line and in JSON.
     pub fn name(self) -> &'static str {
-        match self {
-            PolicyArg::Lru => "lru",
-            PolicyArg::Adaptive => "adaptive",
-        }
+        policy_name(self.policy())
+    }
+}
+
+/// A policy's name on the command line and in JSON.
+pub fn policy_name(policy: smoe::Policy) -> &'static str {
+    match policy {
+        smoe::Policy::Lru => "lru",
+        smoe::Policy::Adaptive => "adaptive",
+    }
+}
+
+/// The decode a `smoe bench` run asks for: the streamer's settings from the
+/// command line, the router's from `--keep`, the payload check from
+/// `--check-seed`.
+fn decode_options(
+    args: &BenchArgs,
+    tokens: u32,
+    ring_slots: u32,
+    direct_io: DirectIo,
+    top_k: u32,
+    trace: Option<TraceTokens>,
+    elastic: bool,
+) -> DecodeOptions {
+    DecodeOptions {
+        tokens,
+        ring_slots,
+        workers: args.workers,
+        direct_io,
+        top_k,
+        keep: args.keep,
+        router_seed: 42,
+        speculate: args.speculate,
+        payload_seed: args.check_seed,
+        trace,
+        read_all: true,
+        policy: args.policy.policy(),
+        capture: args.capture.clone(),
+        elastic,
     }
 }
 
@@ -275,23 +310,15 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
                     return Err(Failure::Usage(format!("{flag} needs --trace")));
                 }
             }
-            let trace = None;
-            let opts = DecodeOptions {
-                tokens: args.tokens,
-                ring_slots: args.ring_slots,
-                workers: args.workers,
+            let opts = decode_options(
+                args,
+                args.tokens,
+                args.ring_slots,
                 direct_io,
                 top_k,
-                keep: args.keep,
-                router_seed: 42,
-                speculate: args.speculate,
-                payload_seed: args.check_seed,
-                trace,
-                read_all: true,
-                policy: args.policy.policy(),
-                capture: args.capture.clone(),
-                elastic: true,
-            };
+                None,
+                true,
+            );
             let r = decode(vault, &opts, &mut |_| {})?;
             let st = &r.stats;
             let (mean, p99) = r.wait_mean_p99();
@@ -390,25 +417,18 @@ fn side_here(
     let vault = Vault::open(vault_path)?;
     match side {
         Side::Smoe => {
-            let opts = DecodeOptions {
-                tokens: tokens.len() as u32,
+            // A capped side's ring fills 90% of the cap on purpose: a fixed
+            // ring, or the elastic one would shrink it and the comparison
+            // with mmap would measure a smaller ring.
+            let opts = decode_options(
+                args,
+                tokens.len() as u32,
                 ring_slots,
-                workers: args.workers,
                 direct_io,
                 top_k,
-                keep: args.keep,
-                router_seed: 42,
-                speculate: args.speculate,
-                payload_seed: args.check_seed,
-                trace: Some(tokens.clone()),
-                read_all: true,
-                policy: args.policy.policy(),
-                capture: args.capture.clone(),
-                // A capped side's ring fills 90% of the cap on purpose: a
-                // fixed ring, or the elastic one would shrink it and the
-                // comparison with mmap would measure a smaller ring.
-                elastic: args.cgroup.is_none(),
-            };
+                Some(tokens.clone()),
+                args.cgroup.is_none(),
+            );
             let r = decode(vault, &opts, &mut |_| {})?;
             let st = &r.stats;
             Ok(json!({

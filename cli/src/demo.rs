@@ -49,13 +49,6 @@ pub struct DemoArgs {
     pub policy: crate::bench::PolicyArg,
 }
 
-fn policy_name(policy: smoe::Policy) -> &'static str {
-    match policy {
-        smoe::Policy::Lru => "lru",
-        smoe::Policy::Adaptive => "adaptive",
-    }
-}
-
 /// Removes the demo directory when dropped, unless it is to be kept; so an
 /// error halfway still cleans up.
 struct TempVaultDir {
@@ -251,7 +244,7 @@ fn compare_with_mmap(
         .args(["--ring-slots", &ring.to_string()])
         .args(["--mem-cap", &cap.to_string()])
         .args(["--baseline", "mmap", "--json"])
-        .args(["--policy", policy_name(opts.policy)]);
+        .args(["--policy", crate::bench::policy_name(opts.policy)]);
     if !isolated {
         cmd.arg("--no-isolation");
     }

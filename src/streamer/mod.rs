@@ -41,7 +41,7 @@ mod imp {
     use super::elastic::{self, ElasticState};
     use super::prewarm;
     use super::ring::Ring;
-    use super::slots::{Claimed, Origin, Policy, Prefetched, Shape, SlotTable};
+    use super::slots::{Claimed, Origin, Prefetched, Shape, SlotTable};
     use super::worker;
     use super::{Config, Stats};
     use crate::budget::RingPlan;
@@ -707,10 +707,7 @@ mod imp {
                 prewarm_slots: u64::from(self.shared.prewarm.budget),
                 trace_events: trace.map_or(0, TraceRecorder::recorded),
                 trace_dropped: trace.map_or(0, TraceRecorder::dropped),
-                policy: match self.shared.table.policy() {
-                    Policy::Lru => 0,
-                    Policy::Adaptive => 1,
-                },
+                policy: self.shared.table.policy() as u64,
                 slots_active: u64::from(self.shared.elastic.active.load(Ordering::Relaxed)),
                 shrinks: self.shared.elastic.shrinks.load(Ordering::Relaxed),
                 grows: self.shared.elastic.grows.load(Ordering::Relaxed),

@@ -305,16 +305,17 @@ impl Cell {
     }
 }
 
-/// How eviction chooses among idle slots (C `smoe_config.policy`).
+/// How eviction chooses among idle slots (C `smoe_config.policy`; the
+/// discriminants are the C values).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Policy {
     /// Least recently used first (the default).
     #[default]
-    Lru,
-    /// Layer-aware: the expert whose layer the engine reaches last, going
-    /// forward through the layer loop from the layer being loaded, first;
-    /// least recently used among those. See docs/performance.md.
-    Adaptive,
+    Lru = 0,
+    /// Layer-aware: experts not used in their layer's latest visit first,
+    /// the least claimed first; then the one whose layer the decode loop
+    /// reaches last. See docs/c-api.md, "The adaptive policy".
+    Adaptive = 1,
 }
 
 /// The shape the adaptive policy needs: dense ids are
