@@ -36,6 +36,30 @@ impl Backoff {
         loom::hint::spin_loop();
     }
 }
+/// A number unique to the calling thread (threads are numbered in the
+/// order they first ask), for spreading threads over shards.
+#[cfg(not(loom))]
+pub(crate) fn thread_index() -> usize {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: usize = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    INDEX.with(|i| *i)
+}
+
+/// Under loom, numbered per modelled execution, so every run of a model
+/// picks the same shards.
+#[cfg(loom)]
+pub(crate) fn thread_index() -> usize {
+    loom::lazy_static! {
+        static ref NEXT: AtomicUsize = AtomicUsize::new(0);
+    }
+    loom::thread_local! {
+        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    INDEX.with(|i| *i)
+}
+
 #[cfg(not(loom))]
 #[allow(unused_imports)]
 pub(crate) use std::sync::atomic::{

@@ -565,7 +565,12 @@ mod imp {
                     ErrorKind::Argument,
                     layer,
                     expert,
-                    format!("already has {} unreleased claims", super::slots::MAX_REFS),
+                    format!(
+                        "already has the most unreleased claims its slot counts ({}, or {} per \
+                         thread shard once threads claim it at once)",
+                        super::slots::MAX_REFS,
+                        super::slots::MAX_PINS
+                    ),
                 )),
             }
         }

@@ -13,30 +13,34 @@
 //! from the same instant:
 //!
 //! ```text
-//!  63  60 59                      16 15      5  4   3   2  0
-//! +------+-------------------------+---------+---+---+-----+
-//! |  0   |       generation        | refcount| P | D |state|
-//! +------+-------------------------+---------+---+---+-----+
+//!  63  60 59 58                     16 15      5  4   3   2  0
+//! +------+--+------------------------+---------+---+---+-----+
+//! |  0   |S |       generation       | refcount| P | D |state|
+//! +------+--+------------------------+---------+---+---+-----+
 //! ```
 //!
-//! - `state` (3 bits): EMPTY, QUEUED, READING, READY, CONSUMED, OFFLINE.
+//! - `state` (3 bits): EMPTY, QUEUED, READING, READY, CONSUMED, OFFLINE,
+//!   EVICTING.
 //! - `D` (1 bit): a demand read was needed for this load (it was queued as
 //!   demand, promoted by a demand prefetch, or a claim waited for it). The
 //!   first claim of the load reads it to set `hit`, and clears it.
 //! - `P` (1 bit): the load was queued by the pre-warm thread (it counts in
 //!   `reads_prewarm` unless `D` was set by then). Cleared with `D`.
-//! - `refcount` (11 bits): claims not yet released. Only READY/CONSUMED
-//!   slots have a nonzero refcount.
-//! - `generation` (44 bits): bumped each time the slot is taken for a new
+//! - `refcount` (11 bits): claims not yet released, except pinned ones
+//!   (see "Shared mode"). Only READY/CONSUMED slots have a nonzero
+//!   refcount.
+//! - `generation` (43 bits): bumped each time the slot is taken for a new
 //!   load, running through `1..=GEN_MAX` and then back to 1. A ticket is
 //!   `generation << 20 | slot`, so a ticket from an earlier load is stale
-//!   until the slot has been reloaded `GEN_MAX` = 2^44 − 2 times: 17.6
-//!   trillion loads, over five centuries at a thousand reloads of that one
+//!   until the slot has been reloaded `GEN_MAX` = 2^43 − 2 times: 8.8
+//!   trillion loads, over two centuries at a thousand reloads of that one
 //!   slot per second. (The generation was 24 bits until the hardening pass;
 //!   a 1-slot ring wrapped it in a minute, after which a released ticket
-//!   could drop the refcount of a live claim.) Never 0 for a loaded slot and
-//!   never all ones, so no ticket is 0 and none collides with the map's
+//!   could drop the refcount of a live claim. It was 44 bits until shared
+//!   mode took the ticket's top bit.) Never 0 for a loaded slot and never
+//!   all ones, so no ticket is 0 and none collides with the map's
 //!   NONE/RESERVED markers.
+//! - `S` (1 bit): the load is SHARED (see "Shared mode").
 //!
 //! The expert a slot holds is not in the word: the generation identifies
 //! the load, and the identity map's entry for an expert names the
@@ -56,6 +60,10 @@
 //! READING  --finish failed------------------------------------> EMPTY    id kept
 //! READY    --claim (refcount+1, D cleared)--------------------> CONSUMED
 //! CONSUMED --claim (refcount+1) / release (refcount−1)--------> CONSUMED
+//! CONSUMED --claim that lost a compare-exchange to another----> CONSUMED S set
+//! CONSUMED, S, refcount 0 --seize (eviction or retire)--------> EVICTING
+//! EVICTING --seize finds pins---------------------------------> CONSUMED S set
+//! EVICTING --take or retire, no pins--------------------------> QUEUED / OFFLINE
 //! EMPTY/READY/CONSUMED (refcount 0) --retire (elastic)--------> OFFLINE  gen+1
 //! OFFLINE  --restore (elastic)--------------------------------> EMPTY
 //! ```
@@ -78,6 +86,41 @@
 //! claim holds them. CONSUMED with refcount 0 means *retained*: its identity
 //! stays in the map and a later claim is a hit with no read.
 //!
+//! # Shared mode
+//!
+//! A refcount in the word makes every claim and release of a slot a
+//! compare-exchange on its one cache line: threads claiming the same expert
+//! at once take turns owning that line, and together run slower than one
+//! thread alone. So when a claim's compare-exchange on a CONSUMED word
+//! loses to another claim or release of the same load, it sets `S`, and
+//! from then on, until the slot is taken for another load, claims *pin* the
+//! slot instead:
+//!
+//! - `pins` holds one counter per (shard, slot); a thread's shard is its
+//!   [`thread_index`] modulo the table's shards (one per core, at most 16,
+//!   fewer for a huge ring), and each shard's row starts on its own cache
+//!   line. A pinned claim adds 1 to its shard's counter of the slot, fences
+//!   (SeqCst), and reads the word: CONSUMED, `S`, same generation, and the
+//!   claim holds; anything else, and it takes the pin back and looks again.
+//!   It writes only its own shard's line (and the slot's recency stamp once
+//!   per tick of the load clock, not once per claim).
+//! - Its ticket is `1 << 63 | shard << 59 | (generation mod 2^39) << 20 |
+//!   slot`, so its release (on any thread) takes 1 from that same counter,
+//!   and is stale when the counter is 0 or the word holds another load.
+//! - The scan leaves SHARED slots to the last: they are taken only when no
+//!   other idle slot is left. To take one, `seize` moves the word to
+//!   EVICTING (claims that see it wait: the evictor is only counting),
+//!   fences (SeqCst), and reads the slot's counters in every shard. Both
+//!   sides write, fence, then read, so at least one sees the other: a claim
+//!   that missed EVICTING is seen in the counters, and the slot goes back
+//!   to CONSUMED (marked recently used) while this take looks elsewhere; a
+//!   claim that saw EVICTING took its pin back. With every counter 0 the
+//!   EVICTING word is the evictor's alone, and it moves on to QUEUED (or
+//!   OFFLINE) as from any idle word.
+//! - Claims that were refcounted before `S` was set stay so: the word's
+//!   refcount keeps the slot from the scan until they are released, as
+//!   before.
+//!
 //! # The identity map
 //!
 //! `map[id]` is a hint: NONE, RESERVED (a thread is choosing a slot for `id`;
@@ -91,7 +134,7 @@
 use crossbeam_utils::CachePadded;
 
 use crate::queue::Queue;
-use crate::sync::{AtomicU32, AtomicU64, AtomicU8, Backoff, Ordering};
+use crate::sync::{fence, thread_index, AtomicU32, AtomicU64, AtomicU8, Backoff, Ordering};
 
 pub(crate) const EMPTY: u64 = 0;
 pub(crate) const QUEUED: u64 = 1;
@@ -100,6 +143,9 @@ pub(crate) const READY: u64 = 3;
 pub(crate) const CONSUMED: u64 = 4;
 /// Taken out of use by the elastic ring (module doc).
 pub(crate) const OFFLINE: u64 = 5;
+/// A SHARED slot whose evictor is counting its pins (module doc, "Shared
+/// mode"). Only that evictor writes the word until it leaves this state.
+pub(crate) const EVICTING: u64 = 6;
 
 const STATE_MASK: u64 = 0b111;
 const DEMAND: u64 = 1 << 3;
@@ -109,14 +155,32 @@ const REF_SHIFT: u32 = 5;
 const REF_BITS: u32 = 11;
 const REF_ONE: u64 = 1 << REF_SHIFT;
 const REF_MASK: u64 = ((1 << REF_BITS) - 1) << REF_SHIFT;
-/// Most claims one slot can hold at once.
+/// Most refcounted claims one slot can hold at once.
 pub(crate) const MAX_REFS: u64 = (1 << REF_BITS) - 1;
+/// Most pinned claims one slot can hold at once in one pin shard (far from
+/// the counter's wrap).
+pub(crate) const MAX_PINS: u32 = 1 << 30;
 const GEN_SHIFT: u32 = 16;
-const GEN_BITS: u32 = 44;
+const GEN_BITS: u32 = 43;
 const GEN_MASK: u64 = ((1 << GEN_BITS) - 1) << GEN_SHIFT;
 /// The last generation before the count starts again at 1 (all ones is
 /// never used, see the module doc).
 pub(crate) const GEN_MAX: u64 = (1 << GEN_BITS) - 2;
+/// Shared mode: claims of this load pin the slot in per-thread counters
+/// instead of raising the word's refcount (module doc, "Shared mode").
+const SHARED: u64 = 1 << (GEN_SHIFT + GEN_BITS);
+/// Ticket bit: a pinned claim (shared mode). Never set in a map entry or in
+/// the ticket of a refcounted claim, whose generation is below 2^43.
+const PINNED: u64 = 1 << 63;
+/// Bits of a pinned ticket that hold the pin shard, above its generation.
+const PIN_SHARD_SHIFT: u32 = 59;
+/// Most pin shards a table has (4 ticket bits).
+const MAX_PIN_SHARDS: usize = 16;
+/// Bits of a pinned ticket's generation: the low 39 bits of the slot's.
+const PIN_GEN_MASK: u64 = (1 << (PIN_SHARD_SHIFT - TICKET_SLOT_BITS)) - 1;
+/// The pin counters of a table take at most this much memory: fewer shards
+/// for a ring of very many slots.
+const PIN_BUDGET_BYTES: usize = 4 << 20;
 /// Bits of a ticket that hold the slot index.
 const TICKET_SLOT_BITS: u32 = 20;
 /// Most slots a table may have: ticket slot fields are 20 bits. The vault
@@ -177,6 +241,10 @@ impl Word {
     fn with_state(self, state: u64) -> Word {
         Word((self.0 & !STATE_MASK) | state)
     }
+    /// In shared mode: claims pin it (module doc).
+    pub(crate) fn shared(self) -> bool {
+        self.0 & SHARED != 0
+    }
     /// Holds the load of this generation (loading or loaded). A map entry
     /// naming (slot, generation) was stored for one id only, so this is
     /// "holds that id".
@@ -199,9 +267,30 @@ pub(crate) fn ticket(slot: u32, generation: u64) -> u64 {
     (generation << TICKET_SLOT_BITS) | u64::from(slot)
 }
 
-/// The (slot, generation) of a ticket.
+/// The (slot, generation) of a ticket; for a pinned ticket, the low 39
+/// bits of the generation.
 pub(crate) fn split_ticket(t: u64) -> (u32, u64) {
-    ((t & (MAX_SLOTS - 1)) as u32, t >> TICKET_SLOT_BITS)
+    let generation = if t & PINNED != 0 {
+        (t >> TICKET_SLOT_BITS) & PIN_GEN_MASK
+    } else {
+        t >> TICKET_SLOT_BITS
+    };
+    ((t & (MAX_SLOTS - 1)) as u32, generation)
+}
+
+/// The ticket of a pinned claim of `slot` in pin shard `shard`:
+/// `PINNED | shard << 59 | (generation mod 2^39) << 20 | slot`.
+fn pinned_ticket(slot: u32, generation: u64, shard: usize) -> u64 {
+    debug_assert!(shard < MAX_PIN_SHARDS);
+    PINNED
+        | (shard as u64) << PIN_SHARD_SHIFT
+        | (generation & PIN_GEN_MASK) << TICKET_SLOT_BITS
+        | u64::from(slot)
+}
+
+/// The pin shard of a pinned ticket; None for a refcounted one.
+fn pin_shard_of(t: u64) -> Option<usize> {
+    (t & PINNED != 0).then_some(((t & !PINNED) >> PIN_SHARD_SHIFT) as usize)
 }
 
 /// Who asked for a load.
@@ -353,6 +442,24 @@ fn next_stamp(tick: u64) -> u64 {
     tick << SEQ_BITS | seq
 }
 
+/// The SHARED slots one take found pinned (the last few), which its later
+/// scans leave out.
+#[derive(Default)]
+struct Skip {
+    slots: [u32; 4],
+    len: usize,
+}
+
+impl Skip {
+    fn slots(&self) -> &[u32] {
+        &self.slots[..self.len.min(self.slots.len())]
+    }
+    fn push(&mut self, slot: u32) {
+        self.slots[self.len % self.slots.len()] = slot;
+        self.len += 1;
+    }
+}
+
 /// Adaptive policy: the group of slots not used in the latest visit of
 /// their layer (evicted first).
 const STALE_GROUP: u32 = 2;
@@ -390,6 +497,13 @@ pub(crate) struct SlotTable {
     /// saved from the slot's count when the slot is reused. Written and read
     /// on loads only. Empty under LRU.
     claims: Box<[AtomicU32]>,
+    /// Shared mode: pin counts, `pin_shards` rows of `pin_stride` counters
+    /// (one per slot, each row padded to whole cache lines), one row per
+    /// shard of threads ([`thread_index`]): claims of one slot on threads
+    /// of different shards write different lines.
+    pins: Box<[AtomicU32]>,
+    pin_stride: usize,
+    pin_shards: usize,
 }
 
 impl SlotTable {
@@ -420,6 +534,17 @@ impl SlotTable {
         // slot's stale entries are skipped when popped; 4 × slots leaves room
         // for stale entries of earlier generations.
         let cap = (slots as usize * 4).next_power_of_two().max(64);
+        // One pin shard per core, up to 16, within PIN_BUDGET_BYTES.
+        let pin_stride = (slots as usize).next_multiple_of(16);
+        let cores = if cfg!(loom) {
+            2
+        } else {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        };
+        let pin_shards = cores
+            .min(MAX_PIN_SHARDS)
+            .min(PIN_BUDGET_BYTES / 4 / pin_stride)
+            .max(1);
         SlotTable {
             cells: (0..slots).map(|_| Cell::new(generation)).collect(),
             map: (0..ids).map(|_| AtomicU64::new(NONE)).collect(),
@@ -437,7 +562,25 @@ impl SlotTable {
             visit_start: Box::new([AtomicU64::new(0)]),
             last_layer: CachePadded::new(AtomicU32::new(u32::MAX)),
             claims: Box::new([]),
+            pin_stride,
+            pin_shards,
+            pins: (0..pin_stride * pin_shards)
+                .map(|_| AtomicU32::new(0))
+                .collect(),
         }
+    }
+
+    /// The counter of `shard`'s pins of `slot`.
+    fn pin(&self, shard: usize, slot: u32) -> &AtomicU32 {
+        &self.pins[shard * self.pin_stride + slot as usize]
+    }
+
+    /// Whether any thread pins `slot`. The caller has fenced (SeqCst) after
+    /// moving the slot to EVICTING; Acquire pairs with the Release of the
+    /// last unpin, so the pinned claims' reads of the slot happen before the
+    /// caller's take.
+    fn pinned(&self, slot: u32) -> bool {
+        (0..self.pin_shards).any(|s| self.pin(s, slot).load(Ordering::Acquire) != 0)
     }
 
     /// The eviction policy.
@@ -641,19 +784,59 @@ impl SlotTable {
         // Each failed compare-exchange means another thread changed a slot we
         // chose; a fresh scan sees that. Give up after as many rounds as there
         // are slots: the ring is busy beyond what a prefetch should wait for.
+        let mut skip = Skip::default();
         for _ in 0..n.max(8) {
-            let (i, w) = self.victim(id, spare)?;
+            let (i, w) = self.victim(id, spare, skip.slots())?;
+            let Some(w) = self.seize(i, w) else {
+                skip.push(i);
+                continue;
+            };
             if let Some(t) = self.try_take(i, w, id, origin) {
                 return Some(t);
             }
+            debug_assert!(w.state() != EVICTING, "only the evictor writes EVICTING");
         }
+        None
+    }
+
+    /// Readies the idle word `seen` of slot `i` for a take: itself, unless
+    /// the slot is SHARED. A SHARED slot's claims are counted in the pin
+    /// shards, not the word, so it is moved to EVICTING (which stops new
+    /// pins) and its pins are counted; with none, the EVICTING word is
+    /// returned, and only this thread may change it (to the take's word).
+    /// With pins (or when the word changed first), None: the slot is held,
+    /// and is marked recently used.
+    fn seize(&self, i: u32, seen: Word) -> Option<Word> {
+        if !seen.shared() {
+            return Some(seen);
+        }
+        let cell = &self.cells[i as usize];
+        let evicting = seen.with_state(EVICTING);
+        // Acquire: the last refcounted claim's release (before the slot
+        // turned SHARED) happens before our take.
+        cell.word
+            .compare_exchange(seen.0, evicting.0, Ordering::Acquire, Ordering::Relaxed)
+            .ok()?;
+        // SeqCst fence, paired with the one in `claim_pinned` (a
+        // store-buffering pair): either that claim's word load sees EVICTING
+        // (and it unpins), or our pin loads below see its pin.
+        fence(Ordering::SeqCst);
+        if !self.pinned(i) {
+            return Some(evicting);
+        }
+        // Release: claims spinning on EVICTING go on with the load.
+        let back =
+            cell.word
+                .compare_exchange(evicting.0, seen.0, Ordering::Release, Ordering::Relaxed);
+        debug_assert!(back.is_ok(), "only the evictor writes EVICTING");
+        self.touch(i);
         None
     }
 
     /// The idle slot to evict for a load of `id`, by a scan of the cells (an
     /// EMPTY slot at once). Under [`Policy::Lru`], the least recently used;
     /// under [`Policy::Adaptive`], see [`SlotTable::adaptive_rank`].
-    fn victim(&self, id: u32, spare: Option<&[u64]>) -> Option<(u32, Word)> {
+    fn victim(&self, id: u32, spare: Option<&[u64]>, skip: &[u32]) -> Option<(u32, Word)> {
         let now = self.clock.load(Ordering::Relaxed);
         // A slot loaded but never claimed (READY) is the head of a prefetch
         // burst the engine is about to claim: it is taken only when no idle
@@ -662,10 +845,10 @@ impl SlotTable {
         // speculation that never came true does not pin the ring.
         let stale_before = now.saturating_sub(UNCLAIMED_TURNOVERS * u64::from(self.slots()));
         match self.shape.policy {
-            Policy::Lru => self.scan(spare, stale_before, |_, _| 0),
+            Policy::Lru => self.scan(spare, stale_before, skip, |_, _| 0),
             Policy::Adaptive => {
                 let layer = id / self.shape.experts_per_layer;
-                self.scan(spare, stale_before, |cell, tick| {
+                self.scan(spare, stale_before, skip, |cell, tick| {
                     let (group, rank) = self.adaptive_rank(cell, layer, tick);
                     u64::from(group) << 32 | u64::from(rank)
                 })
@@ -675,13 +858,17 @@ impl SlotTable {
 
     /// The scan of [`SlotTable::victim`]: the idle slot with the biggest
     /// `rank(cell, tick)`, the least recently used among equals, from the
-    /// claimed (or stale unclaimed) slots if any, else from the unclaimed.
-    /// One pass over the cells, one cache line each.
+    /// claimed (or stale unclaimed) slots if any, else from the unclaimed,
+    /// else from the SHARED ones (claimed by several threads at once: hot,
+    /// and their pins are only counted when one is seized), leaving out the
+    /// SHARED slots in `skip` (found pinned by this take). One pass over
+    /// the cells, one cache line each.
     #[inline(always)]
     fn scan(
         &self,
         spare: Option<&[u64]>,
         stale_before: u64,
+        skip: &[u32],
         rank: impl Fn(&Cell, u64) -> u64,
     ) -> Option<(u32, Word)> {
         // The id of an idle slot is read after its word; a stale id (a take
@@ -698,6 +885,7 @@ impl SlotTable {
         // registers.
         let (mut c_rank, mut c_age, mut c_slot, mut c_word) = (0u64, 0u64, u32::MAX, 0u64);
         let (mut u_rank, mut u_age, mut u_slot, mut u_word) = (0u64, 0u64, u32::MAX, 0u64);
+        let (mut s_rank, mut s_age, mut s_slot, mut s_word) = (0u64, 0u64, u32::MAX, 0u64);
         for (i, cell) in self.cells.iter().enumerate() {
             let w = cell.word.load(Ordering::Relaxed);
             if w & REF_MASK != 0 {
@@ -714,7 +902,12 @@ impl SlotTable {
             let tick = stamp >> SEQ_BITS;
             let r = rank(cell, tick);
             let age = !stamp;
-            if state == READY && tick >= stale_before {
+            if w & SHARED != 0 {
+                if !skip.contains(&(i as u32)) && (s_slot == u32::MAX || (r, age) > (s_rank, s_age))
+                {
+                    (s_rank, s_age, s_slot, s_word) = (r, age, i as u32, w);
+                }
+            } else if state == READY && tick >= stale_before {
                 if u_slot == u32::MAX || (r, age) > (u_rank, u_age) {
                     (u_rank, u_age, u_slot, u_word) = (r, age, i as u32, w);
                 }
@@ -726,6 +919,8 @@ impl SlotTable {
             Some((c_slot, Word(c_word)))
         } else if u_slot != u32::MAX {
             Some((u_slot, Word(u_word)))
+        } else if s_slot != u32::MAX {
+            Some((s_slot, Word(s_word)))
         } else {
             None
         }
@@ -847,11 +1042,16 @@ impl SlotTable {
         } else {
             0
         };
+        let mut skip = Skip::default();
         for _ in 0..self.slots().max(8) {
-            let (i, seen) = self.victim(id, None)?;
+            let (i, seen) = self.victim(id, None, skip.slots())?;
             if !matches!(seen.state(), EMPTY | READY | CONSUMED) || seen.refs() != 0 {
                 continue;
             }
+            let Some(seen) = self.seize(i, seen) else {
+                skip.push(i);
+                continue;
+            };
             let generation = next_generation(seen.generation());
             let offline = Word(OFFLINE | (generation << GEN_SHIFT));
             // AcqRel: Acquire orders the last claimant's reads of the slot
@@ -906,6 +1106,16 @@ impl SlotTable {
             Ordering::Relaxed,
         )
         .is_ok()
+    }
+
+    /// Puts the loaded, claimed `slot` in shared mode, as contention would
+    /// (for tests).
+    #[cfg(any(test, loom))]
+    fn share(&self, slot: u32) {
+        let cell = &self.cells[slot as usize].word;
+        let w = Word(cell.load(Ordering::Relaxed));
+        assert_eq!(w.state(), CONSUMED, "share a claimed load");
+        cell.store(w.0 | SHARED, Ordering::Relaxed);
     }
 
     /// Number of OFFLINE slots (for tests; the streamer counts its own).
@@ -1010,6 +1220,9 @@ impl SlotTable {
     pub(crate) fn claim(&self, id: u32) -> Claimed {
         let entry = &self.map[id as usize];
         let backoff = Backoff::new();
+        // Set when a compare-exchange on a loaded slot's word lost to
+        // another claim or release: the slot is shared.
+        let mut contended = false;
         loop {
             // Acquire: pairs with the Release store of the slot index.
             let m = entry.load(Ordering::Acquire);
@@ -1063,6 +1276,29 @@ impl SlotTable {
                             Err(now) => w = Word(now),
                         }
                     }
+                    READY | CONSUMED if w.shared() => {
+                        if let Some(claimed) = self.claim_pinned(slot, generation) {
+                            return claimed;
+                        }
+                        // Being seized: see what the evictor decides.
+                        backoff.spin();
+                        w = Word(cell.load(Ordering::Acquire));
+                    }
+                    CONSUMED if contended => {
+                        // Threads are claiming this load at once: from now
+                        // on they pin it instead of writing its word.
+                        let shared = Word(w.0 | SHARED);
+                        // Acquire on failure: we may retry with it.
+                        w = match cell.compare_exchange(
+                            w.0,
+                            shared.0,
+                            Ordering::Relaxed,
+                            Ordering::Acquire,
+                        ) {
+                            Ok(_) => shared,
+                            Err(now) => Word(now),
+                        };
+                    }
                     READY | CONSUMED => {
                         if w.refs() == MAX_REFS {
                             return Claimed::TooManyClaims;
@@ -1101,13 +1337,19 @@ impl SlotTable {
                                 };
                             }
                             Err(now) => {
-                                // Another claim or release of this slot won:
-                                // back off a little so that threads sharing
-                                // one expert do not keep stealing its line.
-                                backoff.spin();
                                 w = Word(now);
+                                // Another claim or release of this load won
+                                // (not an eviction, nor the worker).
+                                contended = w.holds(generation) && w.state() == CONSUMED;
                             }
                         }
+                    }
+                    EVICTING => {
+                        // An evictor is counting the pins of this SHARED
+                        // slot (a few loads): it puts the word back if
+                        // another claim holds the slot.
+                        backoff.spin();
+                        w = Word(cell.load(Ordering::Acquire));
                     }
                     _ => {
                         let _ =
@@ -1119,11 +1361,85 @@ impl SlotTable {
         }
     }
 
+    /// A claim of the SHARED slot `slot`, load `generation`: raises this
+    /// thread's pin count of the slot, then checks that the word still holds
+    /// that load, CONSUMED (so no eviction has begun). Ready with a pinned
+    /// ticket, or None (pin undone) when the word changed. Writes only this
+    /// thread's pin line (and the slot's stamp once per tick of the load
+    /// clock).
+    fn claim_pinned(&self, slot: u32, generation: u64) -> Option<Claimed> {
+        let shard = thread_index() % self.pin_shards;
+        let pin = self.pin(shard, slot);
+        // Relaxed: ordered before the word load by the fence.
+        if pin.fetch_add(1, Ordering::Relaxed) >= MAX_PINS {
+            pin.fetch_sub(1, Ordering::Relaxed);
+            return Some(Claimed::TooManyClaims);
+        }
+        // SeqCst fence, paired with the one in `seize`: either our word load
+        // sees its EVICTING, or its loads of the pins see ours.
+        fence(Ordering::SeqCst);
+        let cell = &self.cells[slot as usize];
+        // Acquire: the worker's Release of READY published the slot's bytes
+        // (the claims and the SHARED mark since are read-modify-writes, so
+        // this word is in that release sequence).
+        let w = Word(cell.word.load(Ordering::Acquire));
+        if w.state() == CONSUMED && w.shared() && w.generation() == generation {
+            // Recency to the tick only: threads sharing a slot then write
+            // its line once per load of the ring, not once per claim.
+            let now = self.clock.load(Ordering::Relaxed);
+            if cell.stamp.load(Ordering::Relaxed) >> SEQ_BITS != now {
+                self.touch(slot);
+                if self.shape.policy == Policy::Adaptive {
+                    cell.count.store(
+                        cell.count.load(Ordering::Relaxed).saturating_add(1),
+                        Ordering::Relaxed,
+                    );
+                }
+            }
+            return Some(Claimed::Ready {
+                slot,
+                ticket: pinned_ticket(slot, generation, shard),
+                hit: true,
+            });
+        }
+        // Release: pairs with an evictor's Acquire of the pins (nothing was
+        // read, but the count must not look raised to it).
+        pin.fetch_sub(1, Ordering::Release);
+        None
+    }
+
     /// Releases one claim of `ticket`. Stale when the ticket's slot has since
     /// been taken for another load, or holds no claim.
     pub(crate) fn release(&self, t: u64) -> Result<u32, Stale> {
         let (slot, generation) = split_ticket(t);
         let cell = &self.cells.get(slot as usize).ok_or(Stale)?.word;
+        if let Some(shard) = pin_shard_of(t) {
+            if shard >= self.pin_shards {
+                return Err(Stale);
+            }
+            // Relaxed: a check that the ticket names this load; the pin
+            // count is what keeps the slot.
+            let w = Word(cell.load(Ordering::Relaxed));
+            if !(w.shared()
+                && matches!(w.state(), CONSUMED | EVICTING)
+                && w.generation() & PIN_GEN_MASK == generation)
+            {
+                return Err(Stale);
+            }
+            let pin = self.pin(shard, slot);
+            let mut n = pin.load(Ordering::Relaxed);
+            loop {
+                if n == 0 {
+                    return Err(Stale);
+                }
+                // Release: the claimant's reads of the slot happen before
+                // the take of an evictor that Acquires the pins.
+                match pin.compare_exchange_weak(n, n - 1, Ordering::Release, Ordering::Relaxed) {
+                    Ok(_) => return Ok(slot),
+                    Err(now) => n = now,
+                }
+            }
+        }
         let mut w = Word(cell.load(Ordering::Relaxed));
         let backoff = Backoff::new();
         loop {
@@ -1691,6 +2007,147 @@ mod tests {
     }
 
     #[test]
+    fn pinned_claims_keep_a_shared_slot_until_the_last_release() {
+        let t = SlotTable::new(1, 2);
+        let first = reload_and_claim(&t, 0);
+        t.release(first).unwrap();
+        t.share(0);
+        let Claimed::Ready { ticket: a, hit, .. } = t.claim(0) else {
+            panic!("a shared resident slot is claimed at once")
+        };
+        assert!(hit);
+        assert!(a & PINNED != 0, "pinned: {a:#x}");
+        assert_eq!(split_ticket(a), (0, split_ticket(first).1));
+        assert_eq!(t.word(0).refs(), 0, "a pinned claim leaves the word alone");
+        // A second claim from another thread pins in its own shard (or the
+        // same, with one shard); released there, on a third thread.
+        let b = std::thread::scope(|s| {
+            s.spawn(|| match t.claim(0) {
+                Claimed::Ready { ticket, .. } => ticket,
+                other => panic!("{other:?}"),
+            })
+            .join()
+            .unwrap()
+        });
+        assert_eq!(t.prefetch(1, Origin::Demand), Prefetched::RingFull, "held");
+        assert_eq!(
+            t.word(0).state(),
+            CONSUMED,
+            "put back after the pins were seen"
+        );
+        std::thread::scope(|s| s.spawn(|| t.release(b).unwrap()).join().unwrap());
+        assert_eq!(
+            t.prefetch(1, Origin::Demand),
+            Prefetched::RingFull,
+            "still held"
+        );
+        assert_eq!(t.release(a), Ok(0));
+        assert_eq!(t.release(a), Err(Stale), "released twice");
+        assert!(matches!(
+            t.prefetch(1, Origin::Demand),
+            Prefetched::Queued { evicted: true, .. }
+        ));
+        assert!(!t.word(0).shared(), "a new load starts refcounted");
+        assert_eq!(t.release(b), Err(Stale), "the slot was reloaded");
+        assert_eq!(
+            t.release(a | 15 << PIN_SHARD_SHIFT),
+            Err(Stale),
+            "no such shard"
+        );
+    }
+
+    #[test]
+    fn retire_waits_for_the_pins_of_a_shared_slot() {
+        let t = SlotTable::new(1, 2);
+        let first = reload_and_claim(&t, 0);
+        t.release(first).unwrap();
+        t.share(0);
+        let Claimed::Ready { ticket, .. } = t.claim(0) else {
+            panic!("resident")
+        };
+        assert_eq!(t.retire_idle_slot(), None, "pinned");
+        assert_eq!(t.word(0).state(), CONSUMED);
+        t.release(ticket).unwrap();
+        assert_eq!(t.retire_idle_slot(), Some(0));
+        assert_eq!(t.word(0).state(), OFFLINE);
+        assert_eq!(t.release(ticket), Err(Stale));
+        assert!(t.restore_slot(0));
+        assert!(!t.word(0).shared());
+    }
+
+    /// Threads claiming one expert at once turn its slot SHARED, every
+    /// claim sees the expert's own bytes (modelled by the slot's id) while
+    /// another thread keeps evicting, and no pin is leaked.
+    #[test]
+    fn contention_shares_a_slot_and_eviction_respects_its_pins() {
+        use std::sync::atomic::AtomicBool;
+        // Two slots: the evicting thread's loads take the claimed experts'
+        // slots whenever no pin holds them.
+        let t = SlotTable::new(2, 64);
+        let bytes: Vec<AtomicU32> = (0..2).map(|_| AtomicU32::new(u32::MAX)).collect();
+        let work = || {
+            while let Some(j) = t.next_job() {
+                bytes[j.slot as usize].store(j.id, Ordering::Relaxed);
+                t.finish_ok(j);
+            }
+        };
+        let stop = AtomicBool::new(false);
+        let shared_seen = AtomicBool::new(false);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    let mut claims = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let id = (claims % 2) as u32;
+                        claims += 1;
+                        match t.claim(id) {
+                            Claimed::Ready { slot, ticket, .. } => {
+                                if t.word(slot).shared() {
+                                    shared_seen.store(true, Ordering::Relaxed);
+                                }
+                                // Hold it a while, checking it all along.
+                                for _ in 0..64 {
+                                    let got = bytes[slot as usize].load(Ordering::Relaxed);
+                                    assert_eq!(got, id, "a held slot was rewritten");
+                                    std::hint::spin_loop();
+                                }
+                                t.release(ticket).unwrap();
+                            }
+                            _ => work(),
+                        }
+                    }
+                });
+            }
+            s.spawn(|| {
+                // Cycle other experts through the ring: every slot but the
+                // held ones is evicted again and again.
+                let mut next = 2u32;
+                while std::time::Instant::now() < deadline {
+                    let _ = t.prefetch(next, Origin::Demand);
+                    work();
+                    next = if next == 63 { 2 } else { next + 1 };
+                    if shared_seen.load(Ordering::Relaxed) && t.evictions() > 50_000 {
+                        break;
+                    }
+                }
+                stop.store(true, Ordering::Relaxed);
+            });
+        });
+        assert!(
+            shared_seen.load(Ordering::Relaxed),
+            "3 threads never contended in 20 s"
+        );
+        assert!(
+            t.pins.iter().all(|p| p.load(Ordering::Relaxed) == 0),
+            "a pin leaked"
+        );
+        for slot in 0..2 {
+            assert_eq!(t.word(slot).refs(), 0);
+        }
+    }
+
+    #[test]
     fn stale_and_foreign_tickets() {
         let t = SlotTable::new(2, 10);
         assert_eq!(t.release(0), Err(Stale));
@@ -1710,6 +2167,9 @@ mod loom_tests {
     //! slot while a claimant reads it is reported as a data race.
     use super::*;
     use crate::sync::{thread, Arc, UnsafeCell};
+
+    /// Preemption bound of the three-thread models.
+    const PREEMPTIONS: usize = 3;
 
     struct Model {
         table: SlotTable,
@@ -1973,6 +2433,102 @@ mod loom_tests {
                 while m.work() {}
                 assert!(m.claim_check_release(id));
             }
+        });
+    }
+
+    /// A pinned claim of a SHARED slot racing the eviction that would
+    /// reuse it (the store-buffering pair of `claim_pinned` and `seize`):
+    /// the claim either sees EVICTING and backs off, or its pin is seen and
+    /// the slot is put back; never both missed.
+    #[test]
+    fn pinned_claim_races_eviction() {
+        loom::model(|| {
+            let m = Model::new(1, 2);
+            m.table.prefetch(0, Origin::Demand);
+            assert!(m.work());
+            assert!(m.claim_check_release(0));
+            m.table.share(0);
+            let m2 = m.clone();
+            let claimer = thread::spawn(move || m2.claim_check_release(0));
+            let m3 = m.clone();
+            let loader = thread::spawn(move || {
+                let _ = m3.table.prefetch(1, Origin::Demand);
+                m3.work();
+            });
+            claimer.join().unwrap();
+            loader.join().unwrap();
+            while m.work() {}
+            assert_eq!(
+                m.table
+                    .pins
+                    .iter()
+                    .map(|p| p.load(Ordering::Relaxed))
+                    .sum::<u32>(),
+                0
+            );
+            for id in 0..2 {
+                m.claim_check_release(id);
+            }
+        });
+    }
+
+    /// A pinned claim released on another thread (its ticket names the pin
+    /// shard) while a third thread evicts: the slot is rewritten only after
+    /// the release, and the ticket is stale afterwards.
+    #[test]
+    fn pinned_claim_released_on_another_thread() {
+        loom::model(|| {
+            let m = Model::new(1, 2);
+            m.table.prefetch(0, Origin::Demand);
+            assert!(m.work());
+            assert!(m.claim_check_release(0));
+            m.table.share(0);
+            let Claimed::Ready { slot, ticket, .. } = m.table.claim(0) else {
+                panic!("resident")
+            };
+            assert!(ticket & PINNED != 0);
+            let m2 = m.clone();
+            let releaser = thread::spawn(move || {
+                // SAFETY: the pinned claim keeps the slot from being rewritten.
+                let got = m2.data[slot as usize].with(|p| unsafe { *p });
+                assert_eq!(got, 0);
+                m2.table.release(ticket).unwrap();
+            });
+            let _ = m.table.prefetch(1, Origin::Demand);
+            m.work();
+            releaser.join().unwrap();
+            let _ = m.table.prefetch(1, Origin::Demand);
+            while m.work() {}
+            assert_eq!(m.table.release(ticket), Err(Stale));
+            assert!(m.claim_check_release(1));
+        });
+    }
+
+    /// Two claims of one slot racing each other (the loser of a word
+    /// compare-exchange turns the slot SHARED and pins it) and an evicting
+    /// prefetch: whichever mode each claim ends in, no claim sees another
+    /// expert's bytes and nothing stays held.
+    #[test]
+    fn contended_claims_race_eviction() {
+        // Three threads: bounded preemptions keep the model in CI's time.
+        let mut model = loom::model::Builder::new();
+        model.preemption_bound = Some(PREEMPTIONS);
+        model.check(|| {
+            let m = Model::new(1, 2);
+            m.table.prefetch(0, Origin::Demand);
+            assert!(m.work());
+            assert!(m.claim_check_release(0));
+            let m2 = m.clone();
+            let a = thread::spawn(move || m2.claim_check_release(0));
+            let m3 = m.clone();
+            let b = thread::spawn(move || m3.claim_check_release(0));
+            let _ = m.table.prefetch(1, Origin::Demand);
+            a.join().unwrap();
+            b.join().unwrap();
+            while m.work() {}
+            let _ = m.table.prefetch(1, Origin::Demand);
+            while m.work() {}
+            assert!(m.claim_check_release(1), "the slot was free again");
         });
     }
 
