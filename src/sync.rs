@@ -35,6 +35,11 @@ impl Backoff {
     pub(crate) fn spin(&self) {
         loom::hint::spin_loop();
     }
+
+    /// As `spin` (crossbeam's yields the thread after a few spins).
+    pub(crate) fn snooze(&self) {
+        loom::thread::yield_now();
+    }
 }
 /// A number unique to the calling thread (threads are numbered in the
 /// order they first ask), for spreading threads over shards.
