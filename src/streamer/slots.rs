@@ -2367,6 +2367,16 @@ mod loom_tests {
                 data: (0..slots).map(|_| UnsafeCell::new(u32::MAX)).collect(),
             })
         }
+        /// One slot, two experts: 0 loaded, claimed, released and SHARED,
+        /// as after threads contended for it.
+        fn shared_resident() -> Arc<Model> {
+            let m = Model::new(1, 2);
+            m.table.prefetch(0, Origin::Demand);
+            assert!(m.work());
+            assert!(m.claim_check_release(0));
+            m.table.share(0);
+            m
+        }
         /// One worker step: read the next job's "bytes" (its id) into the slot.
         fn work(&self) -> bool {
             match self.table.next_job() {
@@ -2623,11 +2633,7 @@ mod loom_tests {
     #[test]
     fn pinned_claim_races_eviction() {
         loom::model(|| {
-            let m = Model::new(1, 2);
-            m.table.prefetch(0, Origin::Demand);
-            assert!(m.work());
-            assert!(m.claim_check_release(0));
-            m.table.share(0);
+            let m = Model::shared_resident();
             let m2 = m.clone();
             let claimer = thread::spawn(move || m2.claim_check_release(0));
             let m3 = m.clone();
@@ -2650,11 +2656,7 @@ mod loom_tests {
     #[test]
     fn retire_races_a_pinned_claim() {
         loom::model(|| {
-            let m = Model::new(1, 2);
-            m.table.prefetch(0, Origin::Demand);
-            assert!(m.work());
-            assert!(m.claim_check_release(0));
-            m.table.share(0);
+            let m = Model::shared_resident();
             let m2 = m.clone();
             let claimer = thread::spawn(move || m2.claim_check_release(0));
             let retired = m.table.retire_idle_slot();
@@ -2677,11 +2679,7 @@ mod loom_tests {
     #[test]
     fn double_release_of_a_pinned_ticket_races_a_reload() {
         loom::model(|| {
-            let m = Model::new(1, 2);
-            m.table.prefetch(0, Origin::Demand);
-            assert!(m.work());
-            assert!(m.claim_check_release(0));
-            m.table.share(0);
+            let m = Model::shared_resident();
             let Claimed::Ready { ticket, .. } = m.table.claim(0) else {
                 panic!("resident")
             };
@@ -2712,11 +2710,7 @@ mod loom_tests {
     #[test]
     fn pinned_claim_released_on_another_thread() {
         loom::model(|| {
-            let m = Model::new(1, 2);
-            m.table.prefetch(0, Origin::Demand);
-            assert!(m.work());
-            assert!(m.claim_check_release(0));
-            m.table.share(0);
+            let m = Model::shared_resident();
             let Claimed::Ready { slot, ticket, .. } = m.table.claim(0) else {
                 panic!("resident")
             };
