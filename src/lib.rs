@@ -25,6 +25,9 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
+// Under loom only the lock-free core (queue, slot table) is built into
+// models; the streamer that uses the rest is left out, so the rest is unused.
+#![cfg_attr(loom, allow(dead_code, unused_imports))]
 
 // The public API: what a Rust host uses. Everything else is crate-private;
 // the `smoe` tool, the benchmarks and the tests reach the few pieces they

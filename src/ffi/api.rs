@@ -286,7 +286,10 @@ unsafe fn write_claim(out: NonNull<smoe_slot>, claimed: Option<crate::SlotInfo>)
 /// - `SMOE_OK`: released.
 /// - `SMOE_ERR_ARGUMENT`: `s` or `slot` is NULL.
 /// - `SMOE_ERR_STALE`: the ticket is not held (never claimed, already
-///   released, or its slot was evicted and reloaded); nothing changes.
+///   released, or its slot was evicted and reloaded); nothing changes. A
+///   second release while another claim with an equal ticket is held
+///   cannot be told from that claim's: it returns `SMOE_OK` and drops that
+///   claim's count (docs/c-api.md, "Claims").
 /// - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
 ///
 /// # Safety

@@ -648,7 +648,9 @@ mod imp {
 
         /// Releases a claim by its ticket. Stale (and nothing changes) when
         /// the ticket is not held: never claimed, already released, or its
-        /// slot was evicted and reloaded.
+        /// slot was evicted and reloaded. A second release while another
+        /// claim with an equal ticket is held cannot be told from that
+        /// claim's, and drops its count (docs/c-api.md, "Claims").
         pub fn release_ticket(&self, ticket: u64) -> Result<()> {
             self.shared.table.release(ticket).map(|_| ()).map_err(|_| {
                 Error::stale_ticket(

@@ -104,7 +104,11 @@
 //!   its shard's counter of the slot (setting the tag when the count was
 //!   0), fences (SeqCst), and reads the word: CONSUMED, `S`, same
 //!   generation, and the claim holds; anything else, and it takes the pin
-//!   back and looks again.
+//!   back (never below 0: a stray second release may have taken it) and
+//!   looks again. When its shard's counter still holds a pin of the
+//!   slot's last load (a claimer that lost the race with the reload, about
+//!   to take its pin back), the claim raises the word's refcount instead
+//!   of waiting.
 //!   It writes only its own shard's line (and the slot's recency stamp once
 //!   per tick of the load clock, not once per claim).
 //! - Its ticket is `1 << 63 | shard << 59 | (generation mod 2^39) << 20 |
@@ -118,7 +122,7 @@
 //!   fences (SeqCst), and reads the slot's counters in every shard. Both
 //!   sides write, fence, then read, so at least one sees the other: a claim
 //!   that missed EVICTING is seen in the counters, and the slot goes back
-//!   to CONSUMED (marked recently used, and left out of this take's later
+//!   to CONSUMED (marked recently used, and left out of this take's next
 //!   scans) while this take looks elsewhere; a claim that saw EVICTING took
 //!   its pin back, and waits (spins, then yields its core) until the word
 //!   leaves EVICTING. With every count 0 the EVICTING word is the
@@ -455,12 +459,42 @@ fn next_stamp(tick: u64) -> u64 {
     tick << SEQ_BITS | seq
 }
 
-/// Pin counters per cache line.
-const PINS_PER_LINE: usize = 8;
+/// Pin counters per line pair.
+const PINS_PER_LINE: usize = 16;
 
-/// One cache line of pin counters.
-#[repr(align(64))]
+/// Two cache lines of pin counters: 128 bytes, so that rows of different
+/// shards never share the pair of lines that x86's adjacent-line
+/// prefetcher fetches together (crossbeam's `CachePadded` pads to 128 bytes
+/// for the same reason).
+#[repr(align(128))]
 struct PinLine([AtomicU64; PINS_PER_LINE]);
+
+/// Takes back a pin that [`SlotTable::claim_pinned`] raised with `tag`,
+/// unless a stray second release of an earlier pinned ticket of that load
+/// has taken it already: never below 0, never another load's pin. Relaxed:
+/// nothing was read under this pin, so there is nothing to publish to an
+/// evictor that sees it gone.
+fn unpin(pin: &AtomicU64, tag: u64) {
+    let mut p = pin.load(Ordering::Relaxed);
+    while p & PIN_COUNT_MASK != 0 && p >> PIN_TAG_SHIFT == tag {
+        match pin.compare_exchange_weak(p, p - 1, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => break,
+            Err(now) => p = now,
+        }
+    }
+}
+
+/// What [`SlotTable::claim_pinned`] did.
+enum Pinned {
+    /// The claim (or TooManyClaims).
+    Claimed(Claimed),
+    /// The word no longer holds the load CONSUMED (an eviction has begun,
+    /// or it was reloaded); the pin was taken back.
+    WordChanged,
+    /// This shard's counter holds a pin of the slot's last load, about to
+    /// be taken back; nothing was done.
+    CounterBusy,
+}
 
 /// The SHARED slots one take found pinned: its later scans leave out the
 /// last four, and after eight, every SHARED slot whose pin counters read
@@ -472,9 +506,22 @@ struct Skip {
     len: usize,
 }
 
+/// What [`SlotTable::seize`] found.
+enum Seized {
+    /// The word to take the slot from (EVICTING for a SHARED slot).
+    Idle(Word),
+    /// A SHARED slot held by pinned claims (put back).
+    Pinned,
+    /// The word changed before the seize: scan again.
+    Changed,
+}
+
 impl Skip {
     /// After this many pinned slots, scans read the pins of SHARED slots.
     const READ_PINS_AFTER: usize = 8;
+    /// Fewest rounds a take makes: enough to reach the scans that read
+    /// pins, whatever the ring's size.
+    const ROUNDS: u32 = Self::READ_PINS_AFTER as u32 + 2;
 
     fn is_empty(&self) -> bool {
         self.len == 0
@@ -831,11 +878,15 @@ impl SlotTable {
         // chose; a fresh scan sees that. Give up after as many rounds as there
         // are slots: the ring is busy beyond what a prefetch should wait for.
         let mut skip = Skip::default();
-        for _ in 0..n.max(8) {
+        for _ in 0..n.max(Skip::ROUNDS) {
             let (i, w) = self.victim(id, spare, &skip)?;
-            let Some(w) = self.seize(i, w) else {
-                skip.push(i);
-                continue;
+            let w = match self.seize(i, w) {
+                Seized::Idle(w) => w,
+                Seized::Pinned => {
+                    skip.push(i);
+                    continue;
+                }
+                Seized::Changed => continue,
             };
             if let Some(t) = self.try_take(i, w, id, origin) {
                 return Some(t);
@@ -850,25 +901,28 @@ impl SlotTable {
     /// shards, not the word, so it is moved to EVICTING (which stops new
     /// pins) and its pins are counted; with none, the EVICTING word is
     /// returned, and only this thread may change it (to the take's word).
-    /// With pins (or when the word changed first), None: the slot is held,
-    /// and is marked recently used.
-    fn seize(&self, i: u32, seen: Word) -> Option<Word> {
+    /// With pins, Pinned: the slot is held, and is marked recently used.
+    fn seize(&self, i: u32, seen: Word) -> Seized {
         if !seen.shared() {
-            return Some(seen);
+            return Seized::Idle(seen);
         }
         let cell = &self.cells[i as usize];
         let evicting = seen.with_state(EVICTING);
         // Acquire: the last refcounted claim's release (before the slot
         // turned SHARED) happens before our take.
-        cell.word
+        if cell
+            .word
             .compare_exchange(seen.0, evicting.0, Ordering::Acquire, Ordering::Relaxed)
-            .ok()?;
+            .is_err()
+        {
+            return Seized::Changed;
+        }
         // SeqCst fence, paired with the one in `claim_pinned` (a
         // store-buffering pair): either that claim's word load sees EVICTING
         // (and it unpins), or our pin loads below see its pin.
         fence(Ordering::SeqCst);
         if !self.pinned(i) {
-            return Some(evicting);
+            return Seized::Idle(evicting);
         }
         // Relaxed: this publishes nothing (claims spinning on EVICTING see
         // the slot's bytes through the worker's Release of READY, whose
@@ -878,7 +932,7 @@ impl SlotTable {
                 .compare_exchange(evicting.0, seen.0, Ordering::Relaxed, Ordering::Relaxed);
         debug_assert!(back.is_ok(), "only the evictor writes EVICTING");
         self.touch(i);
-        None
+        Seized::Pinned
     }
 
     /// The idle slot to evict for a load of `id`, by a scan of the cells (an
@@ -1084,14 +1138,18 @@ impl SlotTable {
             0
         };
         let mut skip = Skip::default();
-        for _ in 0..self.slots().max(8) {
+        for _ in 0..self.slots().max(Skip::ROUNDS) {
             let (i, seen) = self.victim(id, None, &skip)?;
             if !matches!(seen.state(), EMPTY | READY | CONSUMED) || seen.refs() != 0 {
                 continue;
             }
-            let Some(seen) = self.seize(i, seen) else {
-                skip.push(i);
-                continue;
+            let seen = match self.seize(i, seen) {
+                Seized::Idle(w) => w,
+                Seized::Pinned => {
+                    skip.push(i);
+                    continue;
+                }
+                Seized::Changed => continue,
             };
             let generation = next_generation(seen.generation());
             let offline = Word(OFFLINE | (generation << GEN_SHIFT));
@@ -1278,6 +1336,9 @@ impl SlotTable {
             // Set when a compare-exchange on the load's word lost to another
             // claim or release of it: the slot is shared.
             let mut contended = false;
+            // Set when a SHARED slot cannot be pinned at once: this claim
+            // raises the word's refcount, as before shared mode.
+            let mut refcounted = false;
             // Acquire: pairs with the Release store of the slot index.
             let m = entry.load(Ordering::Acquire);
             if m == RESERVED {
@@ -1330,17 +1391,19 @@ impl SlotTable {
                             Err(now) => w = Word(now),
                         }
                     }
-                    READY | CONSUMED if w.shared() => {
-                        if let Some(claimed) = self.claim_pinned(slot, generation) {
-                            return claimed;
+                    CONSUMED if w.shared() && !refcounted => {
+                        match self.claim_pinned(slot, generation) {
+                            Pinned::Claimed(claimed) => return claimed,
+                            // Being seized (the EVICTING arm waits), or
+                            // reloaded (the loop's top sees it).
+                            Pinned::WordChanged => w = Word(cell.load(Ordering::Acquire)),
+                            // A claim of the slot's last load is taking its
+                            // pin back from our shard's counter: count this
+                            // claim in the word instead of waiting for it.
+                            Pinned::CounterBusy => refcounted = true,
                         }
-                        // Being seized, or our shard's counter still holds
-                        // a pin of the slot's last load on its way back:
-                        // look again.
-                        backoff.snooze();
-                        w = Word(cell.load(Ordering::Acquire));
                     }
-                    CONSUMED if contended => {
+                    CONSUMED if contended && !w.shared() => {
                         // Threads are claiming this load at once: from now
                         // on they pin it instead of writing its word.
                         let shared = Word(w.0 | SHARED);
@@ -1420,11 +1483,12 @@ impl SlotTable {
 
     /// A claim of the SHARED slot `slot`, load `generation`: raises this
     /// thread's pin count of the slot, then checks that the word still holds
-    /// that load, CONSUMED (so no eviction has begun). Ready with a pinned
-    /// ticket, or None (pin undone) when the word changed. Writes only this
-    /// thread's pin line (and the slot's stamp once per tick of the load
-    /// clock).
-    fn claim_pinned(&self, slot: u32, generation: u64) -> Option<Claimed> {
+    /// that load, CONSUMED (so no eviction has begun): Ready with a pinned
+    /// ticket, or WordChanged (pin undone), or CounterBusy (nothing done)
+    /// when this shard's counter still holds a transient pin of the slot's
+    /// last load. Writes only this thread's pin line (and the slot's stamp
+    /// once per tick of the load clock).
+    fn claim_pinned(&self, slot: u32, generation: u64) -> Pinned {
         let shard = thread_index() % self.pin_shards;
         let pin = self.pin(shard, slot);
         let tag = generation & PIN_GEN_MASK;
@@ -1435,13 +1499,13 @@ impl SlotTable {
                 tag << PIN_TAG_SHIFT | 1
             } else if p >> PIN_TAG_SHIFT == tag {
                 if n >= MAX_PINS {
-                    return Some(Claimed::TooManyClaims);
+                    return Pinned::Claimed(Claimed::TooManyClaims);
                 }
                 p + 1
             } else {
                 // A claim of the slot's last load pinned it, saw the word
                 // change, and is taking its pin back.
-                return None;
+                return Pinned::CounterBusy;
             };
             // Relaxed: ordered before the word load by the fence.
             match pin.compare_exchange_weak(p, raised, Ordering::Relaxed, Ordering::Relaxed) {
@@ -1470,16 +1534,14 @@ impl SlotTable {
                     );
                 }
             }
-            return Some(Claimed::Ready {
+            return Pinned::Claimed(Claimed::Ready {
                 slot,
                 ticket: pinned_ticket(slot, generation, shard),
                 hit: true,
             });
         }
-        // Relaxed: nothing was read under this pin, so there is nothing to
-        // publish to an evictor that sees it gone.
-        pin.fetch_sub(1, Ordering::Relaxed);
-        None
+        unpin(pin, tag);
+        Pinned::WordChanged
     }
 
     /// Releases one claim of `ticket`. Stale when the ticket's slot has since
@@ -2174,6 +2236,92 @@ mod tests {
                 t.prefetch(0, Origin::Demand),
                 Prefetched::Queued { .. }
             ));
+        }
+    }
+
+    /// A stray second release that takes a pin a claim raised but is about
+    /// to take back (it met an eviction): the claim's unpin then does
+    /// nothing, the counter never goes below 0, and the slot is neither
+    /// stuck nor its next load's claims blocked.
+    #[test]
+    fn a_stray_release_never_drives_a_pin_below_zero() {
+        let t = SlotTable::new(1, 2);
+        shared_resident(&t, 0);
+        let stale = pinned_claim(&t, 0);
+        t.release(stale).unwrap();
+        let (_, generation) = split_ticket(stale);
+        let shard = pin_shard_of(stale).unwrap();
+        // A claim of this load pins (the first half of claim_pinned)...
+        let pin = t.pin(shard, 0);
+        pin.store(generation << PIN_TAG_SHIFT | 1, Ordering::Relaxed);
+        // ...the stray release takes that pin...
+        assert_eq!(t.release(stale), Ok(0));
+        // ...the claim meets an eviction and takes its pin back.
+        unpin(pin, generation);
+        assert_eq!(t.pins_held(), 0, "below zero, or left raised");
+        shared_resident(&t, 1); // evicts 0: nothing holds the slot
+        let b = pinned_claim(&t, 1);
+        t.release(b).unwrap();
+        // The same with the counter holding another load's tag: untouched.
+        pin.store((generation + 1) << PIN_TAG_SHIFT | 1, Ordering::Relaxed);
+        unpin(pin, generation);
+        assert_eq!(pin.load(Ordering::Relaxed) & PIN_COUNT_MASK, 1);
+        pin.store(0, Ordering::Relaxed);
+    }
+
+    /// A claim whose shard's counter still holds a pin of the slot's last
+    /// load claims through the word's refcount instead of waiting.
+    #[test]
+    fn a_busy_counter_falls_back_to_the_refcount() {
+        let t = SlotTable::new(1, 2);
+        shared_resident(&t, 0);
+        let a = pinned_claim(&t, 0);
+        t.release(a).unwrap();
+        let (_, generation) = split_ticket(a);
+        let shard = pin_shard_of(a).unwrap();
+        // A claimer of an earlier load, about to take its pin back.
+        t.pin(shard, 0)
+            .store((generation - 1) << PIN_TAG_SHIFT | 1, Ordering::Relaxed);
+        let Claimed::Ready { ticket, .. } = t.claim(0) else {
+            panic!("resident")
+        };
+        assert_eq!(ticket & PINNED, 0, "refcounted: {ticket:#x}");
+        assert_eq!(t.word(0).refs(), 1);
+        assert_eq!(t.prefetch(1, Origin::Demand), Prefetched::RingFull, "held");
+        t.release(ticket).unwrap();
+        t.pin(shard, 0).store(0, Ordering::Relaxed);
+        assert!(matches!(
+            t.prefetch(1, Origin::Demand),
+            Prefetched::Queued { .. }
+        ));
+    }
+
+    /// A small adaptive ring whose best-ranked victims are all pinned SHARED
+    /// slots still finds its one idle slot (the take's rounds reach the
+    /// scans that read pins), and a retire does too.
+    #[test]
+    fn pinned_slots_ranked_first_do_not_hide_the_idle_one() {
+        let t = adaptive(8, 2, 8);
+        // Seven experts of layer 1, claimed by threads at once and held.
+        let held: Vec<u64> = (8..15)
+            .map(|id| {
+                shared_resident(&t, id);
+                pinned_claim(&t, id)
+            })
+            .collect();
+        // Then expert 0 of layer 0: used in this visit of layer 0, so the
+        // policy would rather evict any of layer 1 to load expert 1.
+        decode(&t, &[0]);
+        assert!(matches!(
+            t.prefetch(1, Origin::Demand),
+            Prefetched::Queued { evicted: true, .. }
+        ));
+        assert!(!t.present(0), "the idle slot was taken");
+        load_all(&t);
+        // Expert 1 is loaded, never claimed: retire may take it.
+        assert!(t.retire_idle_slot().is_some());
+        for ticket in held {
+            t.release(ticket).unwrap();
         }
     }
 
