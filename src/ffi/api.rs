@@ -234,8 +234,9 @@ pub unsafe extern "C" fn smoe_claim(
 }
 
 /// `smoe_claim`, waiting up to `timeout_ns` nanoseconds for the read: it
-/// spins briefly, then sleeps until a worker finishes a read, using no CPU
-/// while it waits.
+/// spins briefly, polls (yielding its core) until 500 µs after the call,
+/// then sleeps until a worker finishes a read, using no CPU while it
+/// sleeps.
 ///
 /// # Returns
 /// As `smoe_claim`; `SMOE_PENDING` when the timeout passes first (a
