@@ -43,7 +43,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind as IoErrorKind, Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
@@ -830,17 +830,6 @@ fn shard_count(n: usize) -> usize {
     (SHARD_BUDGET_BYTES / (8 * n.max(1))).clamp(1, MAX_SHARDS)
 }
 
-/// The calling thread's shard number: threads are numbered in the order
-/// they first count a claim, so up to [`MAX_SHARDS`] threads each get
-/// their own (reduced modulo a histogram's shard count).
-fn thread_shard() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed);
-    }
-    SHARD.with(|s| *s)
-}
-
 /// Per-(layer, expert) claim counts: the counts loaded from earlier sessions
 /// plus this session's claims.
 #[derive(Debug)]
@@ -860,7 +849,7 @@ pub struct Histogram {
     /// threads assigned to shard 0.
     counts: Box<[AtomicU64]>,
     /// More shards of this session's counts, laid out like `counts`, each
-    /// bumped by the threads assigned to it ([`thread_shard`]): claims of
+    /// bumped by the threads assigned to it (`crate::sync::thread_index`): claims of
     /// neighbouring experts on different threads then write different cache
     /// lines. A count is the sum over `counts` and every shard. Few or none
     /// for a large vault ([`SHARD_BUDGET_BYTES`]).
@@ -1052,7 +1041,9 @@ impl Histogram {
     /// The add goes to the calling thread's shard.
     #[inline]
     pub fn bump_entry(&self, index: u32) {
-        let shard = thread_shard() % (self.shards.len() + 1);
+        // Threads are numbered in the order they first ask, so up to
+        // MAX_SHARDS threads each get their own shard.
+        let shard = crate::sync::thread_index() % (self.shards.len() + 1);
         let counts = match shard {
             0 => &self.counts,
             n => &self.shards[n - 1],

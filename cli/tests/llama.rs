@@ -120,16 +120,42 @@ fn evictions(stderr: &str) -> u64 {
     rest.split(',').next().unwrap().trim().parse().unwrap()
 }
 
+/// A test's start: the patched `llama-simple` (None when it is not built,
+/// and the test is skipped), the fixture, a scratch directory, and the vault
+/// packed from the fixture into it.
+struct Setup {
+    bin: PathBuf,
+    gguf: PathBuf,
+    tmp: tempfile::TempDir,
+    vault: PathBuf,
+}
+
+fn setup(fixture: &str) -> Option<Setup> {
+    let bin = llama_simple()?;
+    let gguf = fixtures().join(fixture);
+    let tmp = tempfile::tempdir().unwrap();
+    let vault = pack(&gguf, tmp.path());
+    Some(Setup {
+        bin,
+        gguf,
+        tmp,
+        vault,
+    })
+}
+
 /// Stock (repack off), smoe through a ring of `slots`, stock (repack on):
 /// same text, bitwise equal logits against the first; returns the largest
 /// difference against the third.
 fn identical(fixture: &str, slots: u32) -> f32 {
-    let Some(bin) = llama_simple() else {
+    let Some(Setup {
+        bin,
+        gguf,
+        tmp,
+        vault,
+    }) = setup(fixture)
+    else {
         return 0.0;
     };
-    let gguf = fixtures().join(fixture);
-    let tmp = tempfile::tempdir().unwrap();
-    let vault = pack(&gguf, tmp.path());
     let slots = slots.to_string();
     let stock = run(&bin, &gguf, tmp.path(), "stock", &[("SMOE_NO_REPACK", "1")]);
     let smoe = run(
@@ -267,12 +293,15 @@ fn fails(bin: &Path, gguf: &Path, dir: &Path, env: &[(&str, &str)], expect: &str
 
 #[test]
 fn corrupt_blob_stops_generation_with_smoes_error() {
-    let Some(bin) = llama_simple() else {
+    let Some(Setup {
+        bin,
+        gguf,
+        tmp,
+        vault,
+    }) = setup("mixtral-q8_0.gguf")
+    else {
         return;
     };
-    let gguf = fixtures().join("mixtral-q8_0.gguf");
-    let tmp = tempfile::tempdir().unwrap();
-    let vault = pack(&gguf, tmp.path());
     // 8 blobs of 19,840 bytes, each in a 32 KiB padded region at the end of
     // the file (docs/format.md §2.1): flip a byte inside every payload
     let path = vault.join("experts.smoe");
@@ -299,12 +328,15 @@ fn corrupt_blob_stops_generation_with_smoes_error() {
 
 #[test]
 fn truncated_vault_is_refused() {
-    let Some(bin) = llama_simple() else {
+    let Some(Setup {
+        bin,
+        gguf,
+        tmp,
+        vault,
+    }) = setup("mixtral-q8_0.gguf")
+    else {
         return;
     };
-    let gguf = fixtures().join("mixtral-q8_0.gguf");
-    let tmp = tempfile::tempdir().unwrap();
-    let vault = pack(&gguf, tmp.path());
     let path = vault.join("experts.smoe");
     let len = std::fs::metadata(&path).unwrap().len();
     std::fs::OpenOptions::new()
@@ -324,11 +356,12 @@ fn truncated_vault_is_refused() {
 
 #[test]
 fn vault_of_another_model_is_refused() {
-    let Some(bin) = llama_simple() else {
+    let Some(Setup {
+        bin, tmp, vault, ..
+    }) = setup("qwen3moe-q8_0.gguf")
+    else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let vault = pack(&fixtures().join("qwen3moe-q8_0.gguf"), tmp.path());
     fails(
         &bin,
         &fixtures().join("mixtral-q8_0.gguf"),
@@ -340,12 +373,15 @@ fn vault_of_another_model_is_refused() {
 
 #[test]
 fn bad_settings_are_refused() {
-    let Some(bin) = llama_simple() else {
+    let Some(Setup {
+        bin,
+        gguf,
+        tmp,
+        vault,
+    }) = setup("mixtral-q8_0.gguf")
+    else {
         return;
     };
-    let gguf = fixtures().join("mixtral-q8_0.gguf");
-    let tmp = tempfile::tempdir().unwrap();
-    let vault = pack(&gguf, tmp.path());
     let v = vault.to_str().unwrap();
     fails(
         &bin,
@@ -375,12 +411,15 @@ fn bad_settings_are_refused() {
 /// computed: the same logits as stock, and as many claims as with LRU.
 #[test]
 fn adaptive_policy_keeps_output_identical() {
-    let Some(bin) = llama_simple() else {
+    let Some(Setup {
+        bin,
+        gguf,
+        tmp,
+        vault,
+    }) = setup("mixtral-q8_0.gguf")
+    else {
         return;
     };
-    let gguf = fixtures().join("mixtral-q8_0.gguf");
-    let tmp = tempfile::tempdir().unwrap();
-    let vault = pack(&gguf, tmp.path());
     let v = vault.to_str().unwrap();
     let stock = run(&bin, &gguf, tmp.path(), "stock", &[("SMOE_NO_REPACK", "1")]);
     let adaptive = run(
@@ -419,12 +458,15 @@ fn adaptive_policy_keeps_output_identical() {
 
 #[test]
 fn speculation_keeps_output_identical() {
-    let Some(bin) = llama_simple() else {
+    let Some(Setup {
+        bin,
+        gguf,
+        tmp,
+        vault,
+    }) = setup("qwen3moe-q8_0.gguf")
+    else {
         return;
     };
-    let gguf = fixtures().join("qwen3moe-q8_0.gguf");
-    let tmp = tempfile::tempdir().unwrap();
-    let vault = pack(&gguf, tmp.path());
     let stock = run(&bin, &gguf, tmp.path(), "stock", &[("SMOE_NO_REPACK", "1")]);
     let spec = run(
         &bin,

@@ -654,13 +654,12 @@ impl SlotTable {
         &self.pins[i / PINS_PER_LINE].0[i % PINS_PER_LINE]
     }
 
-    /// Whether any thread pins `slot`. The caller has fenced (SeqCst) after
-    /// moving the slot to EVICTING; Acquire pairs with the Release of the
-    /// last unpin, so the pinned claims' reads of the slot happen before the
-    /// caller's take.
-    fn pinned(&self, slot: u32) -> bool {
-        (0..self.pin_shards)
-            .any(|s| self.pin(s, slot).load(Ordering::Acquire) & PIN_COUNT_MASK != 0)
+    /// Whether any thread pins `slot`, read with `order`: Acquire in
+    /// `seize` (after its fence), pairing with the Release of the last
+    /// pinned claim's release, so that claim's reads of the slot happen
+    /// before the take; Relaxed for the scan's hint.
+    fn pinned(&self, slot: u32, order: Ordering) -> bool {
+        (0..self.pin_shards).any(|s| self.pin(s, slot).load(order) & PIN_COUNT_MASK != 0)
     }
 
     /// Whether the scan of a take passes over the idle SHARED `slot`: this
@@ -670,10 +669,7 @@ impl SlotTable {
     #[cold]
     #[inline(never)]
     fn passes_over(&self, slot: u32, skip: &Skip) -> bool {
-        skip.skips(slot)
-            || (skip.reads_pins()
-                && (0..self.pin_shards)
-                    .any(|s| self.pin(s, slot).load(Ordering::Relaxed) & PIN_COUNT_MASK != 0))
+        skip.skips(slot) || (skip.reads_pins() && self.pinned(slot, Ordering::Relaxed))
     }
 
     /// The eviction policy.
@@ -921,7 +917,7 @@ impl SlotTable {
         // store-buffering pair): either that claim's word load sees EVICTING
         // (and it unpins), or our pin loads below see its pin.
         fence(Ordering::SeqCst);
-        if !self.pinned(i) {
+        if !self.pinned(i, Ordering::Acquire) {
             return Seized::Idle(evicting);
         }
         // Relaxed: this publishes nothing (claims spinning on EVICTING see
@@ -2712,6 +2708,20 @@ mod loom_tests {
         });
     }
 
+    /// Claims (checks, releases) expert 0 on another thread while this one
+    /// retires an idle slot and releases its pages (modelled as a write to
+    /// the slot's cell): (the retired slot, whether the claim got it).
+    fn race_retire_with_a_claim_of_0(m: &Arc<Model>) -> (Option<u32>, bool) {
+        let m2 = m.clone();
+        let claimer = thread::spawn(move || m2.claim_check_release(0));
+        let retired = m.table.retire_idle_slot();
+        if let Some(slot) = retired {
+            // SAFETY: an OFFLINE slot is no one else's.
+            m.data[slot as usize].with_mut(|p| unsafe { *p = u32::MAX });
+        }
+        (retired, claimer.join().unwrap())
+    }
+
     /// The elastic ring's retire racing a claim: a claimed slot is never
     /// retired (the monitor's page release is modelled as a write to the
     /// slot's cell, so retiring a slot a claimant still reads is a reported
@@ -2722,14 +2732,7 @@ mod loom_tests {
             let m = Model::new(1, 2);
             m.table.prefetch(0, Origin::Demand);
             assert!(m.work());
-            let m2 = m.clone();
-            let claimer = thread::spawn(move || m2.claim_check_release(0));
-            let retired = m.table.retire_idle_slot();
-            if let Some(slot) = retired {
-                // SAFETY: an OFFLINE slot is no one else's.
-                m.data[slot as usize].with_mut(|p| unsafe { *p = u32::MAX });
-            }
-            let claimed = claimer.join().unwrap();
+            let (retired, claimed) = race_retire_with_a_claim_of_0(&m);
             match retired {
                 Some(slot) => {
                     assert_eq!(m.table.word(slot).state(), OFFLINE);
@@ -2805,14 +2808,7 @@ mod loom_tests {
     fn retire_races_a_pinned_claim() {
         loom::model(|| {
             let m = Model::shared_resident();
-            let m2 = m.clone();
-            let claimer = thread::spawn(move || m2.claim_check_release(0));
-            let retired = m.table.retire_idle_slot();
-            if let Some(slot) = retired {
-                // SAFETY: an OFFLINE slot is no one else's.
-                m.data[slot as usize].with_mut(|p| unsafe { *p = u32::MAX });
-            }
-            let claimed = claimer.join().unwrap();
+            let (retired, claimed) = race_retire_with_a_claim_of_0(&m);
             match retired {
                 Some(slot) => assert!(m.table.restore_slot(slot)),
                 None => assert!(claimed, "retire found no idle slot: the claim held it"),
