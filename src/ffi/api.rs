@@ -32,8 +32,8 @@ use crate::{Config, Priority, Streamer};
 /// # Returns
 /// - `SMOE_OK`: written.
 /// - `SMOE_ERR_ARGUMENT`: `cfg` is NULL, or `struct_size` is smaller than
-///   the v1 `smoe_config` (56 bytes on 64-bit targets) or larger than 4096;
-///   nothing is written.
+///   the v1 `smoe_config` (56 bytes on 64-bit targets), larger than 4096, or
+///   ends inside a field; nothing is written.
 /// - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
 ///
 /// # Safety
@@ -89,7 +89,8 @@ pub unsafe extern "C" fn smoe_config_init(cfg: *mut smoe_config) {
 /// allocates the ring and starts the I/O workers.
 ///
 /// `cfg` follows the extensible-struct rule: `struct_size` smaller than the
-/// v1 `smoe_config` or larger than 4096 is an error; bytes past the struct
+/// v1 `smoe_config`, larger than 4096 or ending inside a field is an error
+/// (a pointer field cut in two is never read); bytes past the struct
 /// this library knows must be zero. A NULL `cfg` means all defaults.
 ///
 /// # Returns
@@ -371,7 +372,8 @@ pub unsafe extern "C" fn smoe_flush_stats(s: *mut smoe_streamer) -> smoe_status 
 /// # Returns
 /// - `SMOE_OK`: written.
 /// - `SMOE_ERR_ARGUMENT`: `s` or `out` is NULL, or `out->struct_size` is
-///   smaller than the v1 `smoe_stats`; nothing is written.
+///   smaller than the v1 `smoe_stats` or ends inside a field; nothing is
+///   written.
 /// - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
 ///
 /// # Safety

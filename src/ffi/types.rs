@@ -271,6 +271,7 @@ impl smoe_config {
                  ({CONFIG_SIZE_V1} bytes); pass sizeof(smoe_config)"
             )));
         }
+        check_size_ends_on_a_field("", "smoe_config", struct_size, Self::FIELD_EXTENTS)?;
         let size = struct_size as usize;
         let known = size.min(CONFIG_SIZE);
         let value = smoe_config::defaults_in_zeroed_memory(struct_size);
@@ -308,6 +309,7 @@ impl smoe_config {
             )));
         }
         check_size_v1("cfg", "smoe_config", size, CONFIG_SIZE_V1)?;
+        check_size_ends_on_a_field("cfg->", "smoe_config", size, Self::FIELD_EXTENTS)?;
         let size = size as usize;
         if size > CONFIG_SIZE {
             // SAFETY: the caller guarantees `size` bytes are readable, and
@@ -534,6 +536,13 @@ macro_rules! config_conversions {
             #[doc(hidden)]
             pub const FIELD_NAMES: &'static [&'static str] = &[$(stringify!($name)),*];
 
+            /// Each field after `struct_size`: its name and byte range.
+            const FIELD_EXTENTS: &'static [FieldExtent] = &[$(FieldExtent {
+                name: stringify!($name),
+                offset: std::mem::offset_of!(smoe_config, $name),
+                bytes: size_of::<<$ty as CValue>::C>(),
+            }),*];
+
             /// The defaults `smoe_config_init` writes: those of
             /// [`Config::default`] in C terms, `struct_size` this library's
             /// `sizeof(smoe_config)`.
@@ -608,6 +617,14 @@ macro_rules! stats_conversions {
             #[doc(hidden)]
             pub const FIELD_NAMES: &'static [&'static str] = &[$(stringify!($name)),*];
 
+            /// Each field after `struct_size`: its name and byte range
+            /// (every counter is a `uint64_t`).
+            const FIELD_EXTENTS: &'static [FieldExtent] = &[$(FieldExtent {
+                name: stringify!($name),
+                offset: std::mem::offset_of!(smoe_stats, $name),
+                bytes: size_of::<u64>(),
+            }),*];
+
             /// `stats` in C terms with `struct_size` set to `struct_size`,
             /// built in zeroed memory field by field, so the padding after
             /// `struct_size` is zero rather than whatever the stack held.
@@ -678,6 +695,39 @@ fn check_size_v1(parameter: &str, what: &str, size: u32, v1: usize) -> Result<()
     Ok(())
 }
 
+/// A field of a versioned C struct: where it lies.
+struct FieldExtent {
+    name: &'static str,
+    offset: usize,
+    bytes: usize,
+}
+
+/// An argument error when `size` ends inside one of `fields`: the caller's
+/// struct would hold part of a field, and a pointer built from half the
+/// caller's bytes and half a default is never safe to follow. A size that
+/// ends between fields (in padding) or past them all is fine.
+fn check_size_ends_on_a_field(
+    parameter: &str,
+    what: &str,
+    size: u32,
+    fields: &[FieldExtent],
+) -> Result<(), Error> {
+    let size = size as usize;
+    match fields
+        .iter()
+        .find(|f| f.offset < size && size < f.offset + f.bytes)
+    {
+        Some(f) => Err(Error::argument(format!(
+            "{parameter}struct_size is {size}, which ends inside {what}.{} (bytes {}..{}); \
+             set it to sizeof({what})",
+            f.name,
+            f.offset,
+            f.offset + f.bytes
+        ))),
+        None => Ok(()),
+    }
+}
+
 impl From<SlotInfo> for smoe_slot {
     fn from(info: SlotInfo) -> Self {
         smoe_slot {
@@ -704,6 +754,7 @@ impl smoe_stats {
         // SAFETY: the caller guarantees the first field is readable.
         let size = unsafe { out.cast::<u32>().as_ptr().read() };
         check_size_v1("out", "smoe_stats", size, STATS_SIZE_V1)?;
+        check_size_ends_on_a_field("out->", "smoe_stats", size, Self::FIELD_EXTENTS)?;
         let written = (size as usize).min(STATS_SIZE);
         let value = smoe_stats::from_core(stats, written as u32);
         // SAFETY: `written` bytes are in bounds of both the local value and

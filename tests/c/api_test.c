@@ -201,6 +201,128 @@ static void test_config_init_sizes(void) {
   }
 }
 
+/* A field of a versioned struct, as this header lays it out. */
+typedef struct {
+  const char *name;
+  size_t offset, bytes;
+} field_extent;
+
+#define FIELD(type, name) {#name, offsetof(type, name), sizeof(((type *)0)->name)}
+
+static const field_extent config_fields[] = {
+    FIELD(smoe_config, ring_slots),   FIELD(smoe_config, slot_mb),
+    FIELD(smoe_config, workers),      FIELD(smoe_config, direct_io),
+    FIELD(smoe_config, prewarm),      FIELD(smoe_config, prewarm_slots),
+    FIELD(smoe_config, verify),       FIELD(smoe_config, scout_bytes),
+    FIELD(smoe_config, engine_overhead_bytes), FIELD(smoe_config, freq_path),
+    FIELD(smoe_config, trace_path),   FIELD(smoe_config, policy),
+    FIELD(smoe_config, populate),     FIELD(smoe_config, lock),
+    FIELD(smoe_config, elastic),
+};
+
+/* The field that a struct of `size` bytes ends inside, or NULL. */
+static const char *ends_inside(const field_extent *fields, size_t n, size_t size) {
+  for (size_t i = 0; i < n; i++) {
+    if (fields[i].offset < size && size < fields[i].offset + fields[i].bytes) {
+      return fields[i].name;
+    }
+  }
+  return NULL;
+}
+
+/* Every struct_size from 0 to sizeof(smoe_config) + 16: smoe_config_init_sized
+ * and smoe_open accept exactly the sizes of at least v1 that end on a field
+ * boundary, refuse the others naming the size and the field, and never read a
+ * field the caller's size cuts in two. The bytes past the caller's size are
+ * garbage ('A'), as a caller's neighbouring variables would be: they must be
+ * ignored (a smaller size) or refused (a larger one). */
+static void test_every_config_size(void) {
+  struct {
+    smoe_config cfg;
+    unsigned char tail[32];
+  } buf;
+  unsigned char *bytes = (unsigned char *)&buf;
+  const size_t n = sizeof config_fields / sizeof config_fields[0];
+  for (size_t size = 0; size <= sizeof(smoe_config) + 16; size++) {
+    const char *cut = ends_inside(config_fields, n, size);
+    const int valid = size >= V1_CONFIG_SIZE && cut == NULL;
+    char want_size[32];
+    snprintf(want_size, sizeof want_size, "struct_size is %zu", size);
+
+    memset(&buf, 0xa5, sizeof buf);
+    smoe_status st = smoe_config_init_sized(&buf.cfg, (uint32_t)size);
+    CHECK(st == (valid ? SMOE_OK : SMOE_ERR_ARGUMENT), "init_sized(%zu) returned %s", size,
+          smoe_status_str(st));
+    if (cut != NULL && size >= V1_CONFIG_SIZE) {
+      CHECK(strstr(smoe_last_error(), want_size) != NULL && strstr(smoe_last_error(), cut) != NULL,
+            "init_sized(%zu): message names neither the size nor %s", size, cut);
+    }
+    size_t overrun = 0;
+    for (size_t b = (st == SMOE_OK ? size : 0); b < sizeof buf; b++) {
+      overrun += bytes[b] != 0xa5;
+    }
+    CHECK(overrun == 0, "init_sized(%zu) wrote %zu byte(s) it must not", size, overrun);
+
+    /* smoe_open with the caller's bytes past `size` set to garbage. */
+    memset(&buf, 0, sizeof buf);
+    smoe_config_init(&buf.cfg);
+    buf.cfg.ring_slots = 2;
+    buf.cfg.workers = 1;
+    buf.cfg.freq_path = "";
+    buf.cfg.struct_size = (uint32_t)size;
+    if (size < sizeof(smoe_config)) {
+      memset(bytes + (size < 4 ? 4 : size), 'A', sizeof(smoe_config) - (size < 4 ? 4 : size));
+    }
+    /* A larger size than this header's struct has a zeroed tail (buf.tail). */
+    smoe_streamer *s = NULL;
+    st = smoe_open(vault_file, &buf.cfg, &s);
+    CHECK(st == (valid ? SMOE_OK : SMOE_ERR_ARGUMENT), "open with struct_size %zu returned %s",
+          size, smoe_status_str(st));
+    if (cut != NULL && size >= V1_CONFIG_SIZE) {
+      CHECK(strstr(smoe_last_error(), want_size) != NULL && strstr(smoe_last_error(), cut) != NULL,
+            "open(%zu): message names neither the size nor %s", size, cut);
+    }
+    if (st == SMOE_OK) {
+      smoe_close(s);
+    }
+  }
+}
+
+/* Every out->struct_size from 0 to sizeof(smoe_stats) + 16: accepted exactly
+ * when it is at least v1 and ends on a field boundary; min(size, sizeof)
+ * bytes written, never more, nothing written when refused. */
+static void test_every_stats_size(smoe_streamer *s) {
+  struct {
+    smoe_stats st;
+    unsigned char tail[32];
+  } buf;
+  const unsigned char *bytes = (const unsigned char *)&buf;
+  const size_t v1 = offsetof(smoe_stats, direct_io) + 8;
+  for (size_t size = 0; size <= sizeof(smoe_stats) + 16; size++) {
+    const int inside = size > offsetof(smoe_stats, claims) && size < sizeof(smoe_stats) &&
+                       (size - offsetof(smoe_stats, claims)) % 8 != 0;
+    const int valid = size >= v1 && !inside;
+    memset(&buf, 0xa5, sizeof buf);
+    buf.st.struct_size = (uint32_t)size;
+    smoe_status st = smoe_get_stats(s, &buf.st);
+    CHECK(st == (valid ? SMOE_OK : SMOE_ERR_ARGUMENT), "get_stats(%zu) returned %s", size,
+          smoe_status_str(st));
+    const size_t written = st == SMOE_OK ? (size < sizeof(smoe_stats) ? size : sizeof(smoe_stats))
+                                         : sizeof buf.st.struct_size;
+    if (st == SMOE_OK) {
+      CHECK(buf.st.struct_size == written, "get_stats(%zu) set struct_size %u", size,
+            (unsigned)buf.st.struct_size);
+    } else {
+      CHECK(buf.st.struct_size == size, "get_stats(%zu) changed struct_size on error", size);
+    }
+    size_t overrun = 0;
+    for (size_t b = written; b < sizeof buf; b++) {
+      overrun += bytes[b] != 0xa5;
+    }
+    CHECK(overrun == 0, "get_stats(%zu) wrote %zu byte(s) past %zu", size, overrun, written);
+  }
+}
+
 static void test_open_defaults(void) {
   smoe_streamer *s = NULL;
   EXPECT(smoe_open(vault_file, NULL, &s), SMOE_OK);
@@ -540,6 +662,7 @@ int main(int argc, char **argv) {
   test_config_init_sizes();
   test_open_defaults();
   test_config_sizes();
+  test_every_config_size();
   test_config_values();
 
   smoe_config cfg;
@@ -554,6 +677,7 @@ int main(int argc, char **argv) {
   }
   test_null_arguments(s, expert_layer(1));
   test_stats_sizes(s);
+  test_every_stats_size(s);
   test_streaming(s);
   test_last_error_per_thread(s);
   smoe_close(s);
