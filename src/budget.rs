@@ -121,6 +121,9 @@ pub enum SlotClamp {
     Max,
     /// Lowered to the number of entries.
     Entries,
+    /// Lowered to what the available memory holds: fewer slots than the
+    /// automatic minimum of [`MIN_AUTO_SLOTS`] fit.
+    Fit,
 }
 
 impl fmt::Display for SlotClamp {
@@ -130,6 +133,9 @@ impl fmt::Display for SlotClamp {
             SlotClamp::Min => "raised to the minimum of 64",
             SlotClamp::Max => "lowered to the maximum of 4096",
             SlotClamp::Entries => "capped at the entry count",
+            SlotClamp::Fit => {
+                "fewer than the minimum of 64: only these fit in the available memory"
+            }
         })
     }
 }
@@ -210,6 +216,12 @@ pub struct RingPlan {
 /// slots  = clamp(bytes / slot_bytes, 64, 4096), then min(slots, n_entries)
 /// ```
 ///
+/// The count never passes `min(avail, ram) / slot_bytes`: when 64 slots
+/// do not fit in the available memory, the ring takes the slots that do
+/// ([`SlotClamp::Fit`], with [`RingPlan::warning`]), and when not even one
+/// does, sizing fails. So an automatic plan always passes [`check_fits`],
+/// the rule `smoe_open` applies to every ring.
+///
 /// With `config.ring_slots` set, `slots` is that number, still capped at
 /// `n_entries`. `slot_bytes` is the largest padded blob rounded up to
 /// [`DEFAULT_ALIGNMENT`], or `config.slot_mb` MiB.
@@ -224,7 +236,10 @@ pub struct RingPlan {
 /// # Errors
 ///
 /// [`ErrorKind::Argument`] when `slot_mb` is smaller than the largest blob
-/// (the message names the blob), or when the vault has no blobs.
+/// (the message names the blob), or when the vault has no blobs;
+/// [`ErrorKind::NoMemory`] when the count is automatic and not even one
+/// slot fits in the available memory, or when the ring fails
+/// [`check_fits`].
 pub fn plan_ring(
     snapshot: &MemorySnapshot,
     vault: &VaultShape,
@@ -271,15 +286,34 @@ pub fn plan_ring(
     let (wanted, mut clamp, slots_source) = match config.ring_slots {
         0 => {
             let clamped = budget_slots.clamp(u64::from(MIN_AUTO_SLOTS), u64::from(MAX_AUTO_SLOTS));
-            let clamp = if budget_slots < u64::from(MIN_AUTO_SLOTS) {
+            // Never more than the available memory holds (nor the
+            // machine: a snapshot's avail never exceeds its ram, but a
+            // fixture's may). `budget_bytes ≤ avail`, so only the raise to
+            // the minimum can pass it.
+            let fitting = avail_bytes.min(ram_bytes) / slot_bytes;
+            let clamp = if clamped > fitting {
+                SlotClamp::Fit
+            } else if budget_slots < u64::from(MIN_AUTO_SLOTS) {
                 SlotClamp::Min
             } else if budget_slots > u64::from(MAX_AUTO_SLOTS) {
                 SlotClamp::Max
             } else {
                 SlotClamp::None
             };
-            // `clamped <= MAX_AUTO_SLOTS`, so it fits a u32.
-            (clamped as u32, clamp, "auto")
+            let slots = clamped.min(fitting);
+            if slots == 0 {
+                return Err(Error::new(
+                    ErrorKind::NoMemory,
+                    format!(
+                        "not even one slot of {slot_bytes} bytes ({slot_source}) fits in the \
+                         {avail_bytes} bytes of memory available ({}); free memory, raise the \
+                         limit, or pack the model with smaller experts",
+                        snapshot.avail_source
+                    ),
+                ));
+            }
+            // `slots <= MAX_AUTO_SLOTS`, so it fits a u32.
+            (slots as u32, clamp, "auto")
         }
         n => (n, SlotClamp::None, "config ring_slots"),
     };
@@ -293,7 +327,7 @@ pub fn plan_ring(
         other => format!("{slots_source}, {other}"),
     };
 
-    Ok(RingPlan {
+    let plan = RingPlan {
         avail_bytes,
         ram_bytes,
         scout_bytes,
@@ -318,7 +352,49 @@ pub fn plan_ring(
             slot: slot_source,
             slots: slots_source,
         },
-    })
+    };
+    check_fits(&plan)?;
+    Ok(plan)
+}
+
+/// Whether `smoe_open` accepts the ring `plan` describes: no larger than
+/// this machine's memory (or its cgroup limit). The ring is reserved, not
+/// committed, so the OS would accept a larger one, and its reads would
+/// exhaust memory later. A plan whose memory was not probed (`ram_bytes`
+/// 0, with `ring_slots` set) passes.
+///
+/// # Errors
+///
+/// [`ErrorKind::NoMemory`], naming the ring's size and the memory.
+pub fn check_fits(plan: &RingPlan) -> Result<()> {
+    if plan.ram_bytes > 0 && plan.ring_bytes > plan.ram_bytes {
+        return Err(Error::new(
+            ErrorKind::NoMemory,
+            format!(
+                "the ring of {} slots × {} bytes = {} bytes is larger than this machine's memory ({} bytes{})",
+                plan.slots,
+                plan.slot_bytes,
+                plan.ring_bytes,
+                plan.ram_bytes,
+                if plan.sources.ram.contains("cgroup") { ", its cgroup limit" } else { "" }
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl RingPlan {
+    /// What a person should hear about this plan: fewer slots than the
+    /// automatic minimum because only those fit.
+    pub fn warning(&self) -> Option<String> {
+        (self.clamp == SlotClamp::Fit).then(|| {
+            format!(
+                "the ring has {} slots of {} bytes, fewer than the automatic minimum of \
+                 {MIN_AUTO_SLOTS}: only these fit in the {} bytes of memory available ({})",
+                self.slots, self.slot_bytes, self.avail_bytes, self.sources.avail
+            )
+        })
+    }
 }
 
 /// The slot size and where it came from. Always a non-zero multiple of
@@ -535,11 +611,21 @@ mod tests {
                         engine_overhead_bytes: u64::MAX,
                         ..BudgetConfig::default()
                     };
-                    let plan =
-                        plan_ring(&snapshot(avail, ram), &shape(padded, u32::MAX, 0), &config)
-                            .unwrap();
-                    assert!(plan.slot_bytes >= u64::from(DEFAULT_ALIGNMENT));
-                    assert!((MIN_AUTO_SLOTS..=MAX_AUTO_SLOTS).contains(&plan.slots));
+                    match plan_ring(&snapshot(avail, ram), &shape(padded, u32::MAX, 0), &config) {
+                        Ok(plan) => {
+                            assert!(plan.slot_bytes >= u64::from(DEFAULT_ALIGNMENT));
+                            assert!((1..=MAX_AUTO_SLOTS).contains(&plan.slots));
+                            assert!(check_fits(&plan).is_ok());
+                        }
+                        // Not even one slot fits in min(avail, ram).
+                        Err(err) => {
+                            assert_eq!(err.kind(), ErrorKind::NoMemory, "{err}");
+                            assert!(
+                                avail.min(ram) < padded.max(u64::from(DEFAULT_ALIGNMENT)),
+                                "{err}"
+                            );
+                        }
+                    }
                 }
             }
         }

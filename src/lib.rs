@@ -72,7 +72,7 @@ pub mod internals {
     /// tests of every clamp. The plan itself is [`crate::RingPlan`].
     pub mod budget {
         pub use crate::budget::{
-            plan_for, plan_ring, BudgetConfig, LargestBlob, VaultShape,
+            check_fits, plan_for, plan_ring, BudgetConfig, LargestBlob, VaultShape,
             DEFAULT_ENGINE_OVERHEAD_BYTES, MAX_AUTO_SLOTS, MIN_AUTO_SLOTS, MIN_FLOOR_BYTES,
         };
         /// The elastic ring's watermarks and least slot count, for `smoe

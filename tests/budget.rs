@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use proptest::prelude::*;
-use smoe::internals::budget::{plan_ring, BudgetConfig, LargestBlob, VaultShape};
+use smoe::internals::budget::{check_fits, plan_ring, BudgetConfig, LargestBlob, VaultShape};
 use smoe::internals::sys::MemorySnapshot;
 use smoe::vault::synth::SynthSpec;
 use smoe::vault::{Vault, DEFAULT_ALIGNMENT};
@@ -163,10 +163,94 @@ mod budget_plan {
         assert_eq!(p.subtractive_budget_bytes, 0);
         assert_eq!(p.budget_bytes, 3 * GIB);
         assert_eq!(p.slots, 768);
-        // Nothing at all available: 0 bytes, still the minimum slot count.
-        let p = plan(0, 0, &shape(4 * MIB, 100_000, u64::MAX), &auto());
-        assert_eq!((p.subtractive_budget_bytes, p.budget_bytes), (0, 0));
-        assert_eq!((p.slots, p.clamp), (64, SlotClamp::Min));
+        // Nothing at all available: not even one slot fits (the ring
+        // once took 64 slots of nothing, which smoe_open then refused).
+        let err =
+            plan_ring(&snapshot(0, 0), &shape(4 * MIB, 100_000, u64::MAX), &auto()).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NoMemory, "{err}");
+    }
+
+    /// The automatic ring under a 150 MiB cgroup limit, with 3 MiB slots:
+    /// 64 slots (192 MiB) would be more than the limit, which smoe_open
+    /// refuses; the ring takes the 46 that fit in the 140 MiB available,
+    /// and says so.
+    #[test]
+    fn when_64_slots_do_not_fit_the_ring_takes_what_fits() {
+        let limited = MemorySnapshot {
+            avail_bytes: 140 * MIB,
+            ram_bytes: 150 * MIB,
+            avail_source: "fixture cgroup".to_owned(),
+            ram_source: "fixture cgroup v2 memory.max".to_owned(),
+            cgroup_limited: true,
+        };
+        let p = plan_ring(&limited, &shape(3 * MIB, 10_000, 0), &auto()).unwrap();
+        assert_eq!((p.slots, p.clamp), (46, SlotClamp::Fit));
+        assert!(p.ring_bytes <= p.avail_bytes && check_fits(&p).is_ok());
+        let warning = p.warning().expect("a warning");
+        assert!(
+            warning.contains("46 slots") && warning.contains("minimum of 64"),
+            "{warning}"
+        );
+        // A plan that fits the minimum warns of nothing.
+        let p = plan(8 * GIB, 16 * GIB, &shape(64 * MIB, 10_000, 0), &auto());
+        assert_eq!((p.slots, p.clamp, p.warning()), (64, SlotClamp::Min, None));
+    }
+
+    /// Mixtral-8x22B at Q8 (~320 MB experts) on a 16 GB machine with 12 GiB
+    /// available: 64 slots are 20 GiB, more than the machine; the default
+    /// config now opens a ring of the 38 slots that fit.
+    #[test]
+    fn huge_experts_on_a_small_machine_get_the_slots_that_fit() {
+        let p = plan(
+            12 * GIB,
+            16 * GIB,
+            &shape(320 * MIB, 56 * 8, 2 * GIB),
+            &auto(),
+        );
+        assert_eq!((p.slots, p.clamp), (38, SlotClamp::Fit));
+        assert!(check_fits(&p).is_ok());
+        // A 20000 MiB slot with 22 GiB available: one slot, not 1.22 TiB.
+        let config = BudgetConfig {
+            slot_mb: 20_000,
+            ..auto()
+        };
+        let p = plan(22 * GIB, 24 * GIB, &shape(MIB, 100, 0), &config);
+        assert_eq!((p.slots, p.clamp), (1, SlotClamp::Fit));
+        // One slot larger than what is available: an error naming both.
+        let err = plan_ring(
+            &snapshot(22 * GIB, 24 * GIB),
+            &shape(23 * GIB, 100, 0),
+            &auto(),
+        )
+        .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NoMemory, "{err}");
+        assert!(
+            err.to_string()
+                .contains("not even one slot of 24696061952 bytes"),
+            "{err}"
+        );
+    }
+
+    /// An override larger than the machine is refused by the sizing
+    /// itself, with the message smoe_open gives (one rule for both).
+    #[test]
+    fn an_override_larger_than_memory_is_refused() {
+        let config = BudgetConfig {
+            ring_slots: 100,
+            ..auto()
+        };
+        let err = plan_ring(
+            &snapshot(8 * GIB, 16 * GIB),
+            &shape(256 * MIB, 1000, 0),
+            &config,
+        )
+        .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NoMemory, "{err}");
+        assert!(
+            err.to_string()
+                .contains("larger than this machine's memory"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -378,13 +462,20 @@ mod budget_plan {
             };
             let result = plan_ring(&snapshot(avail, ram), &shape(padded, n_entries, scout), &config);
             let p = match result {
-                Err(err) => {
+                Err(err) if err.kind() == ErrorKind::Argument => {
                     prop_assert!(slot_mb != 0 && padded > u64::from(slot_mb) << 20);
-                    prop_assert_eq!(err.kind(), ErrorKind::Argument);
+                    return Ok(());
+                }
+                Err(err) => {
+                    // Automatic: not even one slot fits; configured: the
+                    // ring is larger than the machine.
+                    prop_assert_eq!(err.kind(), ErrorKind::NoMemory);
                     return Ok(());
                 }
                 Ok(p) => p,
             };
+            // Whatever the inputs, a plan is one smoe_open accepts.
+            prop_assert!(check_fits(&p).is_ok());
             // The fixture snapshot has no cgroup limit: elastic or not,
             // the original floor.
             let floor = (ram / 8).max(4 * GIB);
@@ -397,7 +488,9 @@ mod budget_plan {
             prop_assert!(p.slot_bytes >= padded && p.slot_bytes % u64::from(DEFAULT_ALIGNMENT) == 0);
             prop_assert_eq!(p.budget_slots, p.budget_bytes / p.slot_bytes);
             let wanted = if ring_slots == 0 {
-                p.budget_slots.clamp(64, 4096)
+                let fitting = avail.min(ram) / p.slot_bytes;
+                prop_assert!(fitting > 0);
+                p.budget_slots.clamp(64, 4096).min(fitting)
             } else {
                 u64::from(ring_slots)
             };

@@ -48,6 +48,35 @@ fn an_8_gib_ring_opens_at_once_and_costs_what_it_holds() {
     assert!(close < Duration::from_secs(1), "close took {close:?}");
 }
 
+/// The automatic ring opens whatever the slot size: with slots of a quarter
+/// of the available memory, 64 of them would be 16 times that, which open
+/// refuses; the ring takes the slots that fit, and warns.
+#[test]
+fn an_automatic_ring_of_huge_slots_opens_with_what_fits() {
+    let v = common::vault(1, 64, 100_000, &[]);
+    let avail = smoe::internals::sys::memory_snapshot().unwrap().avail_bytes;
+    let slot_mb = u32::try_from((avail / 4) >> 20).unwrap().max(1);
+    let s = Streamer::open(
+        v.dir.path(),
+        Config {
+            slot_mb,
+            ring_slots: 0,
+            ..common::quiet_config(4, 1)
+        },
+    )
+    .unwrap();
+    let slots = s.stats().ring_slots;
+    assert!((1..64).contains(&slots), "{slots} slots of {slot_mb} MiB");
+    assert!(
+        s.warnings()
+            .iter()
+            .any(|w| w.contains("fewer than the automatic minimum of 64")),
+        "{:?}",
+        s.warnings()
+    );
+    v.stream(&s, 0, 0..slots as u32, Duration::from_secs(10));
+}
+
 /// A ring larger than the machine is refused at open: reserved, the OS
 /// would accept it, and its reads would exhaust memory later.
 #[test]

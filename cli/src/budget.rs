@@ -54,6 +54,9 @@ pub fn run(args: &BudgetArgs) -> Result<(), Failure> {
         elastic: !args.no_elastic,
     };
     let plan = plan_for(&vault, &config)?;
+    if let Some(warning) = plan.warning() {
+        eprintln!("smoe: warning: {warning}");
+    }
     if args.json {
         let text = serde_json::to_string_pretty(&json_plan(&plan))
             .map_err(|e| Failure::Message(format!("cannot encode the plan as JSON: {e}")))?;

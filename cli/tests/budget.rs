@@ -222,6 +222,42 @@ mod budget_cli {
         assert_eq!(stderr.trim_end(), needle);
     }
 
+    /// The automatic ring never exceeds what smoe_open accepts: slots of a
+    /// quarter of the available memory give the few that fit, with a
+    /// warning (the 64-slot minimum once gave a ring of 16× the memory);
+    /// a slot larger than all of it is one line and exit 1.
+    #[test]
+    fn cli_automatic_ring_takes_what_fits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = synth(dir.path(), "2", "64");
+        let p = path.to_str().unwrap();
+        let plan = budget_json(&[p]);
+        let avail = u64_of(&plan, "avail_bytes");
+        let quarter_mb = (avail / 4 / MIB).max(1).to_string();
+        let out = smoe(&["budget", "--json", p, "--slot-mb", &quarter_mb]);
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        let big: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let slots = u64_of(&big, "slots");
+        let slot = u64_of(&big, "slot_bytes");
+        assert!((1..64).contains(&slots), "{big}");
+        assert!(slots * slot <= u64_of(&big, "ram_bytes"), "{big}");
+        assert!(
+            stderr.starts_with("smoe: warning: the ring has ")
+                && stderr.contains("fewer than the automatic minimum of 64"),
+            "{stderr}"
+        );
+        let out = smoe(&["budget", p, "--slot-mb", "4294967295"]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.starts_with("smoe: not even one slot of 4503599626321920 bytes"),
+            "{stderr}"
+        );
+    }
+
     #[test]
     fn cli_missing_vault_fails_cleanly() {
         let out = smoe(&["budget", "/nonexistent/smoe-vault"]);

@@ -838,22 +838,9 @@ mod imp {
                 ..config.budget()
             };
             let plan = crate::budget::plan_for(vault, &budget)?;
-            // The ring is reserved, not committed, so the OS would accept a
-            // ring larger than the machine (an override of slots or slot
-            // size) and its reads would exhaust memory later: refuse it now.
-            let ring_bytes = u64::from(plan.slots).saturating_mul(plan.slot_bytes);
-            if plan.ram_bytes > 0 && ring_bytes > plan.ram_bytes {
-                return Err(Error::new(
-                    ErrorKind::NoMemory,
-                    format!(
-                        "the ring of {} slots × {} bytes = {ring_bytes} bytes is larger than this machine's memory ({} bytes{})",
-                        plan.slots,
-                        plan.slot_bytes,
-                        plan.ram_bytes,
-                        if plan.sources.ram.contains("cgroup") { ", its cgroup limit" } else { "" }
-                    ),
-                ));
-            }
+            // plan_for checks the ring fits (budget::check_fits): the same
+            // rule `smoe budget` applies.
+            let ring_bytes = plan.ring_bytes;
             let ring = Ring::new(plan.slots, plan.slot_bytes)?;
             if config.lock {
                 ring.reservation().lock().map_err(|e| {
@@ -873,7 +860,7 @@ mod imp {
                     .with_os_error(e.raw_os_error())
                 })?;
             }
-            let mut warnings = Vec::new();
+            let mut warnings: Vec<String> = plan.warning().into_iter().collect();
             let probe = if elastic {
                 let probe = match &config.pressure_root {
                     Some(root) => PressureProbe::from_root(root),
