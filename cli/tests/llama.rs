@@ -371,6 +371,29 @@ fn vault_of_another_model_is_refused() {
     );
 }
 
+/// A vault with fewer expert layers than the model (a 2-layer model's vault
+/// under the same model deepened to 8 layers): the load stops with the
+/// message naming the first tensor the vault lacks. The glue's tensor
+/// context was sized from the vault's layers, so the model's 24 expert
+/// tensors overflowed it: GGML_ASSERT(obj_new), an abort.
+#[test]
+fn vault_with_fewer_layers_than_the_model_is_refused() {
+    let Some(Setup {
+        bin, tmp, vault, ..
+    }) = setup("qwen3moe-q8_0.gguf")
+    else {
+        return;
+    };
+    fails(
+        &bin,
+        &fixtures().join("derived/qwen3moe-q8_0-8layers.gguf"),
+        tmp.path(),
+        &[("SMOE_VAULT", vault.to_str().unwrap())],
+        "has no layer 2, which the model's blk.2.ffn_gate_exps.weight needs: pack the vault from \
+         this GGUF",
+    );
+}
+
 #[test]
 fn bad_settings_are_refused() {
     let Some(Setup {
@@ -403,7 +426,7 @@ fn bad_settings_are_refused() {
         &gguf,
         tmp.path(),
         &[("SMOE_VAULT", v), ("SMOE_RING_SLOTS", "1")],
-        "distinct experts but the ring has 1 slots",
+        "distinct experts but the ring has 1 active slots",
     );
 }
 

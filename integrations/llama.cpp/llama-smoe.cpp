@@ -21,6 +21,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -96,13 +97,33 @@ struct llama_smoe {
         l.held.clear();
     }
 
+    // Slots that may hold data now: the elastic ring takes idle ones offline under memory
+    // pressure (smoe_stats.slots_active).
+    uint64_t active_slots() const {
+        smoe_stats stats = {};
+        stats.struct_size = sizeof(stats);
+        return smoe_get_stats(st, &stats) == SMOE_OK ? stats.slots_active : slots;
+    }
+
+    // Why a batch routing to `n` distinct experts of layer il cannot be computed now.
+    std::string too_many_experts(int il, size_t n) const {
+        const uint64_t active = active_slots();
+        std::string why = "smoe: layer " + std::to_string(il) + ": this batch routes to " + std::to_string(n) +
+                          " distinct experts but the ring has " + std::to_string(active) + " active slots";
+        if (active < slots) {
+            why += " (" + std::to_string(slots) + " reserved; the elastic ring took " + std::to_string(slots - active) +
+                   " offline under memory pressure: free memory, or set SMOE_ELASTIC=0 for a fixed ring)";
+        }
+        return why + "; raise SMOE_RING_SLOTS or lower n_ubatch";
+    }
+
     void fail(const std::string & msg) {
         fprintf(stderr, "%s\n", msg.c_str());
         failed = true;
     }
 };
 
-llama_smoe * llama_smoe_from_env() {
+llama_smoe * llama_smoe_from_env(uint32_t n_layer) {
     const char * vault = std::getenv("SMOE_VAULT");
     if (vault == nullptr || *vault == '\0') {
         return nullptr;
@@ -118,6 +139,7 @@ llama_smoe * llama_smoe_from_env() {
     cfg.direct_io  = env_u32("SMOE_DIRECT_IO", 0, 2);
     cfg.prewarm    = env_u32("SMOE_PREWARM", 1, 1);
     cfg.policy     = env_u32("SMOE_POLICY", SMOE_POLICY_LRU, SMOE_POLICY_ADAPTIVE);
+    cfg.elastic    = env_u32("SMOE_ELASTIC", 1, 1);
     const bool speculate = env_u32("SMOE_SPECULATE", 0, 1) == 1;
 
     std::unique_ptr<llama_smoe> s(new llama_smoe);
@@ -149,8 +171,11 @@ llama_smoe * llama_smoe_from_env() {
         throw std::runtime_error(std::string("smoe: vault ") + vault + ": " + e.what());
     }
 
+    // room for every routed-expert tensor the model can have (gate, up, down, gate_up per
+    // layer), whatever the vault holds: a vault of fewer layers is refused by name, not by
+    // running out of context
     ggml_init_params params = {
-        /*.mem_size   =*/ ggml_tensor_overhead() * 4 * (s->layouts.size() + 1),
+        /*.mem_size   =*/ ggml_tensor_overhead() * 4 * ((size_t) std::max<uint64_t>(n_layer, s->layouts.size()) + 1),
         /*.mem_buffer =*/ nullptr,
         /*.no_alloc   =*/ true,
     };
@@ -184,6 +209,12 @@ void llama_smoe_free(llama_smoe * s) {
     delete s;
 }
 
+// The error for a model tensor of a layer the vault does not hold.
+static std::string missing_layer(const llama_smoe * s, int layer, const char * tensor) {
+    return "smoe: vault " + s->vault + ": has no layer " + std::to_string(layer) + ", which the model's " + tensor +
+           " needs: pack the vault from this GGUF";
+}
+
 // "blk.N.ffn_{gate,up,down,gate_up}_exps.weight" -> (N, role)
 static bool parse_expert_name(const char * name, int * layer, std::string * role) {
     int n = 0;
@@ -210,7 +241,13 @@ static bool parse_expert_name(const char * name, int * layer, std::string * role
 ggml_context * llama_smoe_tensor_ctx(llama_smoe * s, const char * name) {
     int layer;
     std::string role;
-    return s != nullptr && parse_expert_name(name, &layer, &role) ? s->ctx : nullptr;
+    if (s == nullptr || !parse_expert_name(name, &layer, &role)) {
+        return nullptr;
+    }
+    if (!s->layouts.contains(std::to_string(layer))) {
+        throw std::runtime_error(missing_layer(s, layer, name));
+    }
+    return s->ctx;
 }
 
 void llama_smoe_bind(llama_smoe * s) {
@@ -233,7 +270,7 @@ void llama_smoe_bind(llama_smoe * s) {
         parse_expert_name(t->name, &il, &role);
         const std::string key = std::to_string(il);
         if (!s->layouts.contains(key)) {
-            throw std::runtime_error(where + "has no layer " + key + ", which the model's " + t->name + " needs: pack the vault from this GGUF");
+            throw std::runtime_error(missing_layer(s, il, t->name));
         }
         const nlohmann::json * item = nullptr;
         for (const auto & it : s->layouts[key]) {
@@ -339,13 +376,14 @@ void llama_smoe_bind(llama_smoe * s) {
 }
 
 uint32_t llama_smoe_max_ubatch(const llama_smoe * s, uint32_t n_ubatch, uint32_t n_expert_used) {
-    if (s->slots >= s->max_experts || n_expert_used == 0) {
+    const uint64_t active = s->active_slots();
+    if (active >= s->max_experts || n_expert_used == 0) {
         return n_ubatch;  // a whole layer fits
     }
-    const uint32_t fit = std::max<uint32_t>(1, s->slots / n_expert_used);
+    const uint32_t fit = std::max<uint32_t>(1, (uint32_t) (active / n_expert_used));
     if (fit < n_ubatch) {
-        fprintf(stderr, "smoe: n_ubatch %u -> %u: a ring of %u slots holds the top-%u experts of %u tokens at once\n",
-                n_ubatch, fit, s->slots, n_expert_used, fit);
+        fprintf(stderr, "smoe: n_ubatch %u -> %u: a ring of %llu active slots holds the top-%u experts of %u tokens at once\n",
+                n_ubatch, fit, (unsigned long long) active, n_expert_used, fit);
         return fit;
     }
     return n_ubatch;
@@ -382,9 +420,9 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
             }
         }
     }
-    if (experts.size() > s->slots) {
-        s->fail("smoe: layer " + std::to_string(l->il) + ": this batch routes to " + std::to_string(experts.size()) +
-                " distinct experts but the ring has " + std::to_string(s->slots) + " slots; raise SMOE_RING_SLOTS or lower n_ubatch");
+    // the ring may have shrunk (elastic, under memory pressure) below what this batch needs
+    if (experts.size() > s->active_slots()) {
+        s->fail(s->too_many_experts(l->il, experts.size()));
         return;
     }
     // first pin what is resident (a plain claim never waits), which queues the others' reads,
@@ -410,6 +448,7 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
     for (size_t j = 0; j < missing.size() && !s->failed; j++) {
         const int32_t e = missing[j];
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(600);
+        auto backoff = std::chrono::microseconds(50);
         for (;;) {
             smoe_slot slot;
             const smoe_status r = smoe_claim_wait(s->st, (uint32_t) l->il, (uint32_t) e, 1000000000ull, &slot);
@@ -418,9 +457,26 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
                 slot_of[e] = slot.slot_index;
                 break;
             }
-            // PENDING: still reading; RING_FULL: every free slot is loading another expert, which ends soon
-            if ((r != SMOE_PENDING && r != SMOE_ERR_RING_FULL) || std::chrono::steady_clock::now() > deadline) {
-                s->fail(smoe_error("smoe_claim_wait", r) + " (layer " + std::to_string(l->il) + ", expert " + std::to_string(e) + ")");
+            const std::string where = " (layer " + std::to_string(l->il) + ", expert " + std::to_string(e) + ")";
+            if (r == SMOE_ERR_RING_FULL) {
+                // every slot is held or loading: ours cannot be, once the ring has shrunk below
+                // this layer's experts; otherwise loads of other experts (speculation) hold the
+                // rest, and land soon. Never a busy retry: sleep, doubling up to 10 ms.
+                if (experts.size() > s->active_slots()) {
+                    s->fail(s->too_many_experts(l->il, experts.size()));
+                    break;
+                }
+                if (std::chrono::steady_clock::now() > deadline) {
+                    s->fail(smoe_error("smoe_claim_wait", r) + where);
+                    break;
+                }
+                std::this_thread::sleep_for(backoff);
+                backoff = std::min(backoff * 2, std::chrono::microseconds(10000));
+                continue;
+            }
+            // PENDING: still reading (claim_wait slept for a second)
+            if (r != SMOE_PENDING || std::chrono::steady_clock::now() > deadline) {
+                s->fail(smoe_error("smoe_claim_wait", r) + where);
                 break;
             }
         }

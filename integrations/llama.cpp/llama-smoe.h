@@ -15,9 +15,9 @@ struct ggml_context;
 struct ggml_tensor;
 struct llama_smoe;
 
-// Opens the vault named by SMOE_VAULT; nullptr when it is unset or empty.
-// Throws std::runtime_error with smoe's message on any failure.
-llama_smoe * llama_smoe_from_env();
+// Opens the vault named by SMOE_VAULT for a model of n_layer layers; nullptr when it is
+// unset or empty. Throws std::runtime_error with smoe's message on any failure.
+llama_smoe * llama_smoe_from_env(uint32_t n_layer);
 
 // Prints one "smoe: ..." line of statistics on stderr and closes the vault.
 void llama_smoe_free(llama_smoe * s);
@@ -29,6 +29,7 @@ using llama_smoe_ptr = std::unique_ptr<llama_smoe, llama_smoe_deleter>;
 
 // The context the loader must create tensor `name` in: smoe's (never allocated,
 // never read from the model file) for a routed-expert weight, nullptr otherwise.
+// Throws std::runtime_error, naming the tensor, when the vault lacks its layer.
 ggml_context * llama_smoe_tensor_ctx(llama_smoe * s, const char * name);
 
 // After the model's tensors are created: checks each expert tensor against the
