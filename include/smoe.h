@@ -358,6 +358,11 @@ typedef struct smoe_stats {
    * Added after version 1's list: times the elastic ring grew back.
    */
   uint64_t grows;
+  /**
+   * Added in wave 3: slots a claim holds now (refcount above 0); an
+   * engine sizes a wave of claims as `slots_active − slots_held`.
+   */
+  uint64_t slots_held;
 } smoe_stats;
 
 #ifdef __cplusplus
@@ -561,6 +566,68 @@ enum smoe_status smoe_claim(struct smoe_streamer *SMOE_NULLABLE s, uint32_t laye
  * closed; `out` is either NULL or valid for writing one `smoe_slot`.
  */
 enum smoe_status smoe_claim_wait(struct smoe_streamer *SMOE_NULLABLE s, uint32_t layer, uint32_t expert, uint64_t timeout_ns, struct smoe_slot *SMOE_NULLABLE out);
+
+/**
+ * Queues the reads of a layer's working set, in the order given (SPEC
+ * §3.2, docs/c-api.md "Working sets"): a member already resident or in
+ * flight costs nothing and takes no slot, and loads queued for earlier
+ * members are never evicted for later ones while they wait unclaimed.
+ * Never waits. Duplicates are allowed.
+ *
+ * # Returns
+ * - `SMOE_OK`: every member is resident or in flight now (also for `n`
+ *   0).
+ * - `SMOE_ERR_RING_FULL`: the ring could not take the rest (every slot is
+ *   held or loading): they are not queued; `smoe_claim_any` queues them as
+ *   slots free up.
+ * - `SMOE_ERR_ARGUMENT`: `s` is NULL, or `experts` is NULL with `n` > 0.
+ * - `SMOE_ERR_NOT_FOUND`: a member is not in the vault (the message names
+ *   it); nothing is queued.
+ * - `SMOE_ERR_INTERNAL`: a bug (a caught panic, here or in a worker).
+ *
+ * `*queued` (if `queued` is not NULL) receives, with `SMOE_OK` and
+ * `SMOE_ERR_RING_FULL`, how many members (duplicates counted) are now
+ * resident or in flight; it is not written otherwise.
+ *
+ * # Safety
+ * `s` is either NULL or a pointer returned by `smoe_open` and not yet
+ * closed; `experts` is either NULL or valid for reading `n` values;
+ * `queued` is either NULL or valid for writing one `uint32_t`.
+ */
+enum smoe_status smoe_prefetch_set(struct smoe_streamer *SMOE_NULLABLE s, uint32_t layer, const uint32_t *SMOE_NULLABLE experts, uint32_t n, bool speculative, uint32_t *SMOE_NULLABLE queued);
+
+/**
+ * Claims one member of a layer's working set (SPEC §3.2): one that is
+ * resident now if any (a retained hit or a finished load, in the set's
+ * order), else the first whose read completes, waiting at most
+ * `timeout_ns` nanoseconds (0: never wait). Members neither resident nor
+ * in flight get demand reads as slots free up; a read in flight is marked
+ * demand. `out->expert` says which member was claimed: remove it from the
+ * set before the next call. Release the claim with `smoe_release`.
+ *
+ * # Returns
+ * - `SMOE_OK`: `*out` holds the claim.
+ * - `SMOE_PENDING`: the timeout passed first.
+ * - `SMOE_ERR_RING_FULL`: at once, when no member is resident or in flight
+ *   and every active slot is held: release a claim first (waiting would
+ *   never end).
+ * - `SMOE_ERR_IO` / `SMOE_ERR_FORMAT`: a member's read failed / failed its
+ *   checksum; `out->layer` and `out->expert` name that member (the rest
+ *   of `*out` is zero), and the error is reported once.
+ * - `SMOE_ERR_ARGUMENT`: `s` or `out` is NULL, `n` is 0, or `experts` is
+ *   NULL.
+ * - `SMOE_ERR_NOT_FOUND`: a member is not in the vault (the message names
+ *   it).
+ * - `SMOE_ERR_INTERNAL`: a bug (a caught panic, here or in a worker).
+ *
+ * Only `SMOE_OK` and a member's failed read write `*out`.
+ *
+ * # Safety
+ * `s` is either NULL or a pointer returned by `smoe_open` and not yet
+ * closed; `experts` is either NULL or valid for reading `n` values; `out`
+ * is either NULL or valid for writing one `smoe_slot`.
+ */
+enum smoe_status smoe_claim_any(struct smoe_streamer *SMOE_NULLABLE s, uint32_t layer, const uint32_t *SMOE_NULLABLE experts, uint32_t n, uint64_t timeout_ns, struct smoe_slot *SMOE_NULLABLE out);
 
 /**
  * Releases the claim `slot` describes (by its `ticket`): after this its

@@ -11,6 +11,7 @@ use std::time::Duration;
 use super::types::{smoe_config, smoe_slot, smoe_stats, smoe_streamer, CONFIG_SIZE_V1};
 use super::{
     empty_c_str, ffi_guard, ffi_status, set_last_error, smoe_status, try_c_str, try_out, try_ref,
+    try_slice,
 };
 use crate::{Config, Priority, Streamer};
 
@@ -262,6 +263,141 @@ pub unsafe extern "C" fn smoe_claim_wait(
         let claimed = s.inner.claim_wait_ticket(layer, expert, timeout)?;
         // SAFETY: `out` is non-NULL and the caller guarantees it is writable.
         Ok(unsafe { write_claim(out, claimed) })
+    })
+}
+
+/// Queues the reads of a layer's working set, in the order given (SPEC
+/// §3.2, docs/c-api.md "Working sets"): a member already resident or in
+/// flight costs nothing and takes no slot, and loads queued for earlier
+/// members are never evicted for later ones while they wait unclaimed.
+/// Never waits. Duplicates are allowed.
+///
+/// # Returns
+/// - `SMOE_OK`: every member is resident or in flight now (also for `n`
+///   0).
+/// - `SMOE_ERR_RING_FULL`: the ring could not take the rest (every slot is
+///   held or loading): they are not queued; `smoe_claim_any` queues them as
+///   slots free up.
+/// - `SMOE_ERR_ARGUMENT`: `s` is NULL, or `experts` is NULL with `n` > 0.
+/// - `SMOE_ERR_NOT_FOUND`: a member is not in the vault (the message names
+///   it); nothing is queued.
+/// - `SMOE_ERR_INTERNAL`: a bug (a caught panic, here or in a worker).
+///
+/// `*queued` (if `queued` is not NULL) receives, with `SMOE_OK` and
+/// `SMOE_ERR_RING_FULL`, how many members (duplicates counted) are now
+/// resident or in flight; it is not written otherwise.
+///
+/// # Safety
+/// `s` is either NULL or a pointer returned by `smoe_open` and not yet
+/// closed; `experts` is either NULL or valid for reading `n` values;
+/// `queued` is either NULL or valid for writing one `uint32_t`.
+#[no_mangle]
+pub unsafe extern "C" fn smoe_prefetch_set(
+    s: *mut smoe_streamer,
+    layer: u32,
+    experts: *const u32,
+    n: u32,
+    speculative: bool,
+    queued: *mut u32,
+) -> smoe_status {
+    ffi_status("smoe_prefetch_set", || {
+        // SAFETY: the caller guarantees `s` is NULL or a live streamer.
+        let s = unsafe { try_ref(s.cast_const(), "s") }?;
+        // SAFETY: the caller guarantees `experts` holds `n` values.
+        let set = unsafe { try_slice(experts, n, "experts") }?;
+        let priority = if speculative {
+            Priority::Speculative
+        } else {
+            Priority::Demand
+        };
+        let present = s.inner.prefetch_set(layer, set, priority)?;
+        if let Some(queued) = NonNull::new(queued) {
+            // SAFETY: non-NULL, and the caller guarantees it is writable.
+            unsafe { queued.as_ptr().write(present) };
+        }
+        if present < n {
+            return Err(crate::Error::new(
+                crate::ErrorKind::RingFull,
+                format!(
+                    "layer {layer}: the ring took {present} of the set's {n} experts; every \
+                     other slot is claimed or loading: smoe_claim_any queues the rest as slots \
+                     free up"
+                ),
+            ));
+        }
+        Ok(smoe_status::SMOE_OK)
+    })
+}
+
+/// Claims one member of a layer's working set (SPEC §3.2): one that is
+/// resident now if any (a retained hit or a finished load, in the set's
+/// order), else the first whose read completes, waiting at most
+/// `timeout_ns` nanoseconds (0: never wait). Members neither resident nor
+/// in flight get demand reads as slots free up; a read in flight is marked
+/// demand. `out->expert` says which member was claimed: remove it from the
+/// set before the next call. Release the claim with `smoe_release`.
+///
+/// # Returns
+/// - `SMOE_OK`: `*out` holds the claim.
+/// - `SMOE_PENDING`: the timeout passed first.
+/// - `SMOE_ERR_RING_FULL`: at once, when no member is resident or in flight
+///   and every active slot is held: release a claim first (waiting would
+///   never end).
+/// - `SMOE_ERR_IO` / `SMOE_ERR_FORMAT`: a member's read failed / failed its
+///   checksum; `out->layer` and `out->expert` name that member (the rest
+///   of `*out` is zero), and the error is reported once.
+/// - `SMOE_ERR_ARGUMENT`: `s` or `out` is NULL, `n` is 0, or `experts` is
+///   NULL.
+/// - `SMOE_ERR_NOT_FOUND`: a member is not in the vault (the message names
+///   it).
+/// - `SMOE_ERR_INTERNAL`: a bug (a caught panic, here or in a worker).
+///
+/// Only `SMOE_OK` and a member's failed read write `*out`.
+///
+/// # Safety
+/// `s` is either NULL or a pointer returned by `smoe_open` and not yet
+/// closed; `experts` is either NULL or valid for reading `n` values; `out`
+/// is either NULL or valid for writing one `smoe_slot`.
+#[no_mangle]
+pub unsafe extern "C" fn smoe_claim_any(
+    s: *mut smoe_streamer,
+    layer: u32,
+    experts: *const u32,
+    n: u32,
+    timeout_ns: u64,
+    out: *mut smoe_slot,
+) -> smoe_status {
+    ffi_status("smoe_claim_any", || {
+        // SAFETY: the caller guarantees `s` is NULL or a live streamer.
+        let s = unsafe { try_ref(s.cast_const(), "s") }?;
+        let out = try_out(out, "out")?;
+        // SAFETY: the caller guarantees `experts` holds `n` values.
+        let set = unsafe { try_slice(experts, n, "experts") }?;
+        let timeout = Duration::from_nanos(timeout_ns);
+        match s.inner.claim_any_ticket(layer, set, timeout) {
+            // SAFETY: `out` is non-NULL and the caller guarantees it is writable.
+            Ok(claimed) => Ok(unsafe { write_claim(out, claimed) }),
+            Err(err) => {
+                if let (Some((layer, expert)), true) = (
+                    err.layer_expert(),
+                    matches!(err.kind(), crate::ErrorKind::Io | crate::ErrorKind::Format),
+                ) {
+                    let failed = smoe_slot {
+                        data: std::ptr::null(),
+                        size: 0,
+                        ticket: 0,
+                        slot_index: 0,
+                        layer,
+                        expert,
+                        hit: false,
+                    };
+                    // SAFETY: `out` is non-NULL and the caller guarantees it
+                    // is writable.
+                    unsafe { out.as_ptr().write(failed) };
+                }
+                Err(err)
+            }
+        }
     })
 }
 

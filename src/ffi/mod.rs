@@ -397,6 +397,27 @@ pub(crate) fn try_out<T>(ptr: *mut T, parameter: &str) -> Result<NonNull<T>, Err
     NonNull::new(ptr).ok_or_else(|| null_argument(parameter))
 }
 
+/// Borrows the C array `ptr[0..n]`: empty when `n` is 0 (`ptr` may then be
+/// NULL), else an argument error naming `parameter` if `ptr` is NULL.
+///
+/// # Safety
+/// `ptr` is either NULL or valid for reading `n` values of `T`, not written
+/// to during `'a`.
+pub(crate) unsafe fn try_slice<'a, T>(
+    ptr: *const T,
+    n: u32,
+    parameter: &str,
+) -> Result<&'a [T], Error> {
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if ptr.is_null() {
+        return Err(Error::argument(format!("{parameter} is NULL but n is {n}")));
+    }
+    // SAFETY: non-NULL, and the caller guarantees `n` readable values.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, n as usize) })
+}
+
 /// Borrows a C string, or an argument error naming `parameter` if NULL.
 ///
 /// # Safety

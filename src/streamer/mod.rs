@@ -41,7 +41,7 @@ mod imp {
     use super::elastic::{self, ElasticState};
     use super::prewarm;
     use super::ring::Ring;
-    use super::slots::{Claimed, Origin, Prefetched, Shape, SlotTable};
+    use super::slots::{Claimed, Origin, Prefetched, SetClaim, Shape, SlotTable, Spare};
     use super::worker;
     use super::{Config, Stats};
     use crate::budget::RingPlan;
@@ -521,8 +521,25 @@ mod imp {
         fn try_claim(&self, layer: u32, expert: u32) -> Result<Option<SlotInfo>> {
             self.check_alive()?;
             let (id, index, entry) = self.id_of(layer, expert)?;
+            let claimed = self.shared.table.claim(id);
+            self.finish_claim(layer, expert, id, index, entry, claimed)
+        }
+
+        /// What a claim of (layer, expert), dense id `id` at entry `index`,
+        /// answered: the slot (counted in the histogram, the trace and the
+        /// misses), `None` while it loads, or the error.
+        #[inline]
+        fn finish_claim(
+            &self,
+            layer: u32,
+            expert: u32,
+            id: u32,
+            index: u32,
+            entry: &Entry,
+            claimed: Claimed,
+        ) -> Result<Option<SlotInfo>> {
             let c = &self.shared.counters;
-            match self.shared.table.claim(id) {
+            match claimed {
                 Claimed::Ready { slot, ticket, hit } => {
                     // The histogram's per-expert counter is the claim
                     // counter: an OK hit costs no other shared write.
@@ -553,6 +570,7 @@ mod imp {
                     }
                     Ok(None)
                 }
+                Claimed::Absent => Ok(None),
                 Claimed::Failed => {
                     let err = self
                         .shared
@@ -628,6 +646,18 @@ mod imp {
             expert: u32,
             timeout: Duration,
         ) -> Result<Option<SlotInfo>> {
+            self.wait_for_claim(timeout, || self.try_claim(layer, expert))
+        }
+
+        /// Calls `attempt` until it gives a claim or an error, or `timeout`
+        /// passes (`Ok(None)`, counted as pending): it spins briefly, polls
+        /// (yielding its core) until 500 µs after the call, then sleeps until
+        /// a worker finishes a read, and tries again after each.
+        fn wait_for_claim(
+            &self,
+            timeout: Duration,
+            mut attempt: impl FnMut() -> Result<Option<SlotInfo>>,
+        ) -> Result<Option<SlotInfo>> {
             let start = Instant::now();
             let deadline = start
                 .checked_add(timeout)
@@ -635,7 +665,7 @@ mod imp {
             // A few short spins first: a read that is about to land costs no
             // sleep and wake-up.
             for round in 0..SPIN_ROUNDS {
-                if let Some(info) = self.try_claim(layer, expert)? {
+                if let Some(info) = attempt()? {
                     return Ok(Some(info));
                 }
                 for _ in 0..(1u32 << round.min(6)) {
@@ -646,21 +676,219 @@ mod imp {
             // workers among them, run meanwhile), for up to POLL_FOR.
             let poll_until = deadline.min(start + POLL_FOR);
             while Instant::now() < poll_until {
-                if let Some(info) = self.try_claim(layer, expert)? {
+                if let Some(info) = attempt()? {
                     return Ok(Some(info));
                 }
                 std::thread::yield_now();
             }
             // Then sleep until a read lands (a worker wakes us), trying again
             // after each.
-            let claimed = self
-                .shared
-                .landed
-                .wait_for(deadline, || self.try_claim(layer, expert))?;
+            let claimed = self.shared.landed.wait_for(deadline, attempt)?;
             if claimed.is_none() {
                 self.shared.counters.pending.fetch_add(1, Ordering::Relaxed);
             }
             Ok(claimed)
+        }
+
+        /// Queues the reads of a layer's working set (SPEC §3.2,
+        /// docs/c-api.md "Working sets"), in the order given: a member that
+        /// is resident or in flight costs nothing and takes no slot; later
+        /// members never evict earlier ones that wait unclaimed. Never
+        /// waits. Returns how many members (duplicates counted) are now
+        /// resident or in flight: all of them, or fewer when the ring could
+        /// not take the rest (every slot held or loading), which
+        /// [`Streamer::claim_any`] then queues as slots free up.
+        ///
+        /// # Errors
+        ///
+        /// [`ErrorKind::NotFound`] naming the first member not in the vault;
+        /// nothing is queued then.
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// use smoe::{Config, Priority, Streamer};
+        ///
+        /// # let dir = tempfile::tempdir()?;
+        /// # let spec = smoe::vault::synth::SynthSpec {
+        /// #     n_layers: 2, n_experts: 8, blob_bytes: 20_000, dense_layers: vec![], seed: 7, top_k: 2,
+        /// # };
+        /// # spec.write(dir.path(), &mut |_| {})?;
+        /// # let vault_dir = dir.path();
+        /// let s = Streamer::open(vault_dir, Config { ring_slots: 8, ..Config::default() })?;
+        /// let set = [3, 5, 1, 3];
+        /// assert_eq!(s.prefetch_set(0, &set, Priority::Demand)?, 4, "all queued");
+        /// assert!(s.prefetch_set(0, &[9], Priority::Demand).is_err(), "not in the vault");
+        /// # Ok::<(), Box<dyn std::error::Error>>(())
+        /// ```
+        pub fn prefetch_set(&self, layer: u32, experts: &[u32], priority: Priority) -> Result<u32> {
+            self.check_alive()?;
+            for &expert in experts {
+                self.id_of(layer, expert)?;
+            }
+            let origin = match priority {
+                Priority::Demand => Origin::Demand,
+                Priority::Speculative => Origin::Speculative,
+            };
+            let t = &self.shared.table;
+            let base = self.layer_base(layer);
+            let mut bits = SetBits::new();
+            let spare = bits.spare(base, self.shared.vault.n_experts(), experts);
+            let mut present = 0u32;
+            let mut full = false;
+            for &expert in experts {
+                let id = base + expert;
+                if full {
+                    // The ring took no more: count what is there (keeping it
+                    // recent), queue nothing.
+                    present += u32::from(t.refresh(id, origin));
+                    continue;
+                }
+                match t.prefetch_sparing(id, origin, spare) {
+                    Prefetched::Queued { .. } => {
+                        self.shared.wake.one();
+                        present += 1;
+                    }
+                    Prefetched::Present => present += 1,
+                    Prefetched::ErrorPending => {}
+                    Prefetched::RingFull => {
+                        // A claim_wait on this member must try again.
+                        self.shared.landed.notify();
+                        full = true;
+                    }
+                }
+            }
+            Ok(present)
+        }
+
+        /// Claims one member of a layer's working set (SPEC §3.2): a
+        /// resident one if any (a retained hit or a finished load, in the
+        /// set's order), else the first whose read completes, waiting up to
+        /// `timeout` (`Duration::ZERO`: never wait). Members that are
+        /// neither resident nor in flight get demand reads as slots free
+        /// up; a read in flight is marked demand. The claim's
+        /// [`Claim::info`] says which expert it is: remove it from the set
+        /// before the next call. `Ok(None)` at the timeout.
+        ///
+        /// # Errors
+        ///
+        /// - [`ErrorKind::RingFull`] at once when no member is resident or in
+        ///   flight and every active slot is held: only a release can make
+        ///   room, so waiting would never end.
+        /// - A member's failed read, with that member's layer and expert
+        ///   ([`Error::layer_expert`]).
+        /// - [`ErrorKind::NotFound`] for a member not in the vault, when the
+        ///   pass reaches it; [`ErrorKind::Argument`] for an empty set.
+        ///
+        /// # Examples
+        ///
+        /// Per expert: hand over the set, then compute whatever is in memory
+        /// first.
+        ///
+        /// ```
+        /// use std::time::Duration;
+        /// use smoe::{Config, Priority, Streamer};
+        ///
+        /// # let dir = tempfile::tempdir()?;
+        /// # let spec = smoe::vault::synth::SynthSpec {
+        /// #     n_layers: 2, n_experts: 8, blob_bytes: 20_000, dense_layers: vec![], seed: 7, top_k: 2,
+        /// # };
+        /// # spec.write(dir.path(), &mut |_| {})?;
+        /// # let vault_dir = dir.path();
+        /// let s = Streamer::open(vault_dir, Config { ring_slots: 4, ..Config::default() })?;
+        /// let mut set = vec![6, 2, 7, 0, 5, 1];
+        /// s.prefetch_set(1, &set, Priority::Demand)?;
+        /// while !set.is_empty() {
+        ///     let claim = s.claim_any(1, &set, Duration::from_secs(10))?.expect("read in time");
+        ///     let expert = claim.info().expert;
+        ///     // ... compute expert `expert` from `&claim[..]` ...
+        ///     set.retain(|&e| e != expert);
+        /// } // each claim is released when dropped, making room for the rest
+        /// # Ok::<(), Box<dyn std::error::Error>>(())
+        /// ```
+        pub fn claim_any(
+            &self,
+            layer: u32,
+            experts: &[u32],
+            timeout: Duration,
+        ) -> Result<Option<Claim<'_>>> {
+            Ok(self
+                .claim_any_ticket(layer, experts, timeout)?
+                .map(|info| Claim {
+                    streamer: self,
+                    info,
+                }))
+        }
+
+        /// [`Streamer::claim_any`] returning a ticket.
+        pub fn claim_any_ticket(
+            &self,
+            layer: u32,
+            experts: &[u32],
+            timeout: Duration,
+        ) -> Result<Option<SlotInfo>> {
+            if experts.is_empty() {
+                return Err(Error::argument(format!(
+                    "the working set of layer {layer} is empty: there is nothing to claim"
+                )));
+            }
+            if timeout.is_zero() {
+                let claimed = self.try_claim_any(layer, experts)?;
+                if claimed.is_none() {
+                    self.shared.counters.pending.fetch_add(1, Ordering::Relaxed);
+                }
+                return Ok(claimed);
+            }
+            self.wait_for_claim(timeout, || self.try_claim_any(layer, experts))
+        }
+
+        /// One pass of [`Streamer::claim_any`] ([`SlotTable::claim_set`]):
+        /// `None` while a member (or another expert, whose slot a member can
+        /// take once it lands) is loading.
+        fn try_claim_any(&self, layer: u32, experts: &[u32]) -> Result<Option<SlotInfo>> {
+            self.check_alive()?;
+            let t = &self.shared.table;
+            let id = |k: usize| self.id_of(layer, experts[k]).map(|(id, _, _)| id);
+            let mut bits = SetBits::new();
+            let bits = &mut bits;
+            let spare = move || {
+                // Every member is in the vault (SetBits relies on it).
+                for &expert in experts {
+                    self.id_of(layer, expert)?;
+                }
+                let bits = { bits }; // moved: the set borrows it for the pass
+                Ok(bits.spare(
+                    self.layer_base(layer),
+                    self.shared.vault.n_experts(),
+                    experts,
+                ))
+            };
+            let active = self.shared.elastic.active.load(Ordering::Relaxed);
+            let pass = t.claim_set(experts.len(), id, spare, active)?;
+            for _ in 0..pass.queued {
+                self.shared.wake.one();
+            }
+            if pass.ring_full {
+                // A reservation was dropped with no read queued: a
+                // `claim_wait` on that expert must try again.
+                self.shared.landed.notify();
+            }
+            match pass.found {
+                SetClaim::Member { member, claimed } => {
+                    let expert = experts[member];
+                    let (id, index, entry) = self.id_of(layer, expert)?;
+                    self.finish_claim(layer, expert, id, index, entry, claimed)
+                }
+                SetClaim::Wait => Ok(None),
+                SetClaim::Full => Err(ring_full(&self.shared, layer, experts[0])),
+            }
+        }
+
+        /// The dense id of (layer, expert 0).
+        fn layer_base(&self, layer: u32) -> u32 {
+            // `id_of` checked (layer, some expert) is in the vault, so the
+            // product fits the id space.
+            layer * self.shared.vault.n_experts()
         }
 
         /// Releases a claim by its ticket. Stale (and nothing changes) when
@@ -735,6 +963,7 @@ mod imp {
                 slots_active: u64::from(self.shared.elastic.active.load(Ordering::Relaxed)),
                 shrinks: self.shared.elastic.shrinks.load(Ordering::Relaxed),
                 grows: self.shared.elastic.grows.load(Ordering::Relaxed),
+                slots_held: u64::from(self.shared.table.occupancy().held),
             }
         }
 
@@ -1059,6 +1288,31 @@ mod imp {
                     format!("could not start the memory thread: {e}"),
                 )
             })
+    }
+
+    /// The members of one working set as a [`Spare`]: a bitmap on the stack
+    /// for layers of up to 4096 experts (every model known), else the list.
+    struct SetBits([u64; 64]);
+
+    impl SetBits {
+        fn new() -> SetBits {
+            SetBits([0; 64])
+        }
+
+        /// The set `experts` of the layer whose first dense id is `base`.
+        fn spare<'a>(&'a mut self, base: u32, n_experts: u32, experts: &'a [u32]) -> Spare<'a> {
+            if n_experts as usize > self.0.len() * 64 {
+                return Spare::Experts { base, experts };
+            }
+            for &e in experts {
+                // Members were checked against the vault: e < n_experts.
+                self.0[e as usize / 64] |= 1 << (e % 64);
+            }
+            Spare::Bits {
+                base,
+                bits: &self.0,
+            }
+        }
     }
 
     fn ring_full(shared: &Shared, layer: u32, expert: u32) -> Error {

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use crossbeam_utils::Backoff;
 
-use super::slots::{Origin, Prefetched};
+use super::slots::{Origin, Prefetched, Spare};
 use super::Shared;
 
 /// Pause between two pre-warm reads.
@@ -161,9 +161,14 @@ fn issue(shared: &Shared, id: u32, spare: &[u64]) -> Option<Prefetched> {
         control.issuing.store(false, Ordering::SeqCst);
         return None;
     }
-    let r = shared
-        .table
-        .prefetch_sparing(id, Origin::Prewarm, Some(spare));
+    let r = shared.table.prefetch_sparing(
+        id,
+        Origin::Prewarm,
+        Spare::Bits {
+            base: 0,
+            bits: spare,
+        },
+    );
     control.issuing.store(false, Ordering::SeqCst);
     Some(r)
 }

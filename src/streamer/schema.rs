@@ -185,6 +185,9 @@ macro_rules! stats_schema {
             shrinks,
             /// Times the elastic ring grew (gave offline slots back).
             grows,
+            /// Slots a claim holds now (refcount above 0): an engine sizes a
+            /// wave of claims as `slots_active − slots_held`.
+            slots_held,
         }
     };
 }

@@ -359,6 +359,74 @@ pub(crate) enum Claimed {
     RingFull,
     /// The slot already holds `MAX_REFS` claims.
     TooManyClaims,
+    /// Neither resident nor in flight, and nothing was queued
+    /// ([`SlotTable::claim_present`]).
+    Absent,
+}
+
+/// Slots a take must not evict, by the id they hold: the pre-warm
+/// thread's warm set, or the members of one working set, so that loading a
+/// set's later members never evicts its earlier ones while they wait
+/// unclaimed (SPEC §3.2: a burst keeps its head).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Spare<'a> {
+    /// Every idle slot may be taken.
+    Nothing,
+    /// The ids whose bit `id − base` is set in `bits`.
+    Bits { base: u32, bits: &'a [u64] },
+    /// The ids `base + e` for each `e` in `experts` (a layer's set too
+    /// wide for a bitmap on the stack).
+    Experts { base: u32, experts: &'a [u32] },
+}
+
+impl Spare<'_> {
+    /// Whether a slot holding `id` is spared.
+    #[inline]
+    fn spares(&self, id: u32) -> bool {
+        match *self {
+            Spare::Nothing => false,
+            Spare::Bits { base, bits } => id.checked_sub(base).is_some_and(|i| {
+                bits.get(i as usize / 64)
+                    .is_some_and(|b| b & (1 << (i % 64)) != 0)
+            }),
+            Spare::Experts { base, experts } => {
+                id.checked_sub(base).is_some_and(|e| experts.contains(&e))
+            }
+        }
+    }
+}
+
+/// What one pass of [`SlotTable::claim_set`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SetClaim {
+    /// The claim of member `member`: Ready, or its read's failure
+    /// (Failed), or TooManyClaims.
+    Member { member: usize, claimed: Claimed },
+    /// Nothing to claim yet: a member is loading, or another expert whose
+    /// slot a member can take once it lands.
+    Wait,
+    /// No member is resident or in flight and every active slot is held.
+    Full,
+}
+
+/// [`SlotTable::claim_set`]'s answer, with what it queued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SetPass {
+    pub(crate) found: SetClaim,
+    /// Reads queued by this pass (workers to wake).
+    pub(crate) queued: u32,
+    /// A take found the ring full (a waiting claim of the member may need
+    /// to look again).
+    pub(crate) ring_full: bool,
+}
+
+/// What [`SlotTable::occupancy`] counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Occupancy {
+    /// Slots a claim holds (refcount or pins above 0).
+    pub(crate) held: u32,
+    /// Slots queued for a read, being read, or being seized by an evictor.
+    pub(crate) loading: u32,
 }
 
 /// Why a release was refused.
@@ -709,18 +777,14 @@ impl SlotTable {
     /// Makes sure `id` is resident or in flight; queues a read if not.
     /// Never waits.
     pub(crate) fn prefetch(&self, id: u32, origin: Origin) -> Prefetched {
-        self.prefetch_sparing(id, origin, None)
+        self.prefetch_sparing(id, origin, Spare::Nothing)
     }
 
-    /// [`SlotTable::prefetch`] that never evicts a slot holding an id whose
-    /// bit is set in `spare` (one bit per dense id): the pre-warm thread uses
-    /// it so that warming one expert never evicts another it keeps warm.
-    pub(crate) fn prefetch_sparing(
-        &self,
-        id: u32,
-        origin: Origin,
-        spare: Option<&[u64]>,
-    ) -> Prefetched {
+    /// [`SlotTable::prefetch`] that never evicts a slot holding an id
+    /// `spare` names: the pre-warm thread uses it so that warming one expert
+    /// never evicts another it keeps warm, a working set so that its later
+    /// members never evict its earlier ones.
+    pub(crate) fn prefetch_sparing(&self, id: u32, origin: Origin, spare: Spare<'_>) -> Prefetched {
         let demand = origin == Origin::Demand;
         let entry = &self.map[id as usize];
         loop {
@@ -773,6 +837,23 @@ impl SlotTable {
             }
             return Prefetched::Queued { slot, evicted };
         }
+    }
+
+    /// Whether `id` is resident or in flight, as [`SlotTable::prefetch`]
+    /// would find it, without taking a slot when it is not: a resident one
+    /// is marked recently used, and with a demand `origin` a read waiting in
+    /// the speculative queue is promoted.
+    pub(crate) fn refresh(&self, id: u32, origin: Origin) -> bool {
+        // Acquire: as in `prefetch_sparing`.
+        let m = self.map[id as usize].load(Ordering::Acquire);
+        if m == RESERVED {
+            return true;
+        }
+        if m == NONE {
+            return false;
+        }
+        let (slot, generation) = split_ticket(m);
+        self.ensure_demand_if_queued(slot, generation, origin == Origin::Demand)
     }
 
     /// True when `slot` holds `id` (loading or loaded). With `demand`, a read
@@ -839,12 +920,7 @@ impl SlotTable {
 
     /// Takes a slot for `id`: a fresh one if any is left, else the least
     /// recently used idle one. Returns (slot, new generation, evicted).
-    fn take_slot(
-        &self,
-        id: u32,
-        origin: Origin,
-        spare: Option<&[u64]>,
-    ) -> Option<(u32, u64, bool)> {
+    fn take_slot(&self, id: u32, origin: Origin, spare: Spare<'_>) -> Option<(u32, u64, bool)> {
         let n = self.slots();
         if self.shape.policy == Policy::Adaptive {
             // A load of another layer than the last load's starts a visit
@@ -875,7 +951,7 @@ impl SlotTable {
         // are slots: the ring is busy beyond what a prefetch should wait for.
         let mut skip = Skip::default();
         for _ in 0..n.max(Skip::ROUNDS) {
-            let (i, w) = self.victim(id, spare, &skip)?;
+            let (i, w) = self.victim(id, origin, spare, &skip)?;
             let w = match self.seize(i, w) {
                 Seized::Idle(w) => w,
                 Seized::Pinned => {
@@ -933,8 +1009,17 @@ impl SlotTable {
 
     /// The idle slot to evict for a load of `id`, by a scan of the cells (an
     /// EMPTY slot at once). Under [`Policy::Lru`], the least recently used;
-    /// under [`Policy::Adaptive`], see [`SlotTable::adaptive_rank`].
-    fn victim(&self, id: u32, spare: Option<&[u64]>, skip: &Skip) -> Option<(u32, Word)> {
+    /// under [`Policy::Adaptive`], see [`SlotTable::adaptive_rank`]. A load
+    /// that is not for demand never takes a demand load nobody has claimed
+    /// yet (READY with `D`): speculation never evicts what the engine is
+    /// about to claim.
+    fn victim(
+        &self,
+        id: u32,
+        origin: Origin,
+        spare: Spare<'_>,
+        skip: &Skip,
+    ) -> Option<(u32, Word)> {
         let now = self.clock.load(Ordering::Relaxed);
         // A slot loaded but never claimed (READY) is the head of a prefetch
         // burst the engine is about to claim: it is taken only when no idle
@@ -947,25 +1032,36 @@ impl SlotTable {
             let (group, rank) = self.adaptive_rank(cell, layer, tick);
             u64::from(group) << 32 | u64::from(rank)
         };
+        let spares_demand = origin != Origin::Demand;
         // A take's first scan (nearly every scan) has nothing to pass over:
         // its loop has no SHARED test at all.
         match (self.shape.policy, skip.is_empty()) {
-            (Policy::Lru, true) => self.scan::<false>(spare, stale_before, skip, |_, _| 0),
-            (Policy::Lru, false) => self.scan::<true>(spare, stale_before, skip, |_, _| 0),
-            (Policy::Adaptive, true) => self.scan::<false>(spare, stale_before, skip, adaptive),
-            (Policy::Adaptive, false) => self.scan::<true>(spare, stale_before, skip, adaptive),
+            (Policy::Lru, true) => {
+                self.scan::<false>(spare, spares_demand, stale_before, skip, |_, _| 0)
+            }
+            (Policy::Lru, false) => {
+                self.scan::<true>(spare, spares_demand, stale_before, skip, |_, _| 0)
+            }
+            (Policy::Adaptive, true) => {
+                self.scan::<false>(spare, spares_demand, stale_before, skip, adaptive)
+            }
+            (Policy::Adaptive, false) => {
+                self.scan::<true>(spare, spares_demand, stale_before, skip, adaptive)
+            }
         }
     }
 
     /// The scan of [`SlotTable::victim`]: the idle slot with the biggest
     /// `rank(cell, tick)`, the least recently used among equals, from the
     /// claimed (or stale unclaimed) slots if any, else from the unclaimed,
-    /// leaving out the SHARED slots `skip` says this take found pinned.
-    /// One pass over the cells, one cache line each.
+    /// leaving out the slots `spare` names, unclaimed demand loads when
+    /// `spares_demand`, and the SHARED slots `skip` says this take found
+    /// pinned. One pass over the cells, one cache line each.
     #[inline(always)]
     fn scan<const SKIPS: bool>(
         &self,
-        spare: Option<&[u64]>,
+        spare: Spare<'_>,
+        spares_demand: bool,
         stale_before: u64,
         skip: &Skip,
         rank: impl Fn(&Cell, u64) -> u64,
@@ -974,10 +1070,7 @@ impl SlotTable {
         // racing the scan) only affects this choice, and the take's
         // compare-exchange on the word seen here fails if the slot changed.
         let spared = |cell: &Cell| {
-            spare.is_some_and(|bits| {
-                let id = cell.id.load(Ordering::Relaxed) as usize;
-                bits.get(id / 64).is_some_and(|b| b & (1 << (id % 64)) != 0)
-            })
+            !matches!(spare, Spare::Nothing) && spare.spares(cell.id.load(Ordering::Relaxed))
         };
         // Bigger (rank, !stamp), better victim; slot u32::MAX = none yet.
         // Plain locals, one set per class, so the loop keeps them in
@@ -993,7 +1086,10 @@ impl SlotTable {
             if state == EMPTY {
                 return Some((i as u32, Word(w)));
             }
-            if (state != READY && state != CONSUMED) || spared(cell) {
+            if (state != READY && state != CONSUMED)
+                || (spares_demand && state == READY && w & DEMAND != 0)
+                || spared(cell)
+            {
                 continue;
             }
             let stamp = cell.stamp.load(Ordering::Relaxed);
@@ -1135,7 +1231,9 @@ impl SlotTable {
         };
         let mut skip = Skip::default();
         for _ in 0..self.slots().max(Skip::ROUNDS) {
-            let (i, seen) = self.victim(id, None, &skip)?;
+            // As a demand take chooses: memory pressure may take even an
+            // unclaimed demand load.
+            let (i, seen) = self.victim(id, Origin::Demand, Spare::Nothing, &skip)?;
             if !matches!(seen.state(), EMPTY | READY | CONSUMED) || seen.refs() != 0 {
                 continue;
             }
@@ -1326,6 +1424,21 @@ impl SlotTable {
     /// of a SHARED slot that an evictor is seizing waits (spins, then
     /// yields) for the few loads of the seize.
     pub(crate) fn claim(&self, id: u32) -> Claimed {
+        self.claim_or(id, true)
+    }
+
+    /// [`SlotTable::claim`] that queues nothing: [`Claimed::Absent`] when
+    /// `id` is neither resident nor in flight. A read in flight is still
+    /// marked demand (the caller is waiting for it). The first pass of a
+    /// working-set claim (`Streamer::claim_any`), which takes a resident
+    /// member before it queues any other.
+    pub(crate) fn claim_present(&self, id: u32) -> Claimed {
+        self.claim_or(id, false)
+    }
+
+    /// A claim; `queue`: when `id` is absent, queue its demand read.
+    #[inline(always)]
+    fn claim_or(&self, id: u32, queue: bool) -> Claimed {
         let entry = &self.map[id as usize];
         let backoff = Backoff::new();
         loop {
@@ -1345,6 +1458,9 @@ impl SlotTable {
                 // the flag was set); forget it so a later prefetch retries.
                 if self.failed[id as usize].swap(0, Ordering::AcqRel) != 0 {
                     return Claimed::Failed;
+                }
+                if !queue {
+                    return Claimed::Absent;
                 }
                 return match self.prefetch(id, Origin::Demand) {
                     Prefetched::Queued { .. } => Claimed::Pending { queued: true },
@@ -1600,6 +1716,105 @@ impl SlotTable {
     /// Loads so far that replaced another expert.
     pub(crate) fn evictions(&self) -> u64 {
         self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// One pass of a working-set claim (SPEC §3.2, `Streamer::claim_any`)
+    /// over the `n` members whose dense ids `id(k)` gives (checked lazily,
+    /// as the pass reaches each): the first resident member, claimed; then,
+    /// if the pass went past members that are not resident (or found none),
+    /// the absent members' demand reads queued in order, sparing the set's
+    /// own loads (`spare()`), until the ring takes no more. A ring of
+    /// `active` slots whose every one is held, with no member resident or
+    /// in flight and nothing loading, is [`SetClaim::Full`]: only a
+    /// release frees a slot.
+    pub(crate) fn claim_set<'s, E>(
+        &self,
+        n: usize,
+        id: impl Fn(usize) -> Result<u32, E>,
+        spare: impl FnOnce() -> Result<Spare<'s>, E>,
+        active: u32,
+    ) -> Result<SetPass, E> {
+        let mut pass = SetPass {
+            found: SetClaim::Wait,
+            queued: 0,
+            ring_full: false,
+        };
+        let mut in_flight = false;
+        let mut passed = 0;
+        for k in 0..n {
+            match self.claim_present(id(k)?) {
+                Claimed::Absent => {}
+                Claimed::Pending { .. } => in_flight = true,
+                claimed => {
+                    pass.found = SetClaim::Member { member: k, claimed };
+                    break;
+                }
+            }
+            passed += 1;
+        }
+        if passed == 0 {
+            // The set's head was resident: nothing to queue, and no pass
+            // over the rest, so a set of residents costs one claim.
+            return Ok(pass);
+        }
+        let spare = spare()?;
+        let mut error_pending = false;
+        let found = match pass.found {
+            SetClaim::Member { member, .. } => member,
+            _ => n,
+        };
+        for k in 0..n {
+            if k == found {
+                // Claimed, or its failure reported just now: a new read of
+                // a member whose read failed waits for a later prefetch.
+                continue;
+            }
+            match self.prefetch_sparing(id(k)?, Origin::Demand, spare) {
+                Prefetched::Queued { .. } => {
+                    pass.queued += 1;
+                    in_flight = true;
+                }
+                Prefetched::Present => {}
+                // The next pass's claim reports the member's error.
+                Prefetched::ErrorPending => error_pending = true,
+                Prefetched::RingFull => {
+                    pass.ring_full = true;
+                    break;
+                }
+            }
+        }
+        let nothing_of_the_set = !in_flight && !error_pending && pass.ring_full;
+        if matches!(pass.found, SetClaim::Wait) && nothing_of_the_set {
+            // Nothing of the set is resident or in flight and the ring took
+            // nothing: a load of another expert frees a slot when it lands
+            // (wait for it), but a ring whose every active slot is held
+            // frees none until a release.
+            let o = self.occupancy();
+            if o.loading == 0 && o.held >= active {
+                pass.found = SetClaim::Full;
+            }
+        }
+        Ok(pass)
+    }
+
+    /// What the ring's slots are doing now, by one pass over their words
+    /// (and the pin counters of SHARED slots): a snapshot that may be stale
+    /// by the time it returns.
+    pub(crate) fn occupancy(&self) -> Occupancy {
+        let mut o = Occupancy::default();
+        for i in 0..self.slots() {
+            let w = self.word(i);
+            match w.state() {
+                QUEUED | READING | EVICTING => o.loading += 1,
+                READY | CONSUMED
+                    if w.refs() > 0 || (w.shared() && self.pinned(i, Ordering::Relaxed)) =>
+                {
+                    o.held += 1
+                }
+                _ => {}
+            }
+        }
+        o
     }
 
     /// Number of slots holding loaded data.
