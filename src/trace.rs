@@ -7,6 +7,8 @@
 //! - the conversion of those events into trace rows ([`for_each_row`]) and
 //!   text ([`write_trace`]): a new row when the layer changes, a new token when
 //!   it goes down;
+//! - where the file goes: a relative `trace_path` is resolved against the
+//!   working directory at open, so a host's later `chdir` does not move it;
 //! - the rule for which file it may replace: a missing file, or a regular
 //!   file whose first line is a trace header. Anything else (another file, a
 //!   device, FIFO, socket or directory, the vault file or a link to it, the
@@ -83,9 +85,25 @@ impl TraceRecorder {
         histogram_path: Option<&Path>,
         capacity: usize,
     ) -> (Option<TraceRecorder>, Option<String>) {
-        let Some(requested) = trace_path.filter(|p| !p.as_os_str().is_empty()) else {
+        let Some(given) = trace_path.filter(|p| !p.as_os_str().is_empty()) else {
             return (None, None);
         };
+        // A relative path is taken from the working directory now, at open:
+        // a host may change directory before close.
+        let requested = match std::path::absolute(given) {
+            Ok(path) => path,
+            Err(e) => {
+                return (
+                    None,
+                    Some(format!(
+                        "{}: a relative path needs the working directory, which cannot be \
+                         read ({e}); no trace is recorded",
+                        given.display()
+                    )),
+                )
+            }
+        };
+        let requested = requested.as_path();
         let off = |what: &str| {
             Some(format!(
                 "{}: {what}; the library replaces only a routing trace (first line \
