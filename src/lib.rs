@@ -90,11 +90,18 @@ pub mod internals {
         };
     }
 
-    /// The synthetic router of `smoe demo`/`smoe bench` and the routing-trace
-    /// parser of `smoe bench --trace` (docs/format.md §5).
+    /// The synthetic router of `smoe demo`/`smoe bench`, and (also under
+    /// [`trace`]) the routing-trace parser.
     pub mod router {
-        pub use crate::router::{
-            parse_trace, trace_tokens, Rng, RouterConfig, SyntheticRouter, TraceRow, TraceTokens,
+        pub use crate::router::{Rng, RouterConfig, SyntheticRouter};
+        pub use crate::trace::{parse_trace, trace_tokens, TraceRow, TraceTokens};
+    }
+
+    /// The routing-trace reader of `smoe bench --trace` (docs/format.md §5).
+    pub mod trace {
+        pub use crate::trace::{
+            parse_trace, read_trace_file, read_trace_tokens, trace_tokens, TraceReader, TraceRow,
+            TraceTokens, MAX_TRACE_LINE_BYTES,
         };
     }
 

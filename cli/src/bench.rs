@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
-use smoe::internals::router::{parse_trace, trace_tokens, TraceTokens};
+use smoe::internals::trace::{read_trace_file, TraceTokens};
 use smoe::streamer::MAX_WORKERS;
 use smoe::vault::Vault;
 use smoe::DirectIo;
@@ -289,13 +289,8 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
         }
         Mode::Decode => {
             if let Some(path) = &args.trace {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| smoe::Error::io("cannot read trace", path, &e))?;
-                let rows = parse_trace(&text).map_err(|e| e.context(path.display()))?;
-                let mut tokens = trace_tokens(&rows, top_k as usize);
-                if let Some(n) = args.max_tokens {
-                    tokens.truncate(n as usize);
-                }
+                let max_tokens = args.max_tokens.map(|n| n as usize);
+                let tokens = read_trace_file(path, top_k as usize, max_tokens)?;
                 return run_trace(args, vault, top_k, direct_io, tokens);
             }
             for (set, flag) in [

@@ -89,3 +89,89 @@ fn fifo_scout_does_not_block_budget() {
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["scout_bytes"], 0, "a FIFO has no size to count");
 }
+
+// ------------------------------------------------- bench's files (issue 19)
+
+/// [`smoe_within_timeout`] under a 1 GiB address-space limit: a run that
+/// reads without bound fails fast instead of taking the machine's memory.
+fn smoe_limited(args: &[&str]) -> Output {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_smoe"));
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: the closure runs in the child between fork and exec and only
+    // calls setrlimit, which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 1 << 30,
+                rlim_max: 1 << 30,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let mut child = cmd.spawn().expect("the smoe binary runs");
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "`smoe {}` did not finish within {TIMEOUT:?}",
+                args.join(" ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Exit `code`, no signal, exactly one stderr line `smoe: ...` holding
+/// every needle.
+#[track_caller]
+fn assert_one_line(out: &Output, code: i32, needles: &[&str], what: &str) {
+    use std::os::unix::process::ExitStatusExt;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.signal(), None, "{what}: killed; {stderr}");
+    assert_eq!(out.status.code(), Some(code), "{what}: {stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "{what}: one stderr line expected: {stderr:?}"
+    );
+    assert!(lines[0].starts_with("smoe: "), "{what}: {stderr:?}");
+    for needle in needles {
+        assert!(
+            stderr.contains(needle),
+            "{what}: {needle:?} not in {stderr:?}"
+        );
+    }
+}
+
+#[test]
+fn bench_trace_must_be_a_regular_file_and_never_blocks() {
+    let v = small_vault();
+    let vs = v.dir.path().to_str().unwrap();
+    let fifo = v.dir.path().join("trace.fifo");
+    common::mkfifo(&fifo);
+    let dir = v.dir.path().join("a-directory");
+    std::fs::create_dir(&dir).unwrap();
+    for (trace, what) in [
+        ("/dev/zero", "is a character device"),
+        (fifo.to_str().unwrap(), "is a FIFO"),
+        (dir.to_str().unwrap(), "is a directory"),
+    ] {
+        let args = ["bench", vs, "--trace", trace, "--workers", "1"];
+        let out = smoe_limited(&args);
+        assert_one_line(&out, 1, &[trace, what], &format!("{args:?}"));
+    }
+}
