@@ -13,9 +13,9 @@ use smoe::DirectIo;
 
 use crate::baseline::{drop_page_cache, find_parent, mmap_replay, Cgroup, CgroupParent};
 use crate::flags;
-use crate::output::{gb_per_s, human_bytes, out, Failure};
+use crate::output::{gb_per_s, human_bytes, out, warning_line, Failure};
 use crate::sim;
-use crate::stream::{decode, scan, DecodeOptions};
+use crate::stream::{decode_noting, scan, DecodeOptions};
 
 /// What to stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -151,7 +151,8 @@ pub struct BenchArgs {
     pub policy: PolicyArg,
     /// Decode mode: record every claim and write it to FILE as a routing
     /// trace (docs/format.md §5.3) when the run ends, for `--trace` replays;
-    /// replaces only a missing file or an earlier trace.
+    /// replaces only a missing file or an earlier trace (anything else is a
+    /// warning on stderr, and nothing is recorded).
     #[arg(long, value_name = "FILE")]
     pub capture: Option<PathBuf>,
     /// With --trace: only simulate exact LRU and Belady over ring sizes (5%
@@ -243,8 +244,45 @@ fn check_against(args: &BenchArgs, vault: &Vault) -> Result<u32, Failure> {
     Ok(top_k)
 }
 
+/// Refuses flags that the rest of the command line leaves without effect
+/// (a usage error, exit 2), before anything is opened.
+fn check_flags(args: &BenchArgs) -> Result<(), Failure> {
+    let usage = |message: &str| Err(Failure::Usage(message.to_owned()));
+    if args.trace.is_none() {
+        for (set, flag) in [
+            (args.sweep, "--sweep"),
+            (args.baseline.is_some(), "--baseline"),
+            (args.mem_cap.is_some(), "--mem-cap"),
+            (args.plot.is_some(), "--plot"),
+            (args.max_tokens.is_some(), "--max-tokens"),
+            (args.side.is_some(), "--side"),
+        ] {
+            if set {
+                return usage(&format!("{flag} needs --trace"));
+            }
+        }
+    }
+    if args.mode == Mode::Scan {
+        for (set, flag) in [
+            (args.trace.is_some(), "--trace"),
+            (args.capture.is_some(), "--capture"),
+        ] {
+            if set {
+                return usage(&format!(
+                    "{flag} is for a decode: --mode scan reads every blob once and claims no token"
+                ));
+            }
+        }
+    }
+    if args.sweep && args.capture.is_some() {
+        return usage("--capture records the claims of a run: --sweep only simulates");
+    }
+    Ok(())
+}
+
 /// Runs `smoe bench`.
 pub fn run(args: &BenchArgs) -> Result<(), Failure> {
+    check_flags(args)?;
     if let Some(dir) = &args.cgroup {
         // A side of a capped run: into the cap before anything is read.
         crate::baseline::enter(dir)?;
@@ -258,7 +296,13 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     };
     match args.mode {
         Mode::Scan => {
-            let r = scan(vault, args.ring_slots, args.workers, direct_io)?;
+            let r = scan(
+                vault,
+                args.ring_slots,
+                args.workers,
+                direct_io,
+                &mut warning_line,
+            )?;
             if args.json {
                 out(&format!(
                     "{{\"mode\":\"scan\",\"bytes_read\":{},\"seconds\":{:.6},\"gb_per_s\":{:.4},\"workers\":{},\"ring_slots\":{},\"slot_bytes\":{},\"direct_io\":{}}}\n",
@@ -293,18 +337,6 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
                 let tokens = read_trace_file(path, top_k as usize, max_tokens)?;
                 return run_trace(args, vault, top_k, direct_io, tokens);
             }
-            for (set, flag) in [
-                (args.sweep, "--sweep"),
-                (args.baseline.is_some(), "--baseline"),
-                (args.mem_cap.is_some(), "--mem-cap"),
-                (args.plot.is_some(), "--plot"),
-                (args.max_tokens.is_some(), "--max-tokens"),
-                (args.side.is_some(), "--side"),
-            ] {
-                if set {
-                    return Err(Failure::Usage(format!("{flag} needs --trace")));
-                }
-            }
             let opts = decode_options(
                 args,
                 args.tokens,
@@ -314,7 +346,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
                 None,
                 true,
             );
-            let r = decode(vault, &opts, &mut |_| {})?;
+            let r = decode_noting(vault, &opts, &mut warning_line, &mut |_| {})?;
             let st = &r.stats;
             let (mean, p99) = r.wait_mean_p99();
             let coverage = st.hits as f64 / st.claims.max(1) as f64;
@@ -424,7 +456,7 @@ fn side_here(
                 Some(tokens.clone()),
                 args.cgroup.is_none(),
             );
-            let r = decode(vault, &opts, &mut |_| {})?;
+            let r = decode_noting(vault, &opts, &mut warning_line, &mut |_| {})?;
             let st = &r.stats;
             Ok(json!({
                 "side": "smoe",
@@ -490,6 +522,9 @@ fn side_capped(
     }
     if args.speculate {
         cmd.arg("--speculate");
+    }
+    if let (Side::Smoe, Some(capture)) = (side, &args.capture) {
+        cmd.arg("--capture").arg(capture);
     }
     if let Some(seed) = args.check_seed {
         cmd.args(["--check-seed", &seed.to_string()]);

@@ -175,3 +175,65 @@ fn bench_trace_must_be_a_regular_file_and_never_blocks() {
         assert_one_line(&out, 1, &[trace, what], &format!("{args:?}"));
     }
 }
+
+#[test]
+fn bench_prints_the_streamers_warnings() {
+    let v = small_vault();
+    let root = v.dir.path();
+    let vs = root.to_str().unwrap();
+    let notes = root.join("NOTES.txt");
+    std::fs::write(&notes, "my notes\n").unwrap();
+    let vault_file = root.join("experts.smoe");
+    let vault_bytes = std::fs::read(&vault_file).unwrap();
+    let missing_dir = root.join("no-such-dir").join("t.csv");
+    for (capture, what) in [
+        (notes.as_path(), "is not a routing trace"),
+        (vault_file.as_path(), "is the vault file"),
+        (std::path::Path::new("/dev/null"), "is a character device"),
+        (missing_dir.as_path(), "not writable"),
+    ] {
+        let c = capture.to_str().unwrap();
+        let args = [
+            "bench",
+            vs,
+            "--tokens",
+            "2",
+            "--top-k",
+            "2",
+            "--ring-slots",
+            "4",
+            "--workers",
+            "1",
+            "--capture",
+            c,
+        ];
+        let out = smoe_within_timeout(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        let line = stderr
+            .lines()
+            .find(|l| l.contains(c))
+            .unwrap_or_else(|| panic!("{args:?}: no warning naming {c} in {stderr:?}"));
+        assert!(line.starts_with("smoe: warning: "), "{line}");
+        assert!(
+            line.contains(what) && line.contains("no trace is recorded"),
+            "{line}"
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "my notes\n");
+    assert_eq!(std::fs::read(&vault_file).unwrap(), vault_bytes);
+    assert!(!root.join("no-such-dir").exists());
+    // Where nothing would be captured, --capture is refused, not ignored.
+    let trace = root.join("t.csv");
+    std::fs::write(&trace, "token,layer,r0\n0,0,1\n").unwrap();
+    let capture = root.join("captured.csv");
+    let c = capture.to_str().unwrap();
+    let t = trace.to_str().unwrap();
+    for extra in [&["--mode", "scan"][..], &["--trace", t, "--sweep"]] {
+        let mut args = vec!["bench", vs, "--top-k", "1", "--capture", c];
+        args.extend_from_slice(extra);
+        let out = smoe_within_timeout(&args);
+        assert_one_line(&out, 2, &["--capture"], &format!("{args:?}"));
+        assert!(!capture.exists(), "{args:?}");
+    }
+}
