@@ -90,6 +90,20 @@ pub mod internals {
         };
     }
 
+    /// Replacing only one's own file, as the histogram and the trace do
+    /// (judge what is at the path, save atomically, remove killed writers'
+    /// temporary files), and opening only a regular file, never blocking:
+    /// for the files the tool reads and writes itself (`smoe bench --plot`,
+    /// the mmap baseline).
+    pub mod files {
+        pub use crate::popularity::{
+            examine_file, file_id, judge_target, remove_leftover_temp_files, save_checked,
+            vault_file_key, FileId, Found, Target,
+        };
+        pub use crate::sys::{open_regular, FileKind, OpenRegularError};
+        pub use crate::trace::same_file;
+    }
+
     /// The synthetic router of `smoe demo`/`smoe bench`, and (also under
     /// [`trace`]) the routing-trace parser.
     pub mod router {

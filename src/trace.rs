@@ -274,7 +274,7 @@ fn zeroed_events(capacity: usize) -> Option<Box<[AtomicU32]>> {
 
 /// Whether `a` and `b` name the same file: the same inode when both exist
 /// (links followed), else the same canonical directory and name.
-fn same_file(a: &Path, b: &Path) -> bool {
+pub fn same_file(a: &Path, b: &Path) -> bool {
     if let (Ok(ma), Ok(mb)) = (std::fs::metadata(a), std::fs::metadata(b)) {
         return file_id(&ma) == file_id(&mb);
     }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
+use smoe::internals::files::same_file;
 use smoe::internals::trace::{read_trace_file, TraceTokens};
 use smoe::streamer::MAX_WORKERS;
 use smoe::vault::Vault;
@@ -14,6 +15,7 @@ use smoe::DirectIo;
 use crate::baseline::{drop_page_cache, find_parent, mmap_replay, Cgroup, CgroupParent};
 use crate::flags;
 use crate::output::{gb_per_s, human_bytes, out, warning_line, Failure};
+use crate::plot::PlotTarget;
 use crate::sim;
 use crate::stream::{decode_noting, scan, DecodeOptions};
 
@@ -175,7 +177,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub no_isolation: bool,
     /// With --trace: draw hit rate against ring size (and, with --baseline,
-    /// per-token waits) into this SVG file.
+    /// per-token waits) into this SVG file; replaces only a missing file, an
+    /// empty one or an SVG, anything else is refused before the run.
     #[arg(long)]
     pub plot: Option<PathBuf>,
     /// Internal: run only one side (a child process of a capped run) and
@@ -289,6 +292,21 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     }
     let vault = Vault::open(&args.vault)?;
     let top_k = check_against(args, &vault)?;
+    // The plot's file is judged now, before the run: a file that is not an
+    // SVG is refused before any work is done.
+    let plot = match &args.plot {
+        Some(given) => Some(PlotTarget::judge(given, vault.path())?),
+        None => None,
+    };
+    if let (Some(plot), Some(capture)) = (&plot, &args.capture) {
+        if same_file(plot.path(), capture) {
+            return Err(Failure::Usage(format!(
+                "--plot {} and --capture {} name the same file",
+                plot.path().display(),
+                capture.display()
+            )));
+        }
+    }
     let direct_io = match args.direct {
         Direct::Auto => DirectIo::Auto,
         Direct::Require => DirectIo::Require,
@@ -335,7 +353,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
             if let Some(path) = &args.trace {
                 let max_tokens = args.max_tokens.map(|n| n as usize);
                 let tokens = read_trace_file(path, top_k as usize, max_tokens)?;
-                return run_trace(args, vault, top_k, direct_io, tokens);
+                return run_trace(args, vault, top_k, direct_io, tokens, plot.as_ref());
             }
             let opts = decode_options(
                 args,
@@ -568,6 +586,7 @@ fn run_trace(
     top_k: u32,
     direct_io: DirectIo,
     tokens: TraceTokens,
+    plot: Option<&PlotTarget>,
 ) -> Result<(), Failure> {
     check_trace(&vault, &tokens)?;
     let trace_path = args.trace.clone().unwrap_or_default();
@@ -575,7 +594,7 @@ fn run_trace(
     let seq = sim::claims(&tokens);
     if args.sweep {
         let rows = sweep_rows(&seq, entries, args.ring_slots);
-        if let Some(plot) = &args.plot {
+        if let Some(plot) = plot {
             crate::plot::write(
                 plot,
                 &crate::plot::PlotData {
@@ -705,7 +724,7 @@ fn run_trace(
         (Some(p), Some(_)) => p.name(),
         _ => "none",
     };
-    if let Some(plot) = &args.plot {
+    if let Some(plot) = plot {
         let rows = sweep_rows(&seq, entries, ring);
         crate::plot::write(
             plot,

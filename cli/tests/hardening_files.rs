@@ -9,6 +9,8 @@ mod common;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use smoe::vault::Vault;
+
 const TIMEOUT: Duration = Duration::from_secs(5);
 const LAYERS: u32 = 2;
 const EXPERTS: u32 = 4;
@@ -92,6 +94,9 @@ fn fifo_scout_does_not_block_budget() {
 
 // ------------------------------------------------- bench's files (issue 19)
 
+/// A trace of two tokens over layers 0 and 1 of [`small_vault`], top-2.
+const TRACE: &str = "token,layer,r0,r1\n0,0,0,1\n0,1,2,3\n1,0,0,2\n1,1,1,3\n";
+
 /// [`smoe_within_timeout`] under a 1 GiB address-space limit: a run that
 /// reads without bound fails fast instead of taking the machine's memory.
 fn smoe_limited(args: &[&str]) -> Output {
@@ -157,6 +162,16 @@ fn assert_one_line(out: &Output, code: i32, needles: &[&str], what: &str) {
     }
 }
 
+/// Every name in `dir`, sorted.
+fn names_in(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
 #[test]
 fn bench_trace_must_be_a_regular_file_and_never_blocks() {
     let v = small_vault();
@@ -174,6 +189,142 @@ fn bench_trace_must_be_a_regular_file_and_never_blocks() {
         let out = smoe_limited(&args);
         assert_one_line(&out, 1, &[trace, what], &format!("{args:?}"));
     }
+}
+
+#[test]
+fn bench_plot_replaces_nothing_but_an_svg() {
+    let v = small_vault();
+    let root = v.dir.path();
+    let vs = root.to_str().unwrap();
+    let trace = root.join("t.csv");
+    std::fs::write(&trace, TRACE).unwrap();
+    let vault_file = root.join("experts.smoe");
+    let notes = root.join("NOTES.txt");
+    std::fs::write(&notes, "my notes\n").unwrap();
+    let fifo = root.join("plot.fifo");
+    common::mkfifo(&fifo);
+    let dir = root.join("plot-dir");
+    std::fs::create_dir(&dir).unwrap();
+    let link = root.join("link.svg");
+    std::os::unix::fs::symlink(&vault_file, &link).unwrap();
+    let dangling = root.join("dangling.svg");
+    std::os::unix::fs::symlink(root.join("missing"), &dangling).unwrap();
+    let before: Vec<(std::path::PathBuf, Vec<u8>)> = [&vault_file, &trace, &notes]
+        .into_iter()
+        .map(|p| (p.clone(), std::fs::read(p).unwrap()))
+        .collect();
+    // A broken trace as well: the plot is judged before anything is read.
+    let bad_trace = root.join("bad.csv");
+    std::fs::write(&bad_trace, "not a trace\n").unwrap();
+    let names = names_in(root);
+    for plot in [
+        &vault_file,
+        &trace,
+        &notes,
+        &fifo,
+        &dir,
+        &link,
+        &dangling,
+        std::path::Path::new("/dev/null"),
+    ] {
+        let p = plot.to_str().unwrap();
+        for t in [&trace, &bad_trace] {
+            let args = [
+                "bench",
+                vs,
+                "--trace",
+                t.to_str().unwrap(),
+                "--top-k",
+                "2",
+                "--ring-slots",
+                "4",
+                "--workers",
+                "1",
+                "--plot",
+                p,
+            ];
+            let out = smoe_within_timeout(&args);
+            assert_one_line(&out, 2, &[p, "--plot"], &format!("{args:?}"));
+            assert!(out.stdout.is_empty(), "{args:?}: nothing was run");
+        }
+        let args = [
+            "bench",
+            vs,
+            "--trace",
+            trace.to_str().unwrap(),
+            "--top-k",
+            "2",
+            "--sweep",
+            "--plot",
+            p,
+        ];
+        assert_one_line(&smoe_within_timeout(&args), 2, &[p], &format!("{args:?}"));
+    }
+    for (path, bytes) in &before {
+        assert_eq!(&std::fs::read(path).unwrap(), bytes, "{}", path.display());
+    }
+    assert_eq!(
+        names_in(root),
+        names,
+        "nothing written, no temporary file left"
+    );
+    assert!(names_in(&dir).is_empty());
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(Vault::open(root).is_ok());
+}
+
+#[test]
+fn bench_plot_writes_a_new_file_and_replaces_an_svg() {
+    let v = small_vault();
+    let root = v.dir.path();
+    let vs = root.to_str().unwrap();
+    let trace = root.join("t.csv");
+    std::fs::write(&trace, TRACE).unwrap();
+    let names = names_in(root);
+    let plot = root.join("plot.svg");
+    let hand_made = root.join("prolog.svg");
+    std::fs::write(
+        &hand_made,
+        "\u{feff}<?xml version=\"1.0\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\"/>\n",
+    )
+    .unwrap();
+    let empty = root.join("empty.svg");
+    std::fs::write(&empty, "").unwrap();
+    for target in [&plot, &plot, &hand_made, &empty] {
+        let p = target.to_str().unwrap();
+        let args = [
+            "bench",
+            vs,
+            "--trace",
+            trace.to_str().unwrap(),
+            "--top-k",
+            "2",
+            "--ring-slots",
+            "4",
+            "--workers",
+            "1",
+            "--plot",
+            p,
+        ];
+        let out = smoe_within_timeout(&args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let svg = std::fs::read_to_string(target).unwrap();
+        assert!(
+            svg.starts_with("<svg") && svg.contains("Hit rate"),
+            "{p}: {svg:.80}"
+        );
+    }
+    let mut want = names;
+    want.extend(["empty.svg", "expert_freq.bin", "plot.svg", "prolog.svg"].map(String::from));
+    want.sort();
+    assert_eq!(names_in(root), want, "no temporary file left");
 }
 
 #[test]
