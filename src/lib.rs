@@ -90,11 +90,32 @@ pub mod internals {
         };
     }
 
-    /// The synthetic router of `smoe demo`/`smoe bench` and the routing-trace
-    /// parser of `smoe bench --trace` (docs/format.md §5).
+    /// Replacing only one's own file, as the histogram and the trace do
+    /// (judge what is at the path, save atomically, remove killed writers'
+    /// temporary files), and opening only a regular file, never blocking:
+    /// for the files the tool reads and writes itself (`smoe bench --plot`,
+    /// the mmap baseline).
+    pub mod files {
+        pub use crate::popularity::{
+            examine_file, file_id, judge_target, remove_leftover_temp_files, save_checked,
+            vault_file_key, FileId, Found, Target,
+        };
+        pub use crate::sys::{open_regular, FileKind, OpenRegularError};
+        pub use crate::trace::same_file;
+    }
+
+    /// The synthetic router of `smoe demo`/`smoe bench`, and (also under
+    /// [`trace`]) the routing-trace parser.
     pub mod router {
-        pub use crate::router::{
-            parse_trace, trace_tokens, Rng, RouterConfig, SyntheticRouter, TraceRow, TraceTokens,
+        pub use crate::router::{Rng, RouterConfig, SyntheticRouter};
+        pub use crate::trace::{parse_trace, trace_tokens, TraceRow, TraceTokens};
+    }
+
+    /// The routing-trace reader of `smoe bench --trace` (docs/format.md §5).
+    pub mod trace {
+        pub use crate::trace::{
+            parse_trace, read_trace_file, read_trace_tokens, trace_tokens, TraceReader, TraceRow,
+            TraceTokens, MAX_TRACE_LINE_BYTES,
         };
     }
 

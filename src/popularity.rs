@@ -70,9 +70,10 @@ const TMP_MARKER: &str = ".tmp-";
 const LEFTOVER_MIN_AGE: Duration = Duration::from_secs(60);
 
 /// A file's identity: `(st_dev, st_ino)`.
-pub(crate) type FileId = (u64, u64);
+pub type FileId = (u64, u64);
 
-pub(crate) fn file_id(metadata: &std::fs::Metadata) -> FileId {
+/// The identity of the file `metadata` describes.
+pub fn file_id(metadata: &std::fs::Metadata) -> FileId {
     (metadata.dev(), metadata.ino())
 }
 
@@ -300,7 +301,7 @@ pub fn save(
 /// either removes the temporary file and leaves `path` alone. Returns the
 /// identity of the file now at `path`. Shared with the trace file
 /// ([`crate::trace`]), which follows the same rules.
-pub(crate) fn save_checked(
+pub fn save_checked(
     path: &Path,
     write: impl FnOnce(&mut File) -> std::io::Result<()>,
     check: impl FnOnce() -> Result<()>,
@@ -406,7 +407,7 @@ fn target_name(path: &Path) -> String {
 ///
 /// `O_EXCL` keeps a new writer from ever reusing a leftover's name, so a
 /// file that passed these checks cannot become someone's file meanwhile.
-pub(crate) fn remove_leftover_temp_files(path: &Path) {
+pub fn remove_leftover_temp_files(path: &Path) {
     let target = target_name(path);
     let Ok(entries) = std::fs::read_dir(parent_dir(path)) else {
         return;
@@ -458,15 +459,23 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
 /// What [`judge_target`] decided about a file the library means to replace
 /// at close (the histogram, the trace).
 #[derive(Debug)]
-pub(crate) enum Target {
-    /// May be written: `path` (a symbolic link at the configured path
-    /// followed) and the identity of the file found there if any.
-    Writable { path: PathBuf, seen: Option<FileId> },
+pub enum Target {
+    /// May be written.
+    Writable {
+        /// The file to write: a symbolic link at the configured path
+        /// followed.
+        path: PathBuf,
+        /// The identity of the file found there, if any.
+        seen: Option<FileId>,
+    },
     /// The file is ours or missing, but its directory does not allow
     /// creating the temporary file.
     ReadOnly {
+        /// As in `Writable`.
         path: PathBuf,
+        /// As in `Writable`.
         seen: Option<FileId>,
+        /// Why the temporary file could not be created.
         error: Error,
     },
     /// Something that is not ours is there: what it is, to follow the
@@ -481,7 +490,7 @@ pub(crate) enum Target {
 /// files: that is the operation a save needs, and, unlike `access(W_OK)`, it
 /// gives the true answer for root, read-only mounts and network
 /// filesystems. Never opens anything but a regular file, non-blocking.
-pub(crate) fn judge_target(requested: &Path, examine: impl Fn(&Path) -> Found) -> Target {
+pub fn judge_target(requested: &Path, examine: impl Fn(&Path) -> Found) -> Target {
     let path = match std::fs::symlink_metadata(requested) {
         Ok(m) if m.file_type().is_symlink() => match std::fs::canonicalize(requested) {
             Ok(target) => target,
@@ -521,7 +530,7 @@ pub(crate) fn judge_target(requested: &Path, examine: impl Fn(&Path) -> Found) -
 /// shorter) `foreign_head` accepts (`None`; else it says what the file is).
 /// Never blocks: a FIFO or device is recognised by `lstat` and never opened,
 /// and the regular file is read through [`sys::open_regular`].
-pub(crate) fn examine_file(
+pub fn examine_file(
     path: &Path,
     vault_file: Option<&(PathBuf, FileId)>,
     head_len: usize,
@@ -576,7 +585,7 @@ fn vault_file_match(
 
 /// The identity of the vault file at `path` (followed through links), when
 /// it can be stat'ed: what [`examine_file`] refuses to replace.
-pub(crate) fn vault_file_key(path: &Path) -> Option<(PathBuf, FileId)> {
+pub fn vault_file_key(path: &Path) -> Option<(PathBuf, FileId)> {
     std::fs::metadata(path)
         .ok()
         .map(|m| (path.to_path_buf(), file_id(&m)))
@@ -694,7 +703,7 @@ struct VaultKey {
 
 /// What [`VaultKey::examine`] found at a path.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Found {
+pub enum Found {
     /// Nothing: the library may create the file.
     Nothing,
     /// A regular file whose header is a histogram of this vault as far as

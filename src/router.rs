@@ -1,5 +1,6 @@
 //! Expert routing for demos and benchmarks: a synthetic router with the
-//! statistics real MoE routers show, and the routing-trace format of docs/format.md §5.
+//! statistics real MoE routers show. Routing traces, the recorded kind, are
+//! [`crate::trace`]'s: read and written there (docs/format.md §5).
 //!
 //! The synthetic router keeps each of the previous token's experts with
 //! probability `keep` (per layer) and fills the rest of the top-k from a Zipf
@@ -152,104 +153,6 @@ impl SyntheticRouter {
     }
 }
 
-/// One row of a routing trace: a token's experts at one layer, in gate-rank
-/// order (rank 0 first).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TraceRow {
-    /// Line of the trace file the row came from (1 is the header).
-    pub line: usize,
-    /// Token number.
-    pub token: u64,
-    /// Layer id.
-    pub layer: u32,
-    /// Expert ids by gate rank.
-    pub experts: Vec<u32>,
-}
-
-/// Parses a routing trace (docs/format.md §5): CSV with header
-/// `token,layer,r0,r1,...` and one row per (token, layer). Every field is
-/// checked; errors name the line.
-pub fn parse_trace(text: &str) -> Result<Vec<TraceRow>> {
-    let mut lines = text.lines().enumerate();
-    let (_, header) = lines
-        .next()
-        .ok_or_else(|| Error::format("trace is empty: expected a header token,layer,r0,..."))?;
-    let cols: Vec<&str> = header.trim().split(',').map(str::trim).collect();
-    if cols.len() < 3 || cols[0] != "token" || cols[1] != "layer" {
-        return Err(Error::format(format!(
-            "trace line 1: header is {header:?}, expected \"token,layer,r0,r1,...\""
-        )));
-    }
-    for (i, c) in cols[2..].iter().enumerate() {
-        if *c != format!("r{i}") {
-            return Err(Error::format(format!(
-                "trace line 1: column {} is {c:?}, expected \"r{i}\"",
-                i + 3
-            )));
-        }
-    }
-    let ranks = cols.len() - 2;
-    let mut rows = Vec::new();
-    for (n, line) in lines {
-        let line_no = n + 1;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let fields: Vec<&str> = line.trim().split(',').map(str::trim).collect();
-        if fields.len() != ranks + 2 {
-            return Err(Error::format(format!(
-                "trace line {line_no}: {} fields, expected {} (token, layer, {ranks} ranks)",
-                fields.len(),
-                ranks + 2
-            )));
-        }
-        let num = |i: usize, what: &str| -> Result<u64> {
-            fields[i].parse::<u64>().map_err(|_| {
-                Error::format(format!(
-                    "trace line {line_no}: {what} is {:?}, expected a non-negative integer",
-                    fields[i]
-                ))
-            })
-        };
-        let small = |i: usize, what: &str| -> Result<u32> {
-            let v = num(i, what)?;
-            u32::try_from(v).map_err(|_| {
-                Error::format(format!("trace line {line_no}: {what} {v} is too large"))
-            })
-        };
-        let token = num(0, "token")?;
-        let layer = small(1, "layer")?;
-        // A row with fewer experts than the header has ranks leaves its
-        // trailing fields empty (what trace capture writes); an empty field
-        // before a number is an error, and so is an empty r0.
-        let named = fields[2..]
-            .iter()
-            .rposition(|f| !f.is_empty())
-            .map_or(1, |last| last + 1);
-        let mut experts = Vec::with_capacity(named);
-        for r in 0..named {
-            experts.push(small(r + 2, &format!("r{r}"))?);
-        }
-        // Sorted, not pairwise: a row may have as many ranks as its header
-        // names, and a quadratic check of a hostile one would not end.
-        let mut sorted = experts.clone();
-        sorted.sort_unstable();
-        if let Some(pair) = sorted.windows(2).find(|p| p[0] == p[1]) {
-            return Err(Error::format(format!(
-                "trace line {line_no}: expert {} appears twice in one row",
-                pair[0]
-            )));
-        }
-        rows.push(TraceRow {
-            line: line_no,
-            token,
-            layer,
-            experts,
-        });
-    }
-    Ok(rows)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -317,74 +220,5 @@ mod tests {
         }
         let share = hot as f64 / counts.iter().sum::<u64>() as f64;
         assert!((0.5..0.75).contains(&share), "top-12% share {share}");
-    }
-
-    #[test]
-    fn trace_parses_and_rejects_bad_rows() {
-        let rows = parse_trace("token,layer,r0,r1\n0,0,6,5\n0,1,6,2\n").unwrap();
-        assert_eq!(rows.len(), 2);
-        assert_eq!(rows[1].experts, vec![6, 2]);
-        // Trailing empty fields: a shorter row (trace capture writes them).
-        let rows = parse_trace("token,layer,r0,r1,r2\n3,7,5,,\n3,8,1, 2 ,\n").unwrap();
-        assert_eq!(rows[0].experts, vec![5]);
-        assert_eq!(rows[1].experts, vec![1, 2]);
-        for (bad, needle) in [
-            ("", "empty"),
-            ("tok,layer,r0\n", "header"),
-            ("token,layer,r0,r2\n", "column 4"),
-            ("token,layer,r0\n0,0\n", "line 2: 2 fields"),
-            ("token,layer,r0\n0,x,1\n", "line 2: layer is \"x\""),
-            ("token,layer,r0\n0,0,-1\n", "r0 is \"-1\""),
-            ("token,layer,r0,r1\n0,0,3,3\n", "appears twice"),
-            ("token,layer,r0\n0,99999999999,1\n", "too large"),
-            ("token,layer,r0,r1\n0,0,,\n", "r0 is \"\""),
-            ("token,layer,r0,r1\n0,0,,3\n", "r0 is \"\""),
-            ("token,layer,r0,r1,r2\n0,0,1,,3\n", "r1 is \"\""),
-        ] {
-            let err = parse_trace(bad).unwrap_err().to_string();
-            assert!(err.contains(needle), "{bad:?}: {err}");
-        }
-    }
-}
-
-/// Tokens of a trace: per token, `(layer, experts)` in execution order.
-pub type TraceTokens = Vec<Vec<(u32, Vec<u32>)>>;
-
-/// Groups trace rows into tokens (consecutive rows with one token number),
-/// each a list of `(layer, experts)` in execution order; `top_k` keeps the
-/// first ranks of each row (0 = all).
-pub fn trace_tokens(rows: &[TraceRow], top_k: usize) -> TraceTokens {
-    let mut tokens: TraceTokens = Vec::new();
-    let mut current: Option<u64> = None;
-    for row in rows {
-        if current != Some(row.token) {
-            tokens.push(Vec::new());
-            current = Some(row.token);
-        }
-        let k = if top_k == 0 {
-            row.experts.len()
-        } else {
-            top_k.min(row.experts.len())
-        };
-        if let Some(t) = tokens.last_mut() {
-            t.push((row.layer, row.experts[..k].to_vec()));
-        }
-    }
-    tokens
-}
-
-#[cfg(test)]
-mod trace_tests {
-    use super::*;
-
-    #[test]
-    fn rows_group_into_tokens_and_keep_top_k() {
-        let rows = parse_trace("token,layer,r0,r1,r2\n0,0,1,2,3\n0,1,4,5,6\n1,0,7,1,2\n").unwrap();
-        assert_eq!(rows[2].line, 4);
-        let t = trace_tokens(&rows, 2);
-        assert_eq!(t.len(), 2);
-        assert_eq!(t[0], vec![(0, vec![1, 2]), (1, vec![4, 5])]);
-        assert_eq!(t[1], vec![(0, vec![7, 1])]);
-        assert_eq!(trace_tokens(&rows, 0)[1][0].1, vec![7, 1, 2]);
     }
 }

@@ -7,6 +7,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use smoe::internals::files::{open_regular, OpenRegularError};
 use smoe::internals::router::TraceTokens;
 use smoe::vault::Vault;
 
@@ -78,11 +79,15 @@ pub struct MmapReport {
 /// getting and reading them.
 pub fn mmap_replay(vault: &Vault, tokens: &TraceTokens) -> Result<MmapReport, Failure> {
     let path = vault.path();
-    let file = File::open(path).map_err(|e| smoe::Error::io("cannot open", path, &e))?;
-    let len = file
-        .metadata()
-        .map_err(|e| smoe::Error::io("cannot stat", path, &e))?
-        .len();
+    // Opened again by path, so judged again: a file put there since the
+    // vault was read (a FIFO would block the open) is refused at once.
+    let (file, metadata) = open_regular(path).map_err(|e| match e {
+        OpenRegularError::NotRegular(kind) => {
+            Failure::Message(format!("{}: is {kind}, not a vault file", path.display()))
+        }
+        OpenRegularError::Os(e) => smoe::Error::io("cannot open", path, &e).into(),
+    })?;
+    let len = metadata.len();
     let len = usize::try_from(len)
         .map_err(|_| Failure::Message(format!("{} is too large to map", path.display())))?;
     let map = Mapping::new(&file, len, path)?;
@@ -280,4 +285,40 @@ pub fn drop_page_cache() -> Result<(), String> {
     unsafe { libc::sync() };
     std::fs::write("/proc/sys/vm/drop_caches", "3")
         .map_err(|e| format!("cannot drop the page cache: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fifo_put_in_place_of_the_vault_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = smoe::vault::synth::SynthSpec {
+            n_layers: 1,
+            n_experts: 2,
+            blob_bytes: 1000,
+            dense_layers: vec![],
+            seed: 1,
+            top_k: 1,
+        };
+        let file = spec.write(dir.path(), &mut |_| {}).unwrap();
+        let vault = Vault::open(dir.path()).unwrap();
+        std::fs::remove_file(&file).unwrap();
+        let c = std::ffi::CString::new(file.to_str().unwrap()).unwrap();
+        // SAFETY: `c` is a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let (done, wait) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let tokens = vec![vec![(0, vec![1])]];
+            let _ = done.send(mmap_replay(&vault, &tokens).map(|_| ()));
+        });
+        let result = wait
+            .recv_timeout(Duration::from_secs(5))
+            .expect("mmap_replay blocked on a FIFO");
+        match result {
+            Err(Failure::Message(m)) => assert!(m.ends_with("is a FIFO, not a vault file"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
 }

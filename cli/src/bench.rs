@@ -6,16 +6,18 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
-use smoe::internals::router::{parse_trace, trace_tokens, TraceTokens};
+use smoe::internals::files::same_file;
+use smoe::internals::trace::{read_trace_file, TraceTokens};
 use smoe::streamer::MAX_WORKERS;
 use smoe::vault::Vault;
 use smoe::DirectIo;
 
 use crate::baseline::{drop_page_cache, find_parent, mmap_replay, Cgroup, CgroupParent};
 use crate::flags;
-use crate::output::{gb_per_s, human_bytes, out, Failure};
+use crate::output::{gb_per_s, human_bytes, out, warning_line, Failure};
+use crate::plot::PlotTarget;
 use crate::sim;
-use crate::stream::{decode, scan, DecodeOptions};
+use crate::stream::{decode_noting, scan, DecodeOptions};
 
 /// What to stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -151,7 +153,8 @@ pub struct BenchArgs {
     pub policy: PolicyArg,
     /// Decode mode: record every claim and write it to FILE as a routing
     /// trace (docs/format.md §5.3) when the run ends, for `--trace` replays;
-    /// replaces only a missing file or an earlier trace.
+    /// replaces only a missing file or an earlier trace (anything else is a
+    /// warning on stderr, and nothing is recorded).
     #[arg(long, value_name = "FILE")]
     pub capture: Option<PathBuf>,
     /// With --trace: only simulate exact LRU and Belady over ring sizes (5%
@@ -174,7 +177,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub no_isolation: bool,
     /// With --trace: draw hit rate against ring size (and, with --baseline,
-    /// per-token waits) into this SVG file.
+    /// per-token waits) into this SVG file; replaces only a missing file, an
+    /// empty one or an SVG, anything else is refused before the run.
     #[arg(long)]
     pub plot: Option<PathBuf>,
     /// Internal: run only one side (a child process of a capped run) and
@@ -243,14 +247,66 @@ fn check_against(args: &BenchArgs, vault: &Vault) -> Result<u32, Failure> {
     Ok(top_k)
 }
 
+/// Refuses flags that the rest of the command line leaves without effect
+/// (a usage error, exit 2), before anything is opened.
+fn check_flags(args: &BenchArgs) -> Result<(), Failure> {
+    let usage = |message: &str| Err(Failure::Usage(message.to_owned()));
+    if args.trace.is_none() {
+        for (set, flag) in [
+            (args.sweep, "--sweep"),
+            (args.baseline.is_some(), "--baseline"),
+            (args.mem_cap.is_some(), "--mem-cap"),
+            (args.plot.is_some(), "--plot"),
+            (args.max_tokens.is_some(), "--max-tokens"),
+            (args.side.is_some(), "--side"),
+        ] {
+            if set {
+                return usage(&format!("{flag} needs --trace"));
+            }
+        }
+    }
+    if args.mode == Mode::Scan {
+        for (set, flag) in [
+            (args.trace.is_some(), "--trace"),
+            (args.capture.is_some(), "--capture"),
+        ] {
+            if set {
+                return usage(&format!(
+                    "{flag} is for a decode: --mode scan reads every blob once and claims no token"
+                ));
+            }
+        }
+    }
+    if args.sweep && args.capture.is_some() {
+        return usage("--capture records the claims of a run: --sweep only simulates");
+    }
+    Ok(())
+}
+
 /// Runs `smoe bench`.
 pub fn run(args: &BenchArgs) -> Result<(), Failure> {
+    check_flags(args)?;
     if let Some(dir) = &args.cgroup {
         // A side of a capped run: into the cap before anything is read.
         crate::baseline::enter(dir)?;
     }
     let vault = Vault::open(&args.vault)?;
     let top_k = check_against(args, &vault)?;
+    // The plot's file is judged now, before the run: a file that is not an
+    // SVG is refused before any work is done.
+    let plot = match &args.plot {
+        Some(given) => Some(PlotTarget::judge(given, vault.path())?),
+        None => None,
+    };
+    if let (Some(plot), Some(capture)) = (&plot, &args.capture) {
+        if same_file(plot.path(), capture) {
+            return Err(Failure::Usage(format!(
+                "--plot {} and --capture {} name the same file",
+                plot.path().display(),
+                capture.display()
+            )));
+        }
+    }
     let direct_io = match args.direct {
         Direct::Auto => DirectIo::Auto,
         Direct::Require => DirectIo::Require,
@@ -258,7 +314,13 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     };
     match args.mode {
         Mode::Scan => {
-            let r = scan(vault, args.ring_slots, args.workers, direct_io)?;
+            let r = scan(
+                vault,
+                args.ring_slots,
+                args.workers,
+                direct_io,
+                &mut warning_line,
+            )?;
             if args.json {
                 out(&format!(
                     "{{\"mode\":\"scan\",\"bytes_read\":{},\"seconds\":{:.6},\"gb_per_s\":{:.4},\"workers\":{},\"ring_slots\":{},\"slot_bytes\":{},\"direct_io\":{}}}\n",
@@ -289,26 +351,9 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
         }
         Mode::Decode => {
             if let Some(path) = &args.trace {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| smoe::Error::io("cannot read trace", path, &e))?;
-                let rows = parse_trace(&text).map_err(|e| e.context(path.display()))?;
-                let mut tokens = trace_tokens(&rows, top_k as usize);
-                if let Some(n) = args.max_tokens {
-                    tokens.truncate(n as usize);
-                }
-                return run_trace(args, vault, top_k, direct_io, tokens);
-            }
-            for (set, flag) in [
-                (args.sweep, "--sweep"),
-                (args.baseline.is_some(), "--baseline"),
-                (args.mem_cap.is_some(), "--mem-cap"),
-                (args.plot.is_some(), "--plot"),
-                (args.max_tokens.is_some(), "--max-tokens"),
-                (args.side.is_some(), "--side"),
-            ] {
-                if set {
-                    return Err(Failure::Usage(format!("{flag} needs --trace")));
-                }
+                let max_tokens = args.max_tokens.map(|n| n as usize);
+                let tokens = read_trace_file(path, top_k as usize, max_tokens)?;
+                return run_trace(args, vault, top_k, direct_io, tokens, plot.as_ref());
             }
             let opts = decode_options(
                 args,
@@ -319,7 +364,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
                 None,
                 true,
             );
-            let r = decode(vault, &opts, &mut |_| {})?;
+            let r = decode_noting(vault, &opts, &mut warning_line, &mut |_| {})?;
             let st = &r.stats;
             let (mean, p99) = r.wait_mean_p99();
             let coverage = st.hits as f64 / st.claims.max(1) as f64;
@@ -429,7 +474,7 @@ fn side_here(
                 Some(tokens.clone()),
                 args.cgroup.is_none(),
             );
-            let r = decode(vault, &opts, &mut |_| {})?;
+            let r = decode_noting(vault, &opts, &mut warning_line, &mut |_| {})?;
             let st = &r.stats;
             Ok(json!({
                 "side": "smoe",
@@ -496,6 +541,9 @@ fn side_capped(
     if args.speculate {
         cmd.arg("--speculate");
     }
+    if let (Side::Smoe, Some(capture)) = (side, &args.capture) {
+        cmd.arg("--capture").arg(capture);
+    }
     if let Some(seed) = args.check_seed {
         cmd.args(["--check-seed", &seed.to_string()]);
     }
@@ -538,6 +586,7 @@ fn run_trace(
     top_k: u32,
     direct_io: DirectIo,
     tokens: TraceTokens,
+    plot: Option<&PlotTarget>,
 ) -> Result<(), Failure> {
     check_trace(&vault, &tokens)?;
     let trace_path = args.trace.clone().unwrap_or_default();
@@ -545,7 +594,7 @@ fn run_trace(
     let seq = sim::claims(&tokens);
     if args.sweep {
         let rows = sweep_rows(&seq, entries, args.ring_slots);
-        if let Some(plot) = &args.plot {
+        if let Some(plot) = plot {
             crate::plot::write(
                 plot,
                 &crate::plot::PlotData {
@@ -675,7 +724,7 @@ fn run_trace(
         (Some(p), Some(_)) => p.name(),
         _ => "none",
     };
-    if let Some(plot) = &args.plot {
+    if let Some(plot) = plot {
         let rows = sweep_rows(&seq, entries, ring);
         crate::plot::write(
             plot,

@@ -45,6 +45,13 @@ pub fn error_line(message: &str) {
     let _ = writeln!(io::stderr().lock(), "smoe: {one_line}");
 }
 
+/// Writes `smoe: warning: <message>` on stderr as exactly one line: what a
+/// run that goes on wants the user to know (a streamer's open-time
+/// warnings).
+pub fn warning_line(message: &str) {
+    error_line(&format!("warning: {message}"));
+}
+
 /// Bytes in binary units, e.g. "1.50 GiB" (or "512 B").
 pub fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];

@@ -101,10 +101,23 @@ impl DecodeReport {
 
 /// Decodes `opts.tokens` tokens of synthetic routing through a streamer on
 /// `vault`: per layer, demand-prefetch the routed experts, optionally bet on
-/// the next layer, claim each (waiting), check its bytes, release.
+/// the next layer, claim each (waiting), check its bytes, release. The
+/// streamer's warnings are in the report.
 pub fn decode(
     vault: Vault,
     opts: &DecodeOptions,
+    on_token: &mut dyn FnMut(u32),
+) -> Result<DecodeReport, Failure> {
+    decode_noting(vault, opts, &mut |_| {}, on_token)
+}
+
+/// [`decode`], handing each of the streamer's open-time warnings to
+/// `on_warning` as soon as it is open: before the run, so that a run that
+/// fails later has still said them.
+pub fn decode_noting(
+    vault: Vault,
+    opts: &DecodeOptions,
+    on_warning: &mut dyn FnMut(&str),
     on_token: &mut dyn FnMut(u32),
 ) -> Result<DecodeReport, Failure> {
     let s = Streamer::with_vault(
@@ -119,6 +132,7 @@ pub fn decode(
             ..Config::default()
         },
     )?;
+    s.warnings().iter().for_each(|w| on_warning(w));
     let v = s.vault();
     let layers: Vec<u32> = (0..v.n_layers())
         .filter(|&l| (0..v.n_experts()).any(|e| v.entry(l, e).is_some()))
@@ -220,12 +234,14 @@ pub struct ScanReport {
 }
 
 /// Streams every blob once, in file order, keeping `2 × workers` reads in
-/// flight: the library's cold-read throughput on this drive.
+/// flight: the library's cold-read throughput on this drive. Each of the
+/// streamer's open-time warnings goes to `on_warning` once it is open.
 pub fn scan(
     vault: Vault,
     ring_slots: u32,
     workers: u32,
     direct_io: DirectIo,
+    on_warning: &mut dyn FnMut(&str),
 ) -> Result<ScanReport, Failure> {
     let s = Streamer::with_vault(
         vault,
@@ -236,6 +252,7 @@ pub fn scan(
             ..Config::default()
         },
     )?;
+    s.warnings().iter().for_each(|w| on_warning(w));
     let mut order: Vec<(u64, u32, u32)> = s
         .vault()
         .entries()

@@ -407,3 +407,130 @@ fn numeric_flags_out_of_range_fail_with_one_line() {
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
+
+// ------------------------------------------------ routing traces (issue 19)
+
+/// `smoe bench` of a 2-layer × 4-expert vault replaying `trace` at top-2,
+/// plus `extra`.
+fn bench_trace(vault: &Path, trace: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "bench",
+        vault.to_str().unwrap(),
+        "--trace",
+        trace.to_str().unwrap(),
+        "--top-k",
+        "2",
+        "--ring-slots",
+        "4",
+        "--workers",
+        "1",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    smoe(&args)
+}
+
+#[test]
+fn trace_errors_quote_at_most_80_characters() {
+    let v = common::vault(2, 4, 5000, &[]);
+    let trace = v.dir.path().join("t.csv");
+    // 4 MiB: under the 16 MiB a line may hold.
+    let long = "x".repeat(4 << 20);
+    for (content, needles) in [
+        (
+            format!("token,layer,r0\n0,0,{long}\n"),
+            &["trace line 2", "r0 is \"xxxx", "4194304 bytes"][..],
+        ),
+        (format!("{long}\n0,0,1\n"), &["trace line 1", "header"][..]),
+        (
+            format!("token,layer,{long}\n"),
+            &["trace line 1", "column 3"][..],
+        ),
+        (
+            format!("token,layer,r0\n{long},0,1\n"),
+            &["trace line 2", "token"][..],
+        ),
+    ] {
+        std::fs::write(&trace, content).unwrap();
+        let out = bench_trace(v.dir.path(), &trace, &[]);
+        assert_one_line(&out, 1, needles, "a 4 MiB field");
+        assert!(
+            out.stderr.len() < 400,
+            "{} bytes on stderr",
+            out.stderr.len()
+        );
+    }
+}
+
+#[test]
+fn trace_lines_are_bounded() {
+    // A regular file of 64 MiB of NUL bytes: no line end anywhere.
+    let v = common::vault(2, 4, 5000, &[]);
+    let trace = v.dir.path().join("zeros.csv");
+    File::create(&trace).unwrap().set_len(64 * MIB).unwrap();
+    let out = bench_trace(v.dir.path(), &trace, &[]);
+    assert_one_line(&out, 1, &["trace line 1", "16 MiB"], "a 64 MiB line");
+    assert!(
+        out.stderr.len() < 400,
+        "{} bytes on stderr",
+        out.stderr.len()
+    );
+}
+
+#[test]
+fn trace_is_read_only_up_to_the_last_token_needed() {
+    let v = common::vault(2, 4, 5000, &[]);
+    let trace = v.dir.path().join("t.csv");
+    let mut content = String::from("token,layer,r0,r1\n0,0,0,1\n0,1,2,3\n1,0,0,2\n1,1,1,3\n");
+    content.push_str("2,0,3,2\n2,1,0,1\n");
+    // Line 8 on: not a trace at all.
+    content.push_str("this line is not a row\n");
+    content.push_str(&"\u{0}".repeat(1 << 20));
+    std::fs::write(&trace, &content).unwrap();
+    for n in ["1", "2", "3"] {
+        let out = bench_trace(v.dir.path(), &trace, &["--max-tokens", n]);
+        assert!(
+            out.status.success(),
+            "--max-tokens {n}: {}",
+            text(&out.stderr)
+        );
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(json["tokens"].to_string(), n, "{json}");
+    }
+    // Token 3 would start on line 8: that line is read, and refused.
+    let out = bench_trace(v.dir.path(), &trace, &["--max-tokens", "4"]);
+    assert_one_line(&out, 1, &["trace line 8"], "--max-tokens 4");
+    let out = bench_trace(v.dir.path(), &trace, &[]);
+    assert_one_line(&out, 1, &["trace line 8"], "the whole trace");
+}
+
+#[test]
+fn trace_numbers_encoding_and_bom() {
+    let v = common::vault(2, 4, 5000, &[]);
+    let trace = v.dir.path().join("t.csv");
+    let rows = "0,0,0,1\n0,1,2,3\n";
+    // A UTF-8 byte order mark before the header is skipped.
+    std::fs::write(&trace, format!("\u{feff}token,layer,r0,r1\n{rows}")).unwrap();
+    let out = bench_trace(v.dir.path(), &trace, &[]);
+    assert!(out.status.success(), "BOM: {}", text(&out.stderr));
+    for (bad, needles) in [
+        ("0,0,+1,2\n", &["trace line 4", "r0 is \"+1\""][..]),
+        ("+0,0,1,2\n", &["trace line 4", "token is \"+0\""][..]),
+        ("0,+0,1,2\n", &["trace line 4", "layer is \"+0\""][..]),
+        ("0,0,\u{ff11},2\n", &["trace line 4", "r0"][..]),
+    ] {
+        std::fs::write(&trace, format!("token,layer,r0,r1\n{rows}{bad}")).unwrap();
+        let out = bench_trace(v.dir.path(), &trace, &[]);
+        assert_one_line(&out, 1, needles, bad);
+    }
+    // Not UTF-8 on line 4: the line is named.
+    let mut bytes = format!("token,layer,r0,r1\n{rows}0,1,").into_bytes();
+    bytes.extend_from_slice(b"\xff\xfe\n");
+    std::fs::write(&trace, &bytes).unwrap();
+    let out = bench_trace(v.dir.path(), &trace, &[]);
+    assert_one_line(&out, 1, &["trace line 4", "UTF-8"], "invalid UTF-8");
+    // A BOM anywhere but the start is not skipped.
+    std::fs::write(&trace, format!("token,layer,r0,r1\n\u{feff}{rows}")).unwrap();
+    let out = bench_trace(v.dir.path(), &trace, &[]);
+    assert_one_line(&out, 1, &["trace line 2", "token"], "a BOM on line 2");
+}

@@ -72,7 +72,8 @@ macro_rules! config_schema {
             []
             /// Routing-trace capture (docs/format.md §5.3); `None` or empty =
             /// off. Every OK claim is recorded and written to this file at
-            /// close, replacing only a missing file or an earlier trace.
+            /// close, replacing only a missing file or an earlier trace. A
+            /// relative path is taken from the working directory at open.
             trace_path: Option<::std::path::PathBuf> = None,
             []
             /// Eviction policy: [`Policy::Lru`](crate::Policy::Lru) (the
