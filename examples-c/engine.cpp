@@ -3,11 +3,13 @@
 // Usage: engine VAULT_DIR N_LAYERS N_EXPERTS [TOKENS]
 //
 // Per token and per MoE layer it
-//   1. demand-prefetches the routed top-k experts (a deterministic
-//      pseudo-random router: each of the previous token's experts is kept
-//      with probability 1/2, the rest drawn uniformly),
-//   2. speculatively prefetches the next SPECULATE ranks,
-//   3. claims the top-k (smoe::streamer::claim_wait),
+//   1. hands the routed top-k experts over as one demand working set
+//      (smoe::streamer::prefetch_set; a deterministic pseudo-random router:
+//      each of the previous token's experts is kept with probability 1/2,
+//      the rest drawn uniformly),
+//   2. hands the next SPECULATE ranks over as a speculative set,
+//   3. claims the top-k whichever is ready first (smoe::streamer::claim_any,
+//      resident ones first) and computes each as it comes:
 //   4. "computes": a 64-bit checksum of every byte of each expert, compared
 //      with the checksum of the same bytes read straight from experts.smoe
 //      (std::ifstream at the expert's offset; computed once per expert and
@@ -29,6 +31,7 @@
 #include <cstring>
 #include <exception>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -119,12 +122,15 @@ class Joiner {
   std::thread &thread_;
 };
 
-// Demand-prefetches the active ranks, then speculates on the deeper ones.
+// The active ranks as a demand set, then the deeper ones as a speculative
+// set (which never evicts a demand load not yet claimed).
 void prefetch_layer(smoe::streamer &s, const std::vector<std::uint32_t> &route,
                     std::uint32_t layer) {
-  for (std::size_t rank = 0; rank < route.size(); rank++) {
-    s.prefetch(layer, route[rank], /*speculative=*/rank >= TOP_K);
-  }
+  const std::size_t active = std::min<std::size_t>(TOP_K, route.size());
+  const std::vector<std::uint32_t> demand(route.begin(), route.begin() + active);
+  const std::vector<std::uint32_t> deeper(route.begin() + active, route.end());
+  s.prefetch_set(layer, demand);
+  s.prefetch_set(layer, deeper, /*speculative=*/true);
 }
 
 // The expected checksums, from the vault file itself (not through smoe's
@@ -208,13 +214,15 @@ int run(const std::string &vault, std::uint32_t n_layers, std::uint32_t n_expert
       // (1)-(2): no-ops for what the look-ahead already queued.
       prefetch_layer(s, route, layer);
       {
-        // (3) claim the active experts; (5) their destructors release them.
-        std::vector<smoe::claim> claims;
-        for (std::uint32_t rank = 0; rank < TOP_K && rank < route.size(); rank++) {
-          claims.push_back(s.claim_wait(layer, route[rank]));
-        }
-        // (4) the computation, checked against the file.
-        for (const smoe::claim &c : claims) {
+        // (3) claim the active experts, whichever is ready first; (4) compute
+        // each as it comes; (5) its destructor releases it.
+        std::vector<std::uint32_t> left(route.begin(),
+                                        route.begin() + std::min<std::size_t>(TOP_K, route.size()));
+        while (!left.empty()) {
+          std::optional<smoe::claim> claimed = s.claim_any(layer, left);
+          if (!claimed) throw std::runtime_error("no expert of the set arrived in 10 s");
+          const smoe::claim &c = *claimed;
+          left.erase(std::remove(left.begin(), left.end(), c.expert()), left.end());
           const std::uint64_t got = checksum(c.data(), c.size());
           const std::uint64_t want = expected.get(s, c.layer(), c.expert());
           checked++;

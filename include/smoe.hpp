@@ -25,6 +25,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -216,6 +217,45 @@ class streamer {
     return claim(handle_, slot);
   }
 
+  /** smoe_prefetch_set: queues a layer's working set, in order; returns how
+   *  many members are now resident or in flight (fewer than the set when
+   *  the ring could not take the rest: SMOE_ERR_RING_FULL is not thrown,
+   *  since claim_any queues the rest as slots free up); throws smoe::error
+   *  on any other error. Any contiguous container of std::uint32_t. */
+  template <class Set>
+  std::uint32_t prefetch_set(std::uint32_t layer, const Set &experts,
+                             bool speculative = false) {
+    std::uint32_t queued = 0;
+    const smoe_status status =
+        smoe_prefetch_set(handle_, layer, std::data(experts), set_size(experts),
+                          speculative, &queued);
+    if (status != SMOE_ERR_RING_FULL) {
+      detail::check(status, "smoe_prefetch_set");
+    }
+    return queued;
+  }
+
+  /** smoe_claim_any: a resident member first, in the set's order, else the
+   *  first whose read lands within `timeout`; an empty optional for
+   *  SMOE_PENDING (the timeout passed); throws smoe::error on any error,
+   *  SMOE_ERR_RING_FULL included (every slot is held: release first). A
+   *  member's failed read throws with that member named in the message.
+   *  claim.expert() says which member it is. */
+  template <class Set>
+  std::optional<claim> claim_any(std::uint32_t layer, const Set &experts,
+                                 std::chrono::nanoseconds timeout = std::chrono::seconds(10)) {
+    smoe_slot slot{};
+    const std::uint64_t timeout_ns =
+        timeout.count() < 0 ? 0 : static_cast<std::uint64_t>(timeout.count());
+    const smoe_status status = smoe_claim_any(handle_, layer, std::data(experts),
+                                              set_size(experts), timeout_ns, &slot);
+    if (status == SMOE_PENDING) {
+      return std::nullopt;
+    }
+    detail::check(status, "smoe_claim_any");
+    return claim(handle_, slot);
+  }
+
   /** smoe_release of a raw smoe_slot (for hosts that keep C structs);
    *  throws smoe::error, e.g. SMOE_ERR_STALE for a ticket not held. */
   void release(const smoe_slot &slot) {
@@ -256,6 +296,14 @@ class streamer {
   std::string warnings() const { return smoe_warnings(handle_); }
 
  private:
+  template <class Set>
+  static std::uint32_t set_size(const Set &experts) {
+    if (std::size(experts) > UINT32_MAX) {
+      throw error(SMOE_ERR_ARGUMENT, "smoe_claim_any", "the set holds more than 2^32 - 1 experts");
+    }
+    return static_cast<std::uint32_t>(std::size(experts));
+  }
+
   smoe_streamer *handle_ = nullptr;
 };
 

@@ -486,6 +486,72 @@ static void test_stats_sizes(smoe_streamer *s) {
   CHECK(larger.st.ring_slots == 4, "ring_slots %llu", (unsigned long long)larger.st.ring_slots);
 }
 
+/* Working sets (smoe_prefetch_set, smoe_claim_any) on the 4-slot streamer:
+ * a 6-member set through 4 slots, each member claimed once with the file's
+ * bytes; the argument checks; RING_FULL at once when every slot is held. */
+static void test_working_set(smoe_streamer *s) {
+  const uint32_t layer = expert_layer(2);
+  uint32_t set[6] = {5, 0, 3, 1, 4, 2};
+  uint32_t n = 6, queued = 99;
+  EXPECT(smoe_prefetch_set(s, layer, set, n, false, &queued), SMOE_ERR_RING_FULL);
+  CHECK(queued >= 4 && queued < 6, "queued %u of 6 through 4 slots", (unsigned)queued);
+  unsigned seen = 0;
+  while (n > 0) {
+    smoe_slot slot;
+    smoe_status st = smoe_claim_any(s, layer, set, n, 10000000000ull, &slot);
+    EXPECT(st, SMOE_OK);
+    if (st != SMOE_OK) {
+      break;
+    }
+    CHECK(payload_matches(s, &slot), "expert %u: bytes differ from the file", slot.expert);
+    uint32_t k = 0;
+    while (k < n && set[k] != slot.expert) {
+      k++;
+    }
+    CHECK(k < n, "claimed expert %u is not in the set", slot.expert);
+    CHECK((seen & (1u << slot.expert)) == 0, "expert %u claimed twice", slot.expert);
+    seen |= 1u << slot.expert;
+    if (k < n) {
+      set[k] = set[--n];
+    }
+    EXPECT(smoe_release(s, &slot), SMOE_OK);
+  }
+  CHECK(seen == 0x3f, "claimed set 0x%x, want 0x3f", seen);
+
+  /* Arguments: NULL with n > 0, n == 0. */
+  EXPECT(smoe_prefetch_set(s, layer, NULL, 2, false, NULL), SMOE_ERR_ARGUMENT);
+  queued = 99;
+  EXPECT(smoe_prefetch_set(s, layer, NULL, 0, false, &queued), SMOE_OK);
+  CHECK(queued == 0, "empty set: queued %u", (unsigned)queued);
+  smoe_slot slot, sentinel;
+  memset(&sentinel, 0xa5, sizeof sentinel);
+  memcpy(&slot, &sentinel, sizeof slot);
+  EXPECT(smoe_claim_any(s, layer, set, 0, 0, &slot), SMOE_ERR_ARGUMENT);
+  EXPECT(smoe_claim_any(s, layer, NULL, 1, 0, &slot), SMOE_ERR_ARGUMENT);
+  CHECK(memcmp(&slot, &sentinel, sizeof slot) == 0, "out written on an argument error");
+  const uint32_t missing[2] = {0, n_experts};
+  EXPECT(smoe_prefetch_set(s, layer, missing, 2, false, NULL), SMOE_ERR_NOT_FOUND);
+
+  /* Hold every slot: a set of other experts is RING_FULL at once. */
+  smoe_slot held[4];
+  for (uint32_t e = 0; e < 4; e++) {
+    EXPECT(smoe_claim_wait(s, layer, e, 10000000000ull, &held[e]), SMOE_OK);
+  }
+  smoe_stats st = get_stats(s);
+  CHECK(st.slots_held == 4, "slots_held %llu", (unsigned long long)st.slots_held);
+  const uint32_t others[2] = {4, 5};
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  EXPECT(smoe_claim_any(s, layer, others, 2, 10000000000ull, &slot), SMOE_ERR_RING_FULL);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  const double waited = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  CHECK(waited < 1.0, "RING_FULL after %.3f s, not at once", waited);
+  for (uint32_t e = 0; e < 4; e++) {
+    EXPECT(smoe_release(s, &held[e]), SMOE_OK);
+  }
+  CHECK(get_stats(s).slots_held == 0, "slots_held after the releases");
+}
+
 /* The main scenario on a 4-slot, 2-worker streamer. */
 static void test_streaming(smoe_streamer *s) {
   void *base = NULL;
@@ -679,6 +745,7 @@ int main(int argc, char **argv) {
   test_stats_sizes(s);
   test_every_stats_size(s);
   test_streaming(s);
+  test_working_set(s);
   test_last_error_per_thread(s);
   smoe_close(s);
   smoe_close(NULL);

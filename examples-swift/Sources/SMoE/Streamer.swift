@@ -190,6 +190,36 @@ public final class Streamer {
         return Claim(streamer: self, slot: slot)
     }
 
+    /// Queues the reads of a layer's working set, in order (SPEC §3.2):
+    /// returns how many members are now resident or in flight, fewer than
+    /// `experts.count` when the ring could not take the rest (the
+    /// `SMOE_ERR_RING_FULL` case is not thrown: `claimAny` queues the rest
+    /// as slots free up).
+    @discardableResult
+    public func prefetchSet(layer: UInt32, experts: [UInt32], speculative: Bool = false) throws -> UInt32 {
+        var queued: UInt32 = 0
+        let status = experts.withUnsafeBufferPointer { set in
+            smoe_prefetch_set(handle, layer, set.baseAddress, UInt32(set.count), speculative, &queued)
+        }
+        if status != SMOE_ERR_RING_FULL { try SMoEError.check(status) }
+        return queued
+    }
+
+    /// Claims one member of a layer's working set: a resident one first, in
+    /// the set's order, else the first whose read lands within
+    /// `timeoutNanoseconds`; `nil` if the timeout passed first. The claim's
+    /// `expert` says which member it is. Throws `SMOE_ERR_RING_FULL` at once
+    /// when every slot is held (release first), and a member's failed read.
+    public func claimAny(layer: UInt32, experts: [UInt32], timeoutNanoseconds: UInt64) throws -> Claim? {
+        var slot = smoe_slot()
+        let status = experts.withUnsafeBufferPointer { set in
+            smoe_claim_any(handle, layer, set.baseAddress, UInt32(set.count), timeoutNanoseconds, &slot)
+        }
+        if status == SMOE_PENDING { return nil }
+        try SMoEError.check(status)
+        return Claim(streamer: self, slot: slot)
+    }
+
     /// The counters and sizes now (each counter exact, not one snapshot).
     public func stats() throws -> Stats {
         var stats = smoe_stats()

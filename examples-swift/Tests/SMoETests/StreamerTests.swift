@@ -75,6 +75,32 @@ final class StreamerTests: XCTestCase {
         }
     }
 
+    /// A working set larger than the ring, claimed whichever member is
+    /// ready first: each member once, with the file's bytes.
+    func testWorkingSetIsClaimedOnceEach() throws {
+        var config = Streamer.Config()
+        config.workers = 2
+        config.ringSlots = 4
+        config.freqPath = ""
+        let streamer = try Streamer(vault: Self.vaultDir, config: config)
+        var left: [UInt32] = Array(0..<Self.experts)
+        XCTAssertEqual(try streamer.prefetchSet(layer: 1, experts: left), 4, "the ring takes 4")
+        var claimed: [UInt32] = []
+        while !left.isEmpty {
+            let claim = try XCTUnwrap(streamer.claimAny(layer: 1, experts: left, timeoutNanoseconds: 10_000_000_000))
+            let info = try streamer.expertInfo(layer: 1, expert: claim.expert)
+            let expected = try fileBytes(offset: info.offset, count: Int(info.size))
+            try claim.withUnsafeBytes { bytes in
+                XCTAssertTrue(bytes.elementsEqual(expected), "expert \(claim.expert): bytes differ")
+            }
+            claimed.append(claim.expert)
+            left.removeAll { $0 == claim.expert }
+            try claim.release()
+        }
+        XCTAssertEqual(claimed.sorted(), Array(0..<Self.experts))
+        XCTAssertEqual(try streamer.stats().slots_held, 0)
+    }
+
     func testReclaimIsAHit() throws {
         let streamer = try open()
         try streamer.prefetch(layer: 1, expert: 5)
