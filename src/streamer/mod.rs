@@ -375,6 +375,7 @@ mod imp {
         }
 
         /// The dense id, entry position and entry of (layer, expert).
+        #[inline]
         fn id_of(&self, layer: u32, expert: u32) -> Result<(u32, u32, &Entry)> {
             let v = &self.shared.vault;
             v.dense_id(layer, expert)
@@ -653,6 +654,7 @@ mod imp {
         /// passes (`Ok(None)`, counted as pending): it spins briefly, polls
         /// (yielding its core) until 500 µs after the call, then sleeps until
         /// a worker finishes a read, and tries again after each.
+        #[inline(never)]
         fn wait_for_claim(
             &self,
             timeout: Duration,
@@ -732,18 +734,27 @@ mod imp {
             };
             let t = &self.shared.table;
             let base = self.layer_base(layer);
-            let mut bits = SetBits::new();
-            let spare = bits.spare(base, self.shared.vault.n_experts(), experts);
+            let n_experts = self.shared.vault.n_experts();
+            // Built at the first member that needs a slot (a set of
+            // residents costs no bitmap).
+            let mut bits = None;
             let mut present = 0u32;
             let mut full = false;
             for &expert in experts {
                 let id = base + expert;
-                if full {
-                    // The ring took no more: count what is there (keeping it
-                    // recent), queue nothing.
-                    present += u32::from(t.refresh(id, origin));
+                if t.refresh(id, origin) {
+                    // Resident (kept recent) or in flight (a demand set
+                    // promotes a speculative read).
+                    present += 1;
                     continue;
                 }
+                if full {
+                    // The ring took no more: queue nothing.
+                    continue;
+                }
+                let spare = bits
+                    .get_or_insert_with(|| SetBits::new(base, n_experts, experts))
+                    .spare(experts);
                 match t.prefetch_sparing(id, origin, spare) {
                     Prefetched::Queued { .. } => {
                         self.shared.wake.one();
@@ -848,20 +859,30 @@ mod imp {
         fn try_claim_any(&self, layer: u32, experts: &[u32]) -> Result<Option<SlotInfo>> {
             self.check_alive()?;
             let t = &self.shared.table;
-            let id = |k: usize| self.id_of(layer, experts[k]).map(|(id, _, _)| id);
-            let mut bits = SetBits::new();
+            // The last member looked up, so the claimed one is not looked up
+            // twice.
+            let last = std::cell::Cell::new((usize::MAX, 0, 0));
+            let id = |k: usize| {
+                self.id_of(layer, experts[k]).map(|(id, index, _)| {
+                    last.set((k, id, index));
+                    id
+                })
+            };
+            // Built only when the pass queues (a set whose head is resident
+            // costs no bitmap).
+            let mut bits = None;
             let bits = &mut bits;
             let spare = move || {
                 // Every member is in the vault (SetBits relies on it).
                 for &expert in experts {
                     self.id_of(layer, expert)?;
                 }
-                let bits = { bits }; // moved: the set borrows it for the pass
-                Ok(bits.spare(
+                let bits = { bits }.insert(SetBits::new(
                     self.layer_base(layer),
                     self.shared.vault.n_experts(),
                     experts,
-                ))
+                )); // the set borrows it for the pass
+                Ok(bits.spare(experts))
             };
             let active = self.shared.elastic.active.load(Ordering::Relaxed);
             let pass = t.claim_set(experts.len(), id, spare, active)?;
@@ -876,7 +897,12 @@ mod imp {
             match pass.found {
                 SetClaim::Member { member, claimed } => {
                     let expert = experts[member];
-                    let (id, index, entry) = self.id_of(layer, expert)?;
+                    let (id, index, entry) = match last.get() {
+                        (k, id, index) if k == member => {
+                            (id, index, &self.shared.vault.entries()[index as usize])
+                        }
+                        _ => self.id_of(layer, expert)?,
+                    };
                     self.finish_claim(layer, expert, id, index, entry, claimed)
                 }
                 SetClaim::Wait => Ok(None),
@@ -1292,25 +1318,37 @@ mod imp {
 
     /// The members of one working set as a [`Spare`]: a bitmap on the stack
     /// for layers of up to 4096 experts (every model known), else the list.
-    struct SetBits([u64; 64]);
+    struct SetBits {
+        base: u32,
+        /// `None` for a layer too wide for the bitmap: the list is used.
+        bits: Option<[u64; 64]>,
+    }
 
     impl SetBits {
-        fn new() -> SetBits {
-            SetBits([0; 64])
+        /// The set `experts` of the layer whose first dense id is `base`,
+        /// every member checked against the vault (`e < n_experts`).
+        fn new(base: u32, n_experts: u32, experts: &[u32]) -> SetBits {
+            let bits = (n_experts <= 64 * 64).then(|| {
+                let mut bits = [0u64; 64];
+                for &e in experts {
+                    bits[e as usize / 64] |= 1 << (e % 64);
+                }
+                bits
+            });
+            SetBits { base, bits }
         }
 
-        /// The set `experts` of the layer whose first dense id is `base`.
-        fn spare<'a>(&'a mut self, base: u32, n_experts: u32, experts: &'a [u32]) -> Spare<'a> {
-            if n_experts as usize > self.0.len() * 64 {
-                return Spare::Experts { base, experts };
-            }
-            for &e in experts {
-                // Members were checked against the vault: e < n_experts.
-                self.0[e as usize / 64] |= 1 << (e % 64);
-            }
-            Spare::Bits {
-                base,
-                bits: &self.0,
+        /// The set as a [`Spare`]; `experts` is the list it was built from.
+        fn spare<'a>(&'a self, experts: &'a [u32]) -> Spare<'a> {
+            match &self.bits {
+                Some(bits) => Spare::Bits {
+                    base: self.base,
+                    bits,
+                },
+                None => Spare::Experts {
+                    base: self.base,
+                    experts,
+                },
             }
         }
     }

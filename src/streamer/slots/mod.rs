@@ -881,6 +881,7 @@ impl SlotTable {
     /// `active` slots whose every one is held, with no member resident or
     /// in flight and nothing loading, is [`SetClaim::Full`]: only a
     /// release frees a slot.
+    #[inline]
     pub(crate) fn claim_set<'s, E>(
         &self,
         n: usize,
