@@ -1096,7 +1096,14 @@ mod imp {
             // plan_for checks the ring fits (budget::check_fits): the same
             // rule `smoe budget` applies.
             let ring_bytes = plan.ring_bytes;
-            let ring = Ring::new(plan.slots, plan.slot_bytes)?;
+            // Huge pages where blobs fill huge pages: slots of at least
+            // 2 MiB that an override has not made much larger than the
+            // blobs (a 100 KB blob in a huge page would commit 2 MiB).
+            let huge = crate::sys::HUGE_PAGE_BYTES as u64;
+            let huge_pages = config.huge_pages
+                && plan.slot_bytes >= huge
+                && vault.max_padded_size().saturating_mul(2) >= plan.slot_bytes;
+            let ring = Ring::new(plan.slots, plan.slot_bytes, huge_pages)?;
             if config.lock {
                 ring.reservation().lock().map_err(|e| {
                     let kind = if e.raw_os_error() == Some(libc::EPERM) {

@@ -27,7 +27,15 @@ impl Ring {
     /// Reserves `slots × slot_bytes` zero bytes (committed page by page as
     /// slots are first written). `slot_bytes` must be a multiple of
     /// [`DEFAULT_ALIGNMENT`].
-    pub(crate) fn new(slots: u32, slot_bytes: u64) -> Result<Ring> {
+    ///
+    /// With `huge_pages`: the base aligned to a huge page
+    /// (2 MiB) and the OS asked to back the ring with transparent huge
+    /// pages where it can, so a first pass faults one page per 2 MiB
+    /// instead of 512. Slots stay where `slot_bytes` puts them; a slot
+    /// released by the elastic ring splits the huge pages it shares with a
+    /// neighbour (their data stays). Advice only: refused or not
+    /// available, the ring works as without.
+    pub(crate) fn new(slots: u32, slot_bytes: u64, huge_pages: bool) -> Result<Ring> {
         debug_assert!(
             slots > 0 && slot_bytes > 0 && slot_bytes % u64::from(DEFAULT_ALIGNMENT) == 0
         );
@@ -40,7 +48,12 @@ impl Ring {
                     format!("ring of {slots} slots × {slot_bytes} bytes does not fit in memory"),
                 )
             })?;
-        let memory = Reservation::new(total, DEFAULT_ALIGNMENT as usize).map_err(|e| {
+        let align = if huge_pages {
+            crate::sys::HUGE_PAGE_BYTES
+        } else {
+            DEFAULT_ALIGNMENT as usize
+        };
+        let memory = Reservation::new(total, align).map_err(|e| {
             Error::new(
                 ErrorKind::NoMemory,
                 format!(
@@ -48,6 +61,11 @@ impl Ring {
                 ),
             )
         })?;
+        if huge_pages {
+            // Advice: a kernel without THP, or one that refuses, leaves the
+            // ring on small pages.
+            let _ = memory.advise_huge_pages();
+        }
         Ok(Ring {
             memory,
             bytes: total,

@@ -222,6 +222,12 @@ macro_rules! define_config {
             /// the C API.
             #[doc(hidden)]
             pub pressure_root: Option<::std::path::PathBuf>,
+            /// Benchmark hook: ask the OS for transparent huge pages on a
+            /// ring of big slots (default true; see docs/c-api.md, "The
+            /// ring's memory"). Off only to measure what they change. Not a
+            /// setting of the C API.
+            #[doc(hidden)]
+            pub huge_pages: bool,
         }
 
         impl Default for Config {
@@ -231,6 +237,7 @@ macro_rules! define_config {
                     count_claims: true,
                     trace_capacity: crate::trace::DEFAULT_TRACE_CAPACITY,
                     pressure_root: None,
+                    huge_pages: true,
                 }
             }
         }

@@ -188,6 +188,19 @@ pub(super) fn populate(addr: *mut libc::c_void, len: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// The huge-page size the ring's base is aligned to, as on Linux (macOS
+/// itself picks page sizes: 16 KiB pages on Apple silicon).
+pub(crate) const HUGE_PAGE_BYTES: usize = 2 << 20;
+
+/// Nothing to ask: Darwin's madvise(2) has no huge-page advice (its list:
+/// <https://developer.apple.com/library/archive/documentation/System/Conceptual/ManPages_iPhoneOS/man2/madvise.2.html>),
+/// and superpages exist only through `mach_vm_allocate`'s
+/// `VM_FLAGS_SUPERPAGE_SIZE_*` flags at allocation, which pin the memory
+/// (no lazy ring). `Ok(false)`.
+pub(super) fn advise_huge_pages(_addr: *mut libc::c_void, _len: usize) -> io::Result<bool> {
+    Ok(false)
+}
+
 /// `madvise(addr, len, MADV_FREE_REUSABLE)`: the pages may be reclaimed at
 /// once and stop counting in the process's footprint (the advice
 /// libmalloc gives freed memory); their contents are unspecified until

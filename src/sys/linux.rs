@@ -384,6 +384,27 @@ pub(super) fn populate(addr: *mut libc::c_void, len: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// The size of a transparent huge page on this machine: 2 MiB on x86-64
+/// and on arm64 with 4 KiB pages.
+pub(crate) const HUGE_PAGE_BYTES: usize = 2 << 20;
+
+/// `madvise(addr, len, MADV_HUGEPAGE)`: "Enable Transparent Huge Pages
+/// (THP) for pages in the range", faulted as huge pages where the range
+/// covers whole aligned ones (madvise(2), Linux 2.6.38). `EINVAL` when the
+/// kernel was built without THP: `Ok(false)`.
+pub(super) fn advise_huge_pages(addr: *mut libc::c_void, len: usize) -> io::Result<bool> {
+    // SAFETY: `addr..addr + len` is a mapping the caller owns; the advice
+    // changes how pages are backed, never their contents.
+    if unsafe { libc::madvise(addr, len, libc::MADV_HUGEPAGE) } == 0 {
+        return Ok(true);
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EINVAL) {
+        return Ok(false);
+    }
+    Err(err)
+}
+
 /// `madvise(addr, len, MADV_DONTNEED)`: on a private anonymous mapping
 /// "subsequent accesses of pages in the range ... will result in
 /// zero-fill-on-demand pages" (madvise(2)); the memory is freed at once

@@ -895,10 +895,11 @@ impl SlotTable {
             ring_full: false,
         };
         let mut in_flight = false;
+        let mut absent = false;
         let mut passed = 0;
         for k in 0..n {
             match self.claim_present(id(k)?) {
-                Claimed::Absent => {}
+                Claimed::Absent => absent = true,
                 Claimed::Pending { .. } => in_flight = true,
                 claimed => {
                     pass.found = SetClaim::Member { member: k, claimed };
@@ -910,6 +911,11 @@ impl SlotTable {
         if passed == 0 {
             // The set's head was resident: nothing to queue, and no pass
             // over the rest, so a set of residents costs one claim.
+            return Ok(pass);
+        }
+        if !absent && pass.found == SetClaim::Wait {
+            // Every member is in flight: nothing to queue (a waiting claim
+            // polls at the cost of the first pass alone).
             return Ok(pass);
         }
         let spare = spare()?;
