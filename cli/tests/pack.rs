@@ -163,7 +163,7 @@ fn an_existing_out_dir_is_kept_unless_force_and_a_vault() {
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
         assert!(
             stderr.contains(if force {
-                "is not a vault"
+                "holds notes.txt, which is not a vault's file"
             } else {
                 "already exists"
             }),
@@ -180,6 +180,175 @@ fn an_existing_out_dir_is_kept_unless_force_and_a_vault() {
     let id2 = std::fs::read(out_dir.join("experts.smoe")).unwrap()[80..96].to_vec();
     assert_ne!(id, id2, "replaced by a new vault");
     assert!(entries_with_prefix(dir.path(), ".vault").is_empty());
+}
+
+/// Every file under `dir` (recursively, links not followed) with its bytes
+/// (a link's target path, a directory's marker).
+fn snapshot(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let t = std::fs::symlink_metadata(&p).unwrap().file_type();
+            let bytes = if t.is_symlink() {
+                std::fs::read_link(&p)
+                    .unwrap()
+                    .into_os_string()
+                    .into_encoded_bytes()
+            } else if t.is_dir() {
+                todo.push(p.clone());
+                b"<dir>".to_vec()
+            } else {
+                std::fs::read(&p).unwrap()
+            };
+            out.insert(p, bytes);
+        }
+    }
+    out
+}
+
+/// A fresh vault of the small fixture at `dir`.
+fn vault_at(dir: &Path) {
+    let out = pack(&fixtures().join("qwen3moe-q8_0.gguf"), dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `smoe pack SRC OUT --force` must refuse with one line naming `needle`,
+/// exit 1, and leave every file under `root` as it was.
+#[track_caller]
+fn force_refuses(src: &Path, out_dir: &Path, root: &Path, needle: &str) {
+    let before = snapshot(root);
+    let out = smoe()
+        .arg("pack")
+        .arg(src)
+        .arg(out_dir)
+        .arg("--force")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.starts_with("smoe: "), "{stderr}");
+    assert!(stderr.contains(needle), "{needle:?} not in {stderr}");
+    assert!(stderr.contains("--force replaces only"), "{stderr}");
+    assert_eq!(snapshot(root), before, "files changed: {stderr}");
+}
+
+/// Issue 19, item 1: `--force` replaced a directory holding the model
+/// itself and the user's notes, judged a vault by the name experts.smoe
+/// alone. It replaces only an empty directory or a valid vault with
+/// nothing but a vault's files; the model counts by identity, whatever its
+/// name there.
+#[test]
+fn force_never_replaces_user_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let model = fixtures().join("qwen3moe-q8_0.gguf");
+
+    // The issue's case: a vault, the model and notes in one directory.
+    let v = root.join("v");
+    vault_at(&v);
+    std::fs::copy(&model, v.join("model.gguf")).unwrap();
+    std::fs::write(v.join("NOTES.txt"), b"mine").unwrap();
+    force_refuses(&v.join("model.gguf"), &v, root, "v: holds ");
+    std::fs::remove_file(v.join("NOTES.txt")).unwrap();
+    force_refuses(&v.join("model.gguf"), &v, root, "holds model.gguf");
+    std::fs::remove_file(v.join("model.gguf")).unwrap();
+
+    // The model under a name a vault may hold: a hard link, a symbolic link.
+    std::fs::hard_link(&model, v.join("scout.orig")).unwrap();
+    force_refuses(
+        &model,
+        &v,
+        root,
+        "holds scout.orig, which is the model being packed",
+    );
+    std::fs::remove_file(v.join("scout.orig")).unwrap();
+    std::os::unix::fs::symlink(&model, v.join("scout.link")).unwrap();
+    force_refuses(
+        &model,
+        &v,
+        root,
+        "holds scout.link, which is the model being packed",
+    );
+    std::fs::remove_file(v.join("scout.link")).unwrap();
+
+    // Another part of a split GGUF, another shard of a safetensors model.
+    let split = fixtures().join("qwen3moe-q8_0-split");
+    let part = |i: u32| split.join(format!("qwen3moe-q8_0-split-{i:05}-of-00004.gguf"));
+    std::fs::hard_link(part(2), v.join("scout.gguf.part2")).unwrap();
+    force_refuses(
+        &part(1),
+        &v,
+        root,
+        "holds scout.gguf.part2, which is the model",
+    );
+    std::fs::remove_file(v.join("scout.gguf.part2")).unwrap();
+    let sharded = root.join("sharded");
+    std::fs::create_dir(&sharded).unwrap();
+    for e in std::fs::read_dir(fixtures().join("qwen2moe-f32-sharded")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), sharded.join(e.file_name())).unwrap();
+    }
+    std::fs::remove_file(v.join("scout.gguf")).unwrap();
+    std::fs::hard_link(
+        sharded.join("model-00007-of-00011.safetensors"),
+        v.join("scout.safetensors"),
+    )
+    .unwrap();
+    force_refuses(
+        &sharded,
+        &v,
+        root,
+        "holds scout.safetensors, which is the model",
+    );
+    std::fs::remove_file(v.join("scout.safetensors")).unwrap();
+
+    // Not a regular file, though named like one.
+    std::fs::create_dir(v.join("scout.d")).unwrap();
+    std::fs::write(v.join("scout.d/weights.bin"), b"mine").unwrap();
+    force_refuses(&model, &v, root, "holds scout.d, which is a directory");
+    std::fs::remove_dir_all(v.join("scout.d")).unwrap();
+
+    // A 0-byte experts.smoe is no vault, with or without another file.
+    let w = root.join("w");
+    std::fs::create_dir(&w).unwrap();
+    std::fs::write(w.join("experts.smoe"), b"").unwrap();
+    std::fs::write(w.join("other.txt"), b"mine").unwrap();
+    force_refuses(
+        &model,
+        &w,
+        root,
+        "holds other.txt, which is not a vault's file",
+    );
+    std::fs::remove_file(w.join("other.txt")).unwrap();
+    force_refuses(&model, &w, root, "does not hold a valid vault");
+
+    // A vault with only a vault's files is replaced: its scout, the
+    // histogram and a histogram writer's temporary file.
+    std::fs::write(v.join("expert_freq.bin"), b"counts").unwrap();
+    std::fs::write(v.join(".expert_freq.bin.tmp-1-0"), b"half").unwrap();
+    let id = std::fs::read(v.join("experts.smoe")).unwrap()[80..96].to_vec();
+    let out = smoe()
+        .arg("pack")
+        .arg(&model)
+        .arg(&v)
+        .arg("--force")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id2 = std::fs::read(v.join("experts.smoe")).unwrap()[80..96].to_vec();
+    assert_ne!(id, id2, "replaced by a new vault");
+    assert!(!v.join("expert_freq.bin").exists());
 }
 
 /// A model big enough that packing takes a while: one layer of 8 experts,

@@ -14,7 +14,9 @@
 //!   directory beside the output and renamed into place at the end; an
 //!   error or a cancel removes it, and a temporary directory a killed run
 //!   left behind is removed by the next run;
-//! - replace a directory that is not a vault, even with `force`.
+//! - replace, even with `force`, a directory that holds anything but a
+//!   valid vault's files, or any file the model is read from (by identity,
+//!   whatever its name there).
 
 pub(crate) mod gguf;
 pub(crate) mod safetensors;
@@ -29,7 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::error::{Error, ErrorKind, Result};
 use crate::json::Value;
 use crate::vault::layout::{BlobLayouts, LayoutItem, ITEM_ALIGNMENT};
-use crate::vault::{hex, VaultWriter, WriterOptions, EXPERTS_FILE};
+use crate::vault::{hex, VaultWriter, WriterOptions, EXPERTS_FILE, FREQ_FILE};
 
 /// The kind of model file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,7 +55,8 @@ impl SourceKind {
 /// Options of [`pack`].
 #[derive(Debug, Default)]
 pub struct PackOptions<'a> {
-    /// Replace an existing output directory that holds a vault.
+    /// Replace an existing output directory that is empty or holds a valid
+    /// vault and nothing but a vault's files (none of them the model's).
     pub force: bool,
     /// Set from another thread (a signal handler) to stop early; the
     /// output is then not created and the temporary directory is removed.
@@ -135,6 +138,9 @@ struct Model {
     expert_count: Option<u64>,
     gguf: Vec<gguf::Gguf>,
     safetensors_metadata: Vec<(String, String)>,
+    /// The identity of every file read: parts or shards, the index and
+    /// `config.json`.
+    inputs: Vec<FileId>,
 }
 
 /// A name that occurs more than once, if any.
@@ -351,6 +357,7 @@ fn open_gguf(source: &Path) -> Result<Model> {
             })
         })
         .collect();
+    let inputs = parts.iter().filter_map(|p| file_id(p)).collect();
     Ok(Model {
         kind: SourceKind::Gguf,
         files: parts,
@@ -360,6 +367,7 @@ fn open_gguf(source: &Path) -> Result<Model> {
         top_k,
         block_count,
         expert_count,
+        inputs,
         gguf: files,
         safetensors_metadata: Vec::new(),
     })
@@ -398,6 +406,7 @@ fn open_safetensors(source: &Path) -> Result<Model> {
         block_count: cfg_u64(&["num_hidden_layers"]),
         expert_count: cfg_u64(&["num_local_experts", "num_experts", "n_routed_experts"]),
         gguf: Vec::new(),
+        inputs: ckpt.inputs.iter().filter_map(|p| file_id(p)).collect(),
         safetensors_metadata: ckpt.metadata,
     })
 }
@@ -748,9 +757,32 @@ fn remove_stale_temp_dirs(out_dir: &Path) {
     }
 }
 
+/// A file's identity, `(st_dev, st_ino)`: the same file reached by another
+/// name (a hard link, a symbolic link, `dir/../dir/`) has the same one.
+pub(crate) type FileId = (u64, u64);
+
+/// The identity of the file `path` names (links followed), if it exists.
+fn file_id(path: &Path) -> Option<FileId> {
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| crate::popularity::file_id(&m))
+}
+
+/// Whether a vault directory may hold a file of this name: the vault, its
+/// scout, the claim histogram and the histogram writer's temporary files.
+fn is_vault_file_name(name: &str) -> bool {
+    name == EXPERTS_FILE
+        || name.starts_with("scout.")
+        || name == FREQ_FILE
+        || crate::popularity::is_temp_file_name(name, FREQ_FILE)
+}
+
 /// Whether `out_dir` may become the vault: it must not exist, or, with
-/// `force`, be a directory holding a vault (or nothing).
-fn check_out_dir(out_dir: &Path, force: bool) -> Result<()> {
+/// `force`, be an empty directory or one that holds a valid vault and
+/// nothing else (only regular files named as [`is_vault_file_name`] says,
+/// none of them one of `inputs`, the files the model is read from).
+/// Nothing is changed either way.
+fn check_out_dir(out_dir: &Path, force: bool, inputs: &[FileId]) -> Result<()> {
     let Ok(meta) = std::fs::symlink_metadata(out_dir) else {
         return Ok(());
     };
@@ -760,18 +792,48 @@ fn check_out_dir(out_dir: &Path, force: bool) -> Result<()> {
             out_dir.display()
         )));
     }
-    let is_vault_dir = meta.is_dir()
-        && std::fs::read_dir(out_dir).is_ok_and(|entries| {
-            let names: Vec<_> = entries.flatten().map(|e| e.file_name()).collect();
-            names.is_empty() || names.iter().any(|n| n == EXPERTS_FILE)
-        });
-    if is_vault_dir {
-        Ok(())
-    } else {
+    const RULE: &str =
+        "--force replaces only an empty directory or one holding a valid vault and nothing else";
+    let refuse = |what: String| {
         Err(Error::argument(format!(
-            "{}: exists and is not a vault (no {EXPERTS_FILE}); --force replaces only a vault or an empty directory",
+            "{}: {what}; {RULE}",
             out_dir.display()
         )))
+    };
+    if !meta.is_dir() {
+        let kind = crate::sys::FileKind::of(meta.file_type());
+        return refuse(format!("is {kind}, not a vault directory"));
+    }
+    let entries = std::fs::read_dir(out_dir).map_err(|e| Error::io("cannot list", out_dir, &e))?;
+    let mut empty = true;
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io("cannot list", out_dir, &e))?;
+        empty = false;
+        let path = entry.path();
+        let name = entry.file_name();
+        let shown = name.to_string_lossy();
+        let lmeta =
+            std::fs::symlink_metadata(&path).map_err(|e| Error::io("cannot stat", &path, &e))?;
+        let id = crate::popularity::file_id(&lmeta);
+        if inputs.contains(&id) || file_id(&path).is_some_and(|i| inputs.contains(&i)) {
+            return refuse(format!("holds {shown}, which is the model being packed"));
+        }
+        if !name.to_str().is_some_and(is_vault_file_name) {
+            return refuse(format!("holds {shown}, which is not a vault's file"));
+        }
+        if !lmeta.is_file() {
+            let kind = crate::sys::FileKind::of(lmeta.file_type());
+            return refuse(format!(
+                "holds {shown}, which is {kind}, not a vault's file"
+            ));
+        }
+    }
+    if empty {
+        return Ok(());
+    }
+    match crate::vault::Vault::open(out_dir) {
+        Ok(_) => Ok(()),
+        Err(e) => refuse(format!("does not hold a valid vault ({e})")),
     }
 }
 
@@ -795,9 +857,14 @@ pub fn pack(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<PackSummary> {
     // Check the output before reading gigabytes (and again before the
-    // rename: something may have appeared there meanwhile).
-    check_out_dir(out_dir, opts.force)?;
+    // rename: something may have appeared there meanwhile). Without
+    // --force an existing OUT_DIR is refused at once; with it, once every
+    // file of the model is known, since none of them may be in there.
+    if !opts.force {
+        check_out_dir(out_dir, false, &[])?;
+    }
     let model = open_model(source)?;
+    check_out_dir(out_dir, opts.force, &model.inputs)?;
     let (n_layers, n_experts, plans) = plan(&model)?;
     let files: Vec<File> = model
         .files
@@ -911,7 +978,7 @@ pub fn pack(
 
     // Into place: the old vault (with --force) is moved aside first, so a
     // failure between the renames leaves one of the two whole.
-    check_out_dir(out_dir, opts.force)?;
+    check_out_dir(out_dir, opts.force, &model.inputs)?;
     if std::fs::symlink_metadata(out_dir).is_ok() {
         let aside = PathBuf::from(format!("{}.old", tmp.display()));
         std::fs::rename(out_dir, &aside)

@@ -163,6 +163,8 @@ pub struct Checkpoint {
     pub config: Option<Value>,
     /// The first file's `__metadata__`.
     pub metadata: Vec<(String, String)>,
+    /// Every file read: the index, the shards, `config.json`.
+    pub inputs: Vec<PathBuf>,
 }
 
 impl Checkpoint {
@@ -221,6 +223,9 @@ impl Checkpoint {
             )));
         }
         let config_path = dir.join("config.json");
+        let mut inputs: Vec<PathBuf> = index.iter().cloned().collect();
+        inputs.extend(shard_paths.iter().cloned());
+        inputs.push(config_path.clone());
         let config = match std::fs::read_to_string(&config_path) {
             Ok(text) => Some(
                 json::parse(&text)
@@ -237,6 +242,7 @@ impl Checkpoint {
             tensors,
             config,
             metadata,
+            inputs,
         })
     }
 }
