@@ -14,6 +14,10 @@ use std::fmt::Write as _;
 /// Deepest nesting of arrays and objects the parser accepts.
 pub const MAX_DEPTH: usize = 64;
 
+/// Values parsed between two looks at the cancel flag of
+/// [`parse_cancellable`].
+const CANCEL_EVERY: u32 = 1 << 16;
+
 /// A parsed JSON value. Objects keep their members in document order
 /// (duplicate keys are an error, see [`parse`]).
 #[derive(Clone, Debug, PartialEq)]
@@ -181,9 +185,19 @@ impl std::fmt::Display for ParseError {
 /// allowed). Duplicate keys in an object are an error, since formats that
 /// allow them disagree on which one counts.
 pub fn parse(text: &str) -> Result<Value, ParseError> {
+    parse_cancellable(text, &|| false)
+}
+
+/// [`parse`], asking `cancelled` every 65,536 values whether to stop: a
+/// 100 MB document takes a while, and a person who pressed Ctrl-C should
+/// not wait for it. A cancelled parse is an error whose message is
+/// `"cancelled"`.
+pub fn parse_cancellable(text: &str, cancelled: &dyn Fn() -> bool) -> Result<Value, ParseError> {
     let mut p = Parser {
         bytes: text.as_bytes(),
         at: 0,
+        cancelled,
+        countdown: CANCEL_EVERY,
     };
     p.skip_ws();
     let v = p.value(0)?;
@@ -197,6 +211,9 @@ pub fn parse(text: &str) -> Result<Value, ParseError> {
 struct Parser<'a> {
     bytes: &'a [u8],
     at: usize,
+    cancelled: &'a dyn Fn() -> bool,
+    /// Values left before the next look at `cancelled`.
+    countdown: u32,
 }
 
 impl Parser<'_> {
@@ -236,6 +253,13 @@ impl Parser<'_> {
     }
 
     fn value(&mut self, depth: usize) -> Result<Value, ParseError> {
+        self.countdown -= 1;
+        if self.countdown == 0 {
+            self.countdown = CANCEL_EVERY;
+            if (self.cancelled)() {
+                return Err(self.error("cancelled"));
+            }
+        }
         match self.peek() {
             None => Err(self.error("unexpected end of text")),
             Some(b'{') => self.object(depth + 1),
@@ -471,5 +495,14 @@ mod tests {
         assert!(parse(&deep).unwrap_err().message.contains("nested"));
         let ok = "[".repeat(MAX_DEPTH) + &"]".repeat(MAX_DEPTH);
         assert!(parse(&ok).is_ok());
+    }
+
+    #[test]
+    fn a_cancelled_parse_stops() {
+        let text = format!("[{}0]", "0,".repeat(3 * CANCEL_EVERY as usize));
+        assert!(parse_cancellable(&text, &|| false).is_ok());
+        let e = parse_cancellable(&text, &|| true).unwrap_err();
+        assert_eq!(e.message, "cancelled");
+        assert!(e.offset < text.len() / 2, "stopped early: {e}");
     }
 }

@@ -495,3 +495,380 @@ fn summary_and_inspect_show_the_layout() {
         }
     }
 }
+
+/// Runs `cmd` (stderr piped) under a 2 GiB address-space limit, killing it
+/// after `limit`; returns its output and how long it ran, or None if it
+/// had to be killed.
+fn run_bounded(cmd: &mut Command, limit: Duration) -> (Option<Output>, Duration) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec the closure calls only setrlimit(2),
+    // which is async-signal-safe, on a local struct.
+    unsafe {
+        cmd.pre_exec(|| {
+            let cap = libc::rlimit {
+                rlim_cur: 2 << 30,
+                rlim_max: 2 << 30,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &cap) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let start = Instant::now();
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return (Some(child.wait_with_output().unwrap()), start.elapsed());
+        }
+        if start.elapsed() > limit {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            return (None, start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// `smoe pack SRC OUT` must fail within 10 s with one line containing
+/// `needle`, exit 1, leaving no OUT_DIR and no temporary directory.
+#[track_caller]
+fn refuses_at_once(src: &Path, needle: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("vault");
+    let (out, took) = run_bounded(
+        smoe().arg("pack").arg(src).arg(&out_dir),
+        Duration::from_secs(10),
+    );
+    let out = out.unwrap_or_else(|| panic!("{}: still running after {took:?}", src.display()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}: {stderr}", src.display());
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.starts_with("smoe: "), "{stderr}");
+    assert!(stderr.contains(needle), "{needle:?} not in {stderr}");
+    assert!(!out_dir.exists(), "OUT_DIR was created");
+    assert!(entries_with_prefix(dir.path(), ".vault").is_empty());
+}
+
+/// A copy of the fixture directory or file `name` at `to`.
+fn copy_fixture(name: &str, to: &Path) -> PathBuf {
+    let from = fixtures().join(name);
+    if from.is_dir() {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(&from).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    } else {
+        std::fs::copy(&from, to).unwrap();
+    }
+    to.to_path_buf()
+}
+
+/// Replaces `path` with a FIFO (`None`) or a symbolic link to `target`.
+fn replace_with(path: &Path, target: Option<&str>) {
+    let _ = std::fs::remove_file(path);
+    match target {
+        Some(t) => std::os::unix::fs::symlink(t, path).unwrap(),
+        None => {
+            let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: `c` is a NUL-terminated path that outlives the call.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        }
+    }
+}
+
+/// Issue 19, item 4: a FIFO named model.safetensors, config.json or the
+/// index blocked pack forever (SIGTERM and the first Ctrl-C did not stop
+/// it); a config.json linked to /dev/zero was read to 2 GB, then ignored;
+/// a shard linked to /dev/zero was "missing". Every input is now opened
+/// without blocking and must be a regular file, else one line names it.
+#[test]
+fn inputs_that_are_not_regular_files_are_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n);
+    let shard = "model-00003-of-00011.safetensors";
+    for (file, target, needle) in [
+        (
+            "config.json",
+            None,
+            "config.json is a FIFO, not a regular file",
+        ),
+        (
+            "model.safetensors.index.json",
+            None,
+            "model.safetensors.index.json is a FIFO, not a regular file",
+        ),
+        (
+            "config.json",
+            Some("/dev/zero"),
+            "config.json is a character device, not a regular file",
+        ),
+        (
+            "model.safetensors.index.json",
+            Some("/dev/urandom"),
+            "index.json is a character device, not a regular file",
+        ),
+        (
+            shard,
+            Some("/dev/zero"),
+            "is a character device, not a regular file",
+        ),
+        (shard, None, "is a FIFO, not a regular file"),
+    ] {
+        let model = copy_fixture("qwen2moe-f32-sharded", &p(&format!("m-{}", rand_name())));
+        replace_with(&model.join(file), target);
+        refuses_at_once(&model, needle);
+    }
+    // A single-file checkpoint, given as a directory and by name.
+    std::fs::create_dir(p("single")).unwrap();
+    replace_with(&p("single/model.safetensors"), None);
+    refuses_at_once(
+        &p("single"),
+        "model.safetensors is a FIFO, not a regular file",
+    );
+    refuses_at_once(
+        &p("single/model.safetensors"),
+        "model.safetensors is a FIFO, not a regular file",
+    );
+    // A GGUF, and a split GGUF's second part.
+    replace_with(&p("fifo.gguf"), None);
+    refuses_at_once(&p("fifo.gguf"), "fifo.gguf is a FIFO, not a regular file");
+    let split = copy_fixture("qwen3moe-q8_0-split", &p("split"));
+    replace_with(&split.join("qwen3moe-q8_0-split-00002-of-00004.gguf"), None);
+    refuses_at_once(
+        &split.join("qwen3moe-q8_0-split-00001-of-00004.gguf"),
+        "(part 2 of 4 of the split model) is a FIFO, not a regular file",
+    );
+}
+
+/// A name no other call of this test process returns.
+fn rand_name() -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        .to_string()
+}
+
+/// Issue 19, item 4: a config.json that could not be read (not UTF-8) or
+/// meant nothing (not an object) was silently dropped, and JSON files were
+/// read without bound. Each is now an error naming the file.
+#[test]
+fn a_config_or_index_that_cannot_be_read_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = |name: &str| copy_fixture("qwen2moe-f32-sharded", &dir.path().join(name));
+    let m = model("utf8");
+    std::fs::write(m.join("config.json"), b"{\"model_type\": \"qwen\xff\"}").unwrap();
+    refuses_at_once(&m, "config.json: not UTF-8 (invalid byte at offset 20)");
+    let m = model("json");
+    std::fs::write(m.join("config.json"), b"{\"num_experts\": 4,}").unwrap();
+    refuses_at_once(&m, "config.json: invalid JSON at byte 18");
+    let m = model("array");
+    std::fs::write(m.join("config.json"), b"[4]").unwrap();
+    refuses_at_once(&m, "config.json: holds an array, expected a JSON object");
+    // Over the cap: a sparse 65 MiB file, refused before a byte is read.
+    let m = model("big");
+    let f = std::fs::File::create(m.join("config.json")).unwrap();
+    f.set_len(65 << 20).unwrap();
+    refuses_at_once(
+        &m,
+        "config.json: 68157440 bytes, above the 64 MiB cap on JSON files",
+    );
+    let f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(m.join("model.safetensors.index.json"))
+        .unwrap();
+    f.set_len(65 << 20).unwrap();
+    refuses_at_once(
+        &m,
+        "model.safetensors.index.json: 68157440 bytes, above the 64 MiB cap",
+    );
+}
+
+/// A safetensors file of `n` F32 `[1]` tensors named `t.{i}` (no expert
+/// among them), 4 bytes each, the data a hole.
+fn write_many_tensor_safetensors(path: &Path, n: usize) {
+    let mut header = String::from("{");
+    for i in 0..n {
+        if i > 0 {
+            header.push(',');
+        }
+        header.push_str(&format!(
+            "\"t.{i}\":{{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[{},{}]}}",
+            4 * i,
+            4 * i + 4
+        ));
+    }
+    header.push('}');
+    let mut b = (header.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(header.as_bytes());
+    std::fs::write(path, &b).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.set_len(b.len() as u64 + 4 * n as u64).unwrap();
+}
+
+/// Sends `signal` to `child` once `ready()` holds (checked every 2 ms, for
+/// up to 60 s), then asserts that it exits within 3 s saying it was
+/// interrupted, and that neither `out_dir` nor `tmp` is left.
+#[track_caller]
+fn stops_on(
+    mut child: std::process::Child,
+    signal: libc::c_int,
+    ready: impl Fn() -> bool,
+    out_dir: &Path,
+    tmp: &Path,
+) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ready() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the pack ended before the phase under test"
+        );
+        assert!(Instant::now() < deadline, "the phase under test never came");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "ended before the signal"
+    );
+    // SAFETY: kill(2) with the pid of our own, still running child.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, signal) }, 0);
+    let sent = Instant::now();
+    let bound = Duration::from_secs(3);
+    while child.try_wait().unwrap().is_none() {
+        if sent.elapsed() > bound {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("signal {signal}: still running {bound:?} after it");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let took = sent.elapsed();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert!(!out_dir.exists(), "OUT_DIR exists after the signal");
+    assert!(!tmp.exists(), "the temporary directory was left");
+    eprintln!("signal {signal}: stopped {took:?} after it");
+}
+
+fn spawn_pack(src: &Path, out_dir: &Path) -> (std::process::Child, PathBuf) {
+    let child = smoe()
+        .arg("pack")
+        .arg(src)
+        .arg(out_dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let tmp = out_dir
+        .parent()
+        .unwrap()
+        .join(format!(".vault.smoe-pack-{}", child.id()));
+    (child, tmp)
+}
+
+/// Issue 19, item 4: SIGINT and SIGTERM stop pack within a second (3 s
+/// allowed on a shared machine) in every phase, leaving nothing behind.
+/// Parsing: 40 shards (hard links of one file, whose 300,000-tensor header
+/// takes a while to read) take far longer than that to parse.
+#[test]
+fn a_signal_stops_pack_while_it_parses_headers() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    let one = dir.path().join("one.safetensors");
+    write_many_tensor_safetensors(&one, 300_000);
+    let mut map = Vec::new();
+    for i in 1..=40 {
+        let name = format!("model-{i:05}-of-00040.safetensors");
+        std::fs::hard_link(&one, model.join(&name)).unwrap();
+        map.push(format!("\"w.{i}\":\"{name}\""));
+    }
+    std::fs::write(
+        model.join("model.safetensors.index.json"),
+        format!("{{\"weight_map\":{{{}}}}}", map.join(",")),
+    )
+    .unwrap();
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        let out_dir = dir.path().join("vault");
+        let (child, tmp) = spawn_pack(&model, &out_dir);
+        let started = Instant::now();
+        stops_on(
+            child,
+            signal,
+            || started.elapsed() > Duration::from_millis(500) && !tmp.exists(),
+            &out_dir,
+            &tmp,
+        );
+    }
+}
+
+/// Copying blobs: two experts of 3 × 128 MiB each (F32 zeros, a hole).
+#[test]
+fn a_signal_stops_pack_while_it_copies_blobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.gguf");
+    let (n_embd, n_ff, n_exp) = (8192u64, 4096u64, 2u64);
+    let bytes = n_embd * n_ff * n_exp * 4;
+    write_gguf(
+        &path,
+        &[],
+        &[
+            (
+                "blk.0.ffn_gate_exps.weight",
+                vec![n_embd, n_ff, n_exp],
+                0,
+                bytes,
+            ),
+            (
+                "blk.0.ffn_up_exps.weight",
+                vec![n_embd, n_ff, n_exp],
+                0,
+                bytes,
+            ),
+            (
+                "blk.0.ffn_down_exps.weight",
+                vec![n_ff, n_embd, n_exp],
+                0,
+                bytes,
+            ),
+        ],
+    );
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        let out_dir = dir.path().join("vault");
+        let (child, tmp) = spawn_pack(&path, &out_dir);
+        let vault_written = || std::fs::read_dir(&tmp).is_ok_and(|mut e| e.next().is_some());
+        stops_on(child, signal, vault_written, &out_dir, &tmp);
+    }
+}
+
+/// Writing the scout: small experts, then one 1 GiB tensor for the scout.
+#[test]
+fn a_signal_stops_pack_while_it_writes_the_scout() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("scout-heavy.gguf");
+    write_gguf(
+        &path,
+        &[],
+        &[
+            (
+                "blk.0.ffn_up_exps.weight",
+                vec![64, 32, 2],
+                0,
+                64 * 32 * 2 * 4,
+            ),
+            ("token_embd.weight", vec![65536, 4096], 0, 65536 * 4096 * 4),
+        ],
+    );
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        let out_dir = dir.path().join("vault");
+        let (child, tmp) = spawn_pack(&path, &out_dir);
+        let scout_started = || tmp.join("scout.gguf").exists();
+        stops_on(child, signal, scout_started, &out_dir, &tmp);
+    }
+}

@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::json::Value;
+use crate::sys::OpenRegularError;
 use crate::vault::layout::{BlobLayouts, LayoutItem, ITEM_ALIGNMENT};
 use crate::vault::{hex, VaultWriter, WriterOptions, EXPERTS_FILE, FREQ_FILE};
 
@@ -128,6 +129,8 @@ struct ExpertTensor {
 struct Model {
     kind: SourceKind,
     files: Vec<PathBuf>,
+    /// `files`, opened.
+    handles: Vec<File>,
     tensors: Vec<Tensor>,
     experts: Vec<ExpertTensor>,
     arch: Option<String>,
@@ -148,6 +151,118 @@ pub(crate) fn first_duplicate<'a>(names: impl Iterator<Item = &'a str>) -> Optio
     let mut names: Vec<&str> = names.collect();
     names.sort_unstable();
     names.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
+}
+
+/// Asked between steps whether to stop (the pack's cancel flag).
+pub(crate) type Cancel<'a> = &'a dyn Fn() -> bool;
+
+/// The error a cancelled pack returns.
+pub(crate) fn interrupted() -> Error {
+    Error::new(ErrorKind::Io, "interrupted; nothing was written")
+}
+
+/// Largest JSON file (`config.json`, `model.safetensors.index.json`) the
+/// packer reads; DeepSeek-V3's index, about 92,000 entries, is 8.9 MB.
+pub const MAX_JSON_BYTES: u64 = 64 << 20;
+
+/// Opens an input file read-only without blocking (a FIFO does not wait
+/// for a writer): it must be a regular file, else an error naming it.
+pub(crate) fn open_input(path: &Path) -> Result<(File, std::fs::Metadata)> {
+    crate::sys::open_regular(path).map_err(|e| match e {
+        OpenRegularError::Os(e) => Error::io("cannot open", path, &e),
+        OpenRegularError::NotRegular(kind) => Error::path_is(
+            ErrorKind::Argument,
+            path,
+            format!("is {kind}, not a regular file"),
+        ),
+    })
+}
+
+/// Reads the JSON file at `path` ([`open_input`], at most
+/// [`MAX_JSON_BYTES`], UTF-8) and parses it. Returns the value and the
+/// file's metadata.
+pub(crate) fn read_json(path: &Path, cancel: Cancel<'_>) -> Result<(Value, std::fs::Metadata)> {
+    let (file, meta) = open_input(path)?;
+    let too_big = |n: u64| {
+        Error::format(format!(
+            "{}: {n} bytes, above the {} MiB cap on JSON files",
+            path.display(),
+            MAX_JSON_BYTES >> 20
+        ))
+    };
+    if meta.len() > MAX_JSON_BYTES {
+        return Err(too_big(meta.len()));
+    }
+    // Bounded even if the file grows meanwhile.
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_JSON_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io("cannot read", path, &e))?;
+    if bytes.len() as u64 > MAX_JSON_BYTES {
+        return Err(too_big(bytes.len() as u64));
+    }
+    let text = String::from_utf8(bytes).map_err(|e| {
+        Error::format(format!(
+            "{}: not UTF-8 (invalid byte at offset {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        ))
+    })?;
+    let value = crate::json::parse_cancellable(&text, cancel)
+        .map_err(|e| Error::format(format!("{}: {e}", path.display())))?;
+    Ok((value, meta))
+}
+
+/// Bytes written to the scout between two `fdatasync`s: the final sync
+/// (which a Ctrl-C has to wait for) then has at most this much to flush.
+const SCOUT_SYNC_BYTES: u64 = 64 << 20;
+
+/// The scout file being written: buffered, and synced every
+/// [`SCOUT_SYNC_BYTES`].
+pub(crate) struct ScoutFile<'p> {
+    out: std::io::BufWriter<File>,
+    path: &'p Path,
+    unsynced: u64,
+}
+
+impl<'p> ScoutFile<'p> {
+    /// Creates (or truncates) `path`.
+    pub(crate) fn create(path: &'p Path) -> Result<ScoutFile<'p>> {
+        let file = File::create(path).map_err(|e| Error::io("cannot create", path, &e))?;
+        Ok(ScoutFile {
+            out: std::io::BufWriter::with_capacity(1 << 20, file),
+            path,
+            unsynced: 0,
+        })
+    }
+
+    /// Flushes and syncs the whole file.
+    pub(crate) fn finish(self) -> Result<()> {
+        let path = self.path;
+        let file = self
+            .out
+            .into_inner()
+            .map_err(|e| Error::io("cannot write", path, e.error()))?;
+        file.sync_all()
+            .map_err(|e| Error::io("cannot sync", path, &e))
+    }
+}
+
+impl Write for ScoutFile<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.unsynced += n as u64;
+        if self.unsynced >= SCOUT_SYNC_BYTES {
+            self.out.flush()?;
+            self.out.get_ref().sync_data()?;
+            self.unsynced = 0;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
 }
 
 /// Role order inside a blob: gate, up, gate_up, down, then biases, then
@@ -230,14 +345,16 @@ fn safetensors_expert(name: &str) -> Option<(u32, String, Option<u32>)> {
     }
 }
 
-/// The parts of a split GGUF (`name-00001-of-0000N.gguf`), or just `path`.
-fn gguf_parts(path: &Path) -> Result<Vec<PathBuf>> {
+/// The parts of a split GGUF (`name-00001-of-0000N.gguf`), or just `path`,
+/// each opened (without blocking: it must be a regular file).
+fn gguf_parts(path: &Path) -> Result<Vec<(PathBuf, File)>> {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    let single = || open_input(path).map(|(file, _)| vec![(path.to_path_buf(), file)]);
     let Some(stem) = name.strip_suffix(".gguf") else {
-        return Ok(vec![path.to_path_buf()]);
+        return single();
     };
     // ...-00001-of-00003
     let split = stem.rsplit_once("-of-").and_then(|(head, count)| {
@@ -247,7 +364,7 @@ fn gguf_parts(path: &Path) -> Result<Vec<PathBuf>> {
         (count.len() == 5 && index.len() == 5).then_some((base.to_owned(), i, n))
     });
     let Some((base, index, count)) = split else {
-        return Ok(vec![path.to_path_buf()]);
+        return single();
     };
     if count == 0 || index > count {
         return Err(Error::format(format!(
@@ -265,41 +382,54 @@ fn gguf_parts(path: &Path) -> Result<Vec<PathBuf>> {
     (1..=count)
         .map(|i| {
             let p = dir.join(format!("{base}-{i:05}-of-{count:05}.gguf"));
-            if p.is_file() {
-                Ok(p)
-            } else {
-                Err(Error::new(
-                    ErrorKind::NotFound,
+            match crate::sys::open_regular(&p) {
+                Ok((file, _)) => Ok((p, file)),
+                Err(OpenRegularError::Os(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                    Err(Error::new(
+                        ErrorKind::NotFound,
+                        format!(
+                            "{}: part {i} of {count} of the split model is missing",
+                            p.display()
+                        ),
+                    ))
+                }
+                Err(OpenRegularError::Os(e)) => Err(Error::io("cannot open", &p, &e)),
+                Err(OpenRegularError::NotRegular(kind)) => Err(Error::path_is(
+                    ErrorKind::Argument,
+                    &p,
                     format!(
-                        "{}: part {i} of {count} of the split model is missing",
-                        p.display()
+                        "(part {i} of {count} of the split model) is {kind}, not a regular file"
                     ),
-                ))
+                )),
             }
         })
         .collect()
 }
 
-fn looks_like_gguf(path: &Path) -> bool {
+/// Whether `file` starts with the GGUF magic, or `path` is named `.gguf`.
+fn looks_like_gguf(path: &Path, mut file: &File) -> bool {
     if path.extension().is_some_and(|e| e == "gguf") {
         return true;
     }
     let mut magic = [0u8; 4];
-    File::open(path)
-        .and_then(|mut f| f.read_exact(&mut magic))
+    file.read_exact(&mut magic)
         .is_ok_and(|()| magic == gguf::MAGIC)
 }
 
-fn open_model(source: &Path) -> Result<Model> {
+fn open_model(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
     let meta = std::fs::metadata(source).map_err(|e| Error::io("cannot open", source, &e))?;
-    if meta.is_file() && looks_like_gguf(source) {
-        open_gguf(source)
-    } else if meta.is_dir()
-        || source
-            .extension()
-            .is_some_and(|e| e == "safetensors" || e == "json")
+    if meta.is_dir() {
+        return open_safetensors(source, cancel);
+    }
+    // Opened without blocking before a byte is read: a FIFO is refused.
+    let (file, _) = open_input(source)?;
+    if looks_like_gguf(source, &file) {
+        open_gguf(source, cancel)
+    } else if source
+        .extension()
+        .is_some_and(|e| e == "safetensors" || e == "json")
     {
-        open_safetensors(source)
+        open_safetensors(source, cancel)
     } else {
         Err(Error::format(format!(
             "{}: not a GGUF or safetensors model (give a .gguf file, a .safetensors file, a model directory or its model.safetensors.index.json)",
@@ -308,12 +438,20 @@ fn open_model(source: &Path) -> Result<Model> {
     }
 }
 
-fn open_gguf(source: &Path) -> Result<Model> {
-    let parts = gguf_parts(source)?;
-    let files: Vec<gguf::Gguf> = parts
-        .iter()
-        .map(|p| gguf::Gguf::open(p))
-        .collect::<Result<_>>()?;
+fn open_gguf(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
+    let (parts, handles): (Vec<PathBuf>, Vec<File>) = gguf_parts(source)?.into_iter().unzip();
+    let mut files = Vec::with_capacity(parts.len());
+    let mut inputs = Vec::with_capacity(parts.len());
+    for (path, file) in parts.iter().zip(&handles) {
+        if cancel() {
+            return Err(interrupted());
+        }
+        files.push(gguf::Gguf::read(file, path, cancel)?);
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::io("cannot stat", path, &e))?;
+        inputs.push(crate::popularity::file_id(&meta));
+    }
     let mut tensors = Vec::new();
     for (i, g) in files.iter().enumerate() {
         for t in &g.tensors {
@@ -357,10 +495,10 @@ fn open_gguf(source: &Path) -> Result<Model> {
             })
         })
         .collect();
-    let inputs = parts.iter().filter_map(|p| file_id(p)).collect();
     Ok(Model {
         kind: SourceKind::Gguf,
         files: parts,
+        handles,
         tensors,
         experts,
         arch,
@@ -373,9 +511,9 @@ fn open_gguf(source: &Path) -> Result<Model> {
     })
 }
 
-fn open_safetensors(source: &Path) -> Result<Model> {
-    let ckpt = safetensors::Checkpoint::open(source)?;
-    let tensors = ckpt.tensors.clone();
+fn open_safetensors(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
+    let ckpt = safetensors::Checkpoint::open(source, cancel)?;
+    let tensors = ckpt.tensors;
     let config = ckpt.config.as_ref();
     let cfg_u64 = |keys: &[&str]| {
         keys.iter()
@@ -396,6 +534,7 @@ fn open_safetensors(source: &Path) -> Result<Model> {
     Ok(Model {
         kind: SourceKind::Safetensors,
         files: ckpt.files.iter().map(|f| f.path.clone()).collect(),
+        handles: ckpt.handles,
         tensors,
         experts,
         arch: config
@@ -406,7 +545,7 @@ fn open_safetensors(source: &Path) -> Result<Model> {
         block_count: cfg_u64(&["num_hidden_layers"]),
         expert_count: cfg_u64(&["num_local_experts", "num_experts", "n_routed_experts"]),
         gguf: Vec::new(),
-        inputs: ckpt.inputs.iter().filter_map(|p| file_id(p)).collect(),
+        inputs: ckpt.inputs,
         safetensors_metadata: ckpt.metadata,
     })
 }
@@ -670,6 +809,7 @@ fn expert_template(name: &str) -> String {
 struct BlobReader<'a> {
     files: &'a [File],
     paths: &'a [PathBuf],
+    cancel: Cancel<'a>,
     /// (source, or None for zeros, length) in order.
     parts: Vec<(Option<Slice>, u64)>,
     part: usize,
@@ -678,6 +818,10 @@ struct BlobReader<'a> {
 
 impl Read for BlobReader<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        // Asked at every read (64 KiB): a blob can be hundreds of MB.
+        if (self.cancel)() {
+            return Err(std::io::Error::other("interrupted"));
+        }
         while let Some(&(slice, len)) = self.parts.get(self.part) {
             if self.done == len {
                 self.part += 1;
@@ -850,27 +994,51 @@ impl Drop for TempDir {
 
 /// Packs `source` into a vault at `out_dir`. `progress` is called with the
 /// bytes copied so far and the total, as the copy goes.
+///
+/// With `opts.cancel` set, every phase (opening and parsing the model,
+/// copying blobs, writing the scout) looks at the flag at least every few
+/// megabytes or thousand entries; once it is set, `pack` removes what it
+/// wrote and returns an error saying it was interrupted.
 pub fn pack(
     source: &Path,
     out_dir: &Path,
     opts: &PackOptions<'_>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<PackSummary> {
+    // Relaxed: a flag set by a signal handler; it publishes nothing else.
+    let cancelled = || opts.cancel.is_some_and(|c| c.load(Ordering::Relaxed));
+    // Whatever failed once the flag was set (a read the flag cut short, a
+    // step it stopped) was the interruption.
+    pack_cancellable(source, out_dir, opts.force, &cancelled, progress).map_err(|e| {
+        if cancelled() {
+            interrupted()
+        } else {
+            e
+        }
+    })
+}
+
+fn pack_cancellable(
+    source: &Path,
+    out_dir: &Path,
+    force: bool,
+    cancelled: Cancel<'_>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<PackSummary> {
     // Check the output before reading gigabytes (and again before the
     // rename: something may have appeared there meanwhile). Without
     // --force an existing OUT_DIR is refused at once; with it, once every
     // file of the model is known, since none of them may be in there.
-    if !opts.force {
+    if !force {
         check_out_dir(out_dir, false, &[])?;
     }
-    let model = open_model(source)?;
-    check_out_dir(out_dir, opts.force, &model.inputs)?;
+    let model = open_model(source, cancelled)?;
+    check_out_dir(out_dir, force, &model.inputs)?;
     let (n_layers, n_experts, plans) = plan(&model)?;
-    let files: Vec<File> = model
-        .files
-        .iter()
-        .map(|p| File::open(p).map_err(|e| Error::io("cannot open", p, &e)))
-        .collect::<Result<_>>()?;
+    let files = &model.handles;
+    if cancelled() {
+        return Err(interrupted());
+    }
 
     remove_stale_temp_dirs(out_dir);
     let tmp = temp_dir_for(out_dir)?;
@@ -901,8 +1069,6 @@ pub fn pack(
         .sum();
     let total = expert_bytes + scout_bytes_in;
     let mut copied = 0u64;
-    let cancelled = || opts.cancel.is_some_and(|c| c.load(Ordering::Relaxed));
-    let interrupted = || Error::new(ErrorKind::Io, "interrupted; nothing was written");
 
     let mut writer = VaultWriter::create(
         &tmp,
@@ -930,8 +1096,9 @@ pub fn pack(
                 at = item.offset + s.bytes;
             }
             let mut reader = BlobReader {
-                files: &files,
+                files,
                 paths: &model.files,
+                cancel: cancelled,
                 parts,
                 part: 0,
                 done: 0,
@@ -955,8 +1122,15 @@ pub fn pack(
             return Err(interrupted());
         }
         let t = &model.tensors[scout_tensors[i]];
-        copy_range(&files[t.file], &model.files[t.file], t.offset, t.bytes, w)
-            .map_err(|e| e.context(format!("tensor {}", t.name)))?;
+        copy_range(
+            &files[t.file],
+            &model.files[t.file],
+            t.offset,
+            t.bytes,
+            w,
+            cancelled,
+        )
+        .map_err(|e| e.context(format!("tensor {}", t.name)))?;
         copied += t.bytes;
         progress(copied, total);
         Ok(())
@@ -978,7 +1152,7 @@ pub fn pack(
 
     // Into place: the old vault (with --force) is moved aside first, so a
     // failure between the renames leaves one of the two whole.
-    check_out_dir(out_dir, opts.force, &model.inputs)?;
+    check_out_dir(out_dir, force, &model.inputs)?;
     if std::fs::symlink_metadata(out_dir).is_ok() {
         let aside = PathBuf::from(format!("{}.old", tmp.display()));
         std::fs::rename(out_dir, &aside)
@@ -1033,10 +1207,22 @@ pub fn pack(
     })
 }
 
-fn copy_range(file: &File, path: &Path, offset: u64, bytes: u64, w: &mut dyn Write) -> Result<()> {
+/// Copies `bytes` bytes at `offset` of `file` to `w`, 1 MiB at a time,
+/// asking `cancel` before each.
+fn copy_range(
+    file: &File,
+    path: &Path,
+    offset: u64,
+    bytes: u64,
+    w: &mut dyn Write,
+    cancel: Cancel<'_>,
+) -> Result<()> {
     let mut buf = vec![0u8; (1 << 20).min(bytes.max(1) as usize)];
     let mut done = 0u64;
     while done < bytes {
+        if cancel() {
+            return Err(interrupted());
+        }
         let n = (bytes - done).min(buf.len() as u64) as usize;
         file.read_exact_at(&mut buf[..n], offset + done)
             .map_err(|e| Error::io("cannot read", path, &e))?;
@@ -1155,8 +1341,7 @@ fn write_scout(
             while (header.len() + 8) % 8 != 0 {
                 header.push(' ');
             }
-            let file = File::create(path).map_err(|e| Error::io("cannot create", path, &e))?;
-            let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+            let mut w = ScoutFile::create(path)?;
             let io = |e: std::io::Error| Error::io("cannot write", path, &e);
             w.write_all(&(header.len() as u64).to_le_bytes())
                 .map_err(io)?;
@@ -1164,9 +1349,7 @@ fn write_scout(
             for i in 0..tensors.len() {
                 copy(i, &mut w)?;
             }
-            let file = w.into_inner().map_err(|e| io(e.into_error()))?;
-            file.sync_all().map_err(io)?;
-            Ok(())
+            w.finish()
         }
     }
 }
@@ -1249,9 +1432,16 @@ mod tests {
         let e = gguf_parts(&p("m-00001-of-00002.gguf")).unwrap_err();
         assert!(e.to_string().contains("part 2 of 2"), "{e}");
         std::fs::write(p("m-00002-of-00002.gguf"), b"x").unwrap();
-        assert_eq!(gguf_parts(&p("m-00001-of-00002.gguf")).unwrap().len(), 2);
+        let paths = |path: &Path| {
+            gguf_parts(path).map(|parts| parts.into_iter().map(|(p, _)| p).collect::<Vec<_>>())
+        };
+        assert_eq!(
+            paths(&p("m-00001-of-00002.gguf")).unwrap(),
+            vec![p("m-00001-of-00002.gguf"), p("m-00002-of-00002.gguf")]
+        );
         assert!(gguf_parts(&p("m-00002-of-00002.gguf")).is_err());
-        assert_eq!(gguf_parts(&p("plain.gguf")).unwrap(), vec![p("plain.gguf")]);
+        std::fs::write(p("plain.gguf"), b"x").unwrap();
+        assert_eq!(paths(&p("plain.gguf")).unwrap(), vec![p("plain.gguf")]);
         std::fs::write(p("z-00001-of-00000.gguf"), b"x").unwrap();
         let e = gguf_parts(&p("z-00001-of-00000.gguf")).unwrap_err();
         assert!(e.to_string().contains("not a valid name"), "{e}");

@@ -9,13 +9,15 @@
 //! `model.safetensors.index.json`, whose `weight_map` names the shard of
 //! every tensor.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use super::Tensor;
+use super::{open_input, read_json, Cancel, Tensor};
 use crate::error::{Error, Result};
 use crate::json::{self, Value};
+use crate::sys::{self, OpenRegularError};
 
 /// Largest header this reader accepts (the format's own writers cap it at
 /// 100 MB).
@@ -44,11 +46,11 @@ pub struct FileHeader {
     pub tensors: Vec<(String, String, Vec<u64>, u64, u64)>,
 }
 
-/// Reads and checks the header of the safetensors file at `path`: every
-/// tensor's range lies in the data section and matches its dtype and shape.
-pub fn read_header(path: &Path) -> Result<FileHeader> {
+/// Reads and checks the header of the safetensors `file` (opened from
+/// `path`): every tensor's range lies in the data section and matches its
+/// dtype and shape. `cancel` is asked now and then whether to stop.
+pub fn read_header(mut file: &File, path: &Path, cancel: Cancel<'_>) -> Result<FileHeader> {
     let bad = |what: String| Error::format(format!("{}: {what}", path.display()));
-    let mut file = File::open(path).map_err(|e| Error::io("cannot open", path, &e))?;
     let file_bytes = file
         .metadata()
         .map_err(|e| Error::io("cannot stat", path, &e))?
@@ -77,8 +79,8 @@ pub fn read_header(path: &Path) -> Result<FileHeader> {
         .map_err(|e| Error::io("cannot read", path, &e))?;
     let text = String::from_utf8(text)
         .map_err(|_| bad("not a safetensors file: the header is not UTF-8".into()))?;
-    let header =
-        json::parse(&text).map_err(|e| bad(format!("not a safetensors file: header {e}")))?;
+    let header = json::parse_cancellable(&text, cancel)
+        .map_err(|e| bad(format!("not a safetensors file: header {e}")))?;
     let members = header
         .as_object()
         .ok_or_else(|| bad(format!("header is {}, expected an object", header.kind())))?;
@@ -86,7 +88,10 @@ pub fn read_header(path: &Path) -> Result<FileHeader> {
     let data_bytes = file_bytes - data_offset;
     let mut metadata = Vec::new();
     let mut tensors = Vec::new();
-    for (name, v) in members {
+    for (i, (name, v)) in members.iter().enumerate() {
+        if i % 4096 == 4095 && cancel() {
+            return Err(super::interrupted());
+        }
         if name == "__metadata__" {
             let m = v
                 .as_object()
@@ -152,7 +157,7 @@ pub fn read_header(path: &Path) -> Result<FileHeader> {
 }
 
 /// A checkpoint: one safetensors file, or the shards of an index.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Checkpoint {
     /// The files, in the order they were read.
     pub files: Vec<FileHeader>,
@@ -163,20 +168,26 @@ pub struct Checkpoint {
     pub config: Option<Value>,
     /// The first file's `__metadata__`.
     pub metadata: Vec<(String, String)>,
-    /// Every file read: the index, the shards, `config.json`.
-    pub inputs: Vec<PathBuf>,
+    /// The files' handles, in the order of `files`.
+    pub handles: Vec<File>,
+    /// The identity of every file read: the index, the shards,
+    /// `config.json`.
+    pub inputs: Vec<super::FileId>,
 }
 
 impl Checkpoint {
     /// Opens `source`: a `.safetensors` file, a directory holding
     /// `model.safetensors` or `model.safetensors.index.json`, or that index.
-    pub fn open(source: &Path) -> Result<Checkpoint> {
+    /// Every file is opened without blocking and must be a regular file.
+    pub fn open(source: &Path, cancel: Cancel<'_>) -> Result<Checkpoint> {
         let (dir, index, single) = if source.is_dir() {
             let index = source.join("model.safetensors.index.json");
             let single = source.join("model.safetensors");
-            if index.exists() {
+            // lstat: a link there counts (and is then opened, or refused).
+            let present = |p: &Path| std::fs::symlink_metadata(p).is_ok();
+            if present(&index) {
                 (source.to_path_buf(), Some(index), None)
-            } else if single.exists() {
+            } else if present(&single) {
                 (source.to_path_buf(), None, Some(single))
             } else {
                 return Err(Error::argument(format!(
@@ -195,15 +206,31 @@ impl Checkpoint {
                 (dir, None, Some(source.to_path_buf()))
             }
         };
-        let shard_paths = match (&index, single) {
-            (Some(index), _) => shard_files(index, &dir)?,
-            (None, Some(single)) => vec![single],
+        let mut inputs = Vec::new();
+        let shards = match (&index, single) {
+            (Some(index), _) => {
+                let (v, meta) = read_json(index, cancel)?;
+                inputs.push(crate::popularity::file_id(&meta));
+                shard_files(&v, index, &dir)?
+            }
+            (None, Some(single)) => {
+                let (file, _) = open_input(&single)?;
+                vec![(single, file)]
+            }
             (None, None) => unreachable!("one of the two is set above"),
         };
         let mut files = Vec::new();
+        let mut handles = Vec::new();
         let mut tensors = Vec::new();
-        for (i, path) in shard_paths.iter().enumerate() {
-            let h = read_header(path)?;
+        for (i, (path, file)) in shards.into_iter().enumerate() {
+            if cancel() {
+                return Err(super::interrupted());
+            }
+            let h = read_header(&file, &path, cancel)?;
+            let meta = file
+                .metadata()
+                .map_err(|e| Error::io("cannot stat", &path, &e))?;
+            inputs.push(crate::popularity::file_id(&meta));
             for (name, dtype, shape, offset, bytes) in &h.tensors {
                 tensors.push(Tensor {
                     name: name.clone(),
@@ -215,6 +242,7 @@ impl Checkpoint {
                 });
             }
             files.push(h);
+            handles.push(file);
         }
         if let Some(name) = super::first_duplicate(tensors.iter().map(|t| t.name.as_str())) {
             return Err(Error::format(format!(
@@ -223,15 +251,22 @@ impl Checkpoint {
             )));
         }
         let config_path = dir.join("config.json");
-        let mut inputs: Vec<PathBuf> = index.iter().cloned().collect();
-        inputs.extend(shard_paths.iter().cloned());
-        inputs.push(config_path.clone());
-        let config = match std::fs::read_to_string(&config_path) {
-            Ok(text) => Some(
-                json::parse(&text)
-                    .map_err(|e| Error::format(format!("{}: {e}", config_path.display())))?,
-            ),
-            Err(_) => None,
+        // Missing is fine (the counts then come from the tensors); anything
+        // there that cannot be read as a JSON object is an error.
+        let config = match std::fs::symlink_metadata(&config_path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            _ => {
+                let (v, meta) = read_json(&config_path, cancel)?;
+                if v.as_object().is_none() {
+                    return Err(Error::format(format!(
+                        "{}: holds {}, expected a JSON object",
+                        config_path.display(),
+                        v.kind()
+                    )));
+                }
+                inputs.push(crate::popularity::file_id(&meta));
+                Some(v)
+            }
         };
         let metadata = files
             .first()
@@ -242,22 +277,23 @@ impl Checkpoint {
             tensors,
             config,
             metadata,
+            handles,
             inputs,
         })
     }
 }
 
-/// The shard files an index names, each once, in order of first mention,
-/// each checked to exist.
-fn shard_files(index: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
+/// The shard files the index `v` (read from `index`) names, each once, in
+/// order of first mention, each opened (without blocking: it must be a
+/// regular file).
+fn shard_files(v: &Value, index: &Path, dir: &Path) -> Result<Vec<(PathBuf, File)>> {
     let bad = |what: String| Error::format(format!("{}: {what}", index.display()));
-    let text = std::fs::read_to_string(index).map_err(|e| Error::io("cannot read", index, &e))?;
-    let v = json::parse(&text).map_err(|e| bad(e.to_string()))?;
     let map = v
         .get("weight_map")
         .and_then(Value::as_object)
         .ok_or_else(|| bad("no weight_map object".into()))?;
     let mut names: Vec<&str> = Vec::new();
+    let mut seen: HashSet<&str> = HashSet::new();
     for (tensor, file) in map {
         let file = file
             .as_str()
@@ -267,7 +303,7 @@ fn shard_files(index: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
                 "weight_map names {file:?}, which is not a file beside the index"
             )));
         }
-        if !names.contains(&file) {
+        if seen.insert(file) {
             names.push(file);
         }
     }
@@ -278,13 +314,19 @@ fn shard_files(index: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
         .into_iter()
         .map(|n| {
             let p = dir.join(n);
-            if p.is_file() {
-                Ok(p)
-            } else {
-                Err(bad(format!(
-                    "shard {n} is missing (expected at {})",
+            match sys::open_regular(&p) {
+                Ok((file, _)) => Ok((p, file)),
+                Err(OpenRegularError::Os(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                    Err(bad(format!(
+                        "shard {n} is missing (expected at {})",
+                        p.display()
+                    )))
+                }
+                Err(OpenRegularError::Os(e)) => Err(Error::io("cannot open", &p, &e)),
+                Err(OpenRegularError::NotRegular(kind)) => Err(bad(format!(
+                    "shard {n} ({}) is {kind}, not a regular file",
                     p.display()
-                )))
+                ))),
             }
         })
         .collect()
