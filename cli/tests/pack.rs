@@ -872,3 +872,166 @@ fn a_signal_stops_pack_while_it_writes_the_scout() {
         stops_on(child, signal, scout_started, &out_dir, &tmp);
     }
 }
+
+/// A GGUF v3 file of F32 tensors at the given offsets (relative to the
+/// data section, multiples of 32): (name, `ne`, offset). The data is a
+/// hole up to the furthest end. Returns where the data section starts.
+fn write_gguf_at(path: &Path, tensors: &[(&str, Vec<u64>, u64)]) -> u64 {
+    let mut b = Vec::new();
+    b.extend_from_slice(b"GGUF");
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    let mut end = 0u64;
+    for (name, ne, offset) in tensors {
+        b.extend_from_slice(&(name.len() as u64).to_le_bytes());
+        b.extend_from_slice(name.as_bytes());
+        b.extend_from_slice(&(ne.len() as u32).to_le_bytes());
+        for n in ne {
+            b.extend_from_slice(&n.to_le_bytes());
+        }
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&offset.to_le_bytes());
+        end = end.max(offset + 4 * ne.iter().product::<u64>());
+    }
+    let data = (b.len() as u64).next_multiple_of(32);
+    std::fs::write(path, &b).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.set_len(data + end).unwrap();
+    data
+}
+
+/// A safetensors file of F32 tensors at the given data offsets: (name,
+/// shape, begin); the data is a hole.
+fn write_safetensors_at(path: &Path, tensors: &[(&str, Vec<u64>, u64)]) {
+    let mut end = 0u64;
+    let members: Vec<String> = tensors
+        .iter()
+        .map(|(name, shape, begin)| {
+            let e = begin + 4 * shape.iter().product::<u64>();
+            end = end.max(e);
+            format!("\"{name}\":{{\"dtype\":\"F32\",\"shape\":{shape:?},\"data_offsets\":[{begin},{e}]}}")
+        })
+        .collect();
+    let header = format!("{{{}}}", members.join(","));
+    let mut b = (header.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(header.as_bytes());
+    std::fs::write(path, &b).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.set_len(b.len() as u64 + end).unwrap();
+}
+
+/// Issue 19, item 5: tensors whose data ranges alias each other were each
+/// copied whole (a 411 KB GGUF became a 501 MB vault). They are refused,
+/// naming both tensors.
+#[test]
+fn overlapping_tensor_data_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n);
+    // 200 layers whose experts are all the same bytes.
+    let names: Vec<String> = (0..200)
+        .map(|l| format!("blk.{l}.ffn_up_exps.weight"))
+        .collect();
+    let aliased: Vec<(&str, Vec<u64>, u64)> = names
+        .iter()
+        .map(|n| (n.as_str(), vec![64, 8, 4], 0))
+        .collect();
+    let at = write_gguf_at(&p("aliased.gguf"), &aliased);
+    let (a, b) = (at, at + 8192);
+    refuses(
+        &p("aliased.gguf"),
+        &format!("tensors blk.0.ffn_up_exps.weight (bytes {a}..{b}) and blk.1.ffn_up_exps.weight (bytes {a}..{b}) share data"),
+    );
+    // One tensor's data inside another's, past a third that does not overlap.
+    let at = write_gguf_at(
+        &p("inside.gguf"),
+        &[
+            ("blk.0.ffn_up_exps.weight", vec![64, 8, 4], 0),
+            ("blk.1.ffn_up_exps.weight", vec![64, 8, 4], 8192),
+            ("output_norm.weight", vec![64], 8192 + 4096),
+        ],
+    );
+    refuses(
+        &p("inside.gguf"),
+        &format!(
+            "tensors blk.1.ffn_up_exps.weight (bytes {}..{}) and output_norm.weight (bytes {}..{}) share data",
+            at + 8192,
+            at + 16384,
+            at + 12288,
+            at + 12544
+        ),
+    );
+    write_safetensors_at(
+        &p("aliased.safetensors"),
+        &[
+            ("model.layers.0.mlp.experts.0.up_proj.weight", vec![8, 8], 0),
+            (
+                "model.layers.0.mlp.experts.1.up_proj.weight",
+                vec![8, 8],
+                128,
+            ),
+        ],
+    );
+    refuses(
+        &p("aliased.safetensors"),
+        "share data; each tensor must have bytes of its own",
+    );
+    // Back to back is fine.
+    write_gguf_at(
+        &p("adjacent.gguf"),
+        &[
+            ("blk.0.ffn_up_exps.weight", vec![64, 8, 4], 0),
+            ("blk.1.ffn_up_exps.weight", vec![64, 8, 4], 8192),
+        ],
+    );
+    let out = pack(&p("adjacent.gguf"), &p("vault"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Issue 19, item 5: a vault larger than the free space is refused before
+/// a byte is written, as `smoe synth` does. The model: a sparse 4 TiB GGUF.
+/// The pack runs with a 256 MiB file-size limit, so that the code before
+/// this check (which wrote until the disk filled) fails safely here.
+#[test]
+fn a_vault_larger_than_the_free_space_is_refused_before_writing() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("huge.gguf");
+    write_gguf_at(
+        &src,
+        &[("blk.0.ffn_up_exps.weight", vec![65536, 65536, 256], 0)],
+    );
+    let out_dir = dir.path().join("vault");
+    let mut cmd = smoe();
+    cmd.arg("pack").arg(&src).arg(&out_dir);
+    // SAFETY: between fork and exec the closure calls only signal(2) and
+    // setrlimit(2), both async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let cap = libc::rlimit {
+                rlim_cur: 256 << 20,
+                rlim_max: 256 << 20,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &cap) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("vault: the vault needs ")
+            && stderr.contains("(4.00 TiB) but its filesystem has"),
+        "{stderr}"
+    );
+    assert!(!out_dir.exists(), "OUT_DIR was created");
+    assert!(entries_with_prefix(dir.path(), ".vault").is_empty());
+}

@@ -105,6 +105,8 @@ pub(crate) struct Tensor {
     pub name: String,
     /// Index into the source's files (a shard or a split part).
     pub file: usize,
+    /// Its position in that file's list of tensors.
+    pub entry: usize,
     /// Absolute offset of its data in that file.
     pub offset: u64,
     /// Bytes of its data.
@@ -303,6 +305,10 @@ fn gguf_expert(name: &str) -> Option<(u32, String)> {
 /// Recognises `model.layers.N.<block>.experts.E.<proj>.{weight,bias}` and
 /// stacked `model.layers.N.<block>.experts.<name>`.
 fn safetensors_expert(name: &str) -> Option<(u32, String, Option<u32>)> {
+    // Most tensors are not experts: skip them before splitting the name.
+    if !name.starts_with("model.layers.") || !name.contains(".experts.") {
+        return None;
+    }
     let parts: Vec<&str> = name.split('.').collect();
     let ["model", "layers", layer, block, "experts", rest @ ..] = parts.as_slice() else {
         return None;
@@ -454,10 +460,11 @@ fn open_gguf(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
     }
     let mut tensors = Vec::new();
     for (i, g) in files.iter().enumerate() {
-        for t in &g.tensors {
+        for (entry, t) in g.tensors.iter().enumerate() {
             tensors.push(Tensor {
                 name: t.name.clone(),
                 file: i,
+                entry,
                 offset: g.data_offset + t.offset,
                 bytes: t.bytes,
                 dtype: t.ggml_type.name.to_owned(),
@@ -465,7 +472,12 @@ fn open_gguf(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
             });
         }
     }
-    if let Some(name) = first_duplicate(tensors.iter().map(|t| t.name.as_str())) {
+    // Within a part, Gguf::read refused a repeated name already.
+    let duplicate = match files.len() {
+        1 => None,
+        _ => first_duplicate(tensors.iter().map(|t| t.name.as_str())),
+    };
+    if let Some(name) = duplicate {
         return Err(Error::format(format!(
             "{}: tensor {name} appears in two parts of the split model",
             source.display()
@@ -548,6 +560,114 @@ fn open_safetensors(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
         inputs: ckpt.inputs,
         safetensors_metadata: ckpt.metadata,
     })
+}
+
+/// Refuses tensors whose data overlap in a file: each is copied whole, so
+/// aliased ranges would let a small file stand for a huge model (a 411 KB
+/// GGUF became a 501 MB vault). Empty tensors overlap nothing.
+fn check_no_overlap(model: &Model) -> Result<()> {
+    let mut order: Vec<&Tensor> = model.tensors.iter().filter(|t| t.bytes > 0).collect();
+    order.sort_unstable_by_key(|t| (t.file, t.offset));
+    // The tensor of this file seen so far whose data reaches furthest.
+    let mut reach: Option<&Tensor> = None;
+    let end = |t: &Tensor| t.offset.saturating_add(t.bytes);
+    for t in order {
+        match reach {
+            Some(r) if r.file == t.file && t.offset < end(r) => {
+                return Err(Error::format(format!(
+                    "{}: tensors {} (bytes {}..{}) and {} (bytes {}..{}) share data; each tensor must have bytes of its own",
+                    model.files[t.file].display(),
+                    r.name,
+                    r.offset,
+                    end(r),
+                    t.name,
+                    t.offset,
+                    end(t)
+                )));
+            }
+            Some(r) if r.file == t.file && end(r) >= end(t) => {}
+            _ => reach = Some(t),
+        }
+    }
+    Ok(())
+}
+
+/// `n` bytes for a person: "1.50 GiB".
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} bytes")
+    } else {
+        format!("{v:.2} {}", UNITS[unit])
+    }
+}
+
+/// An upper bound of the bytes the vault (`experts.smoe` with `meta_bytes`
+/// of metadata, and the scout of `scout_tensors`) takes on disk.
+fn bytes_needed(
+    model: &Model,
+    plans: &[LayerPlan],
+    (n_layers, n_experts): (u32, u32),
+    meta_bytes: u64,
+    scout_tensors: &[usize],
+) -> u128 {
+    // experts.smoe: page 0, the table's region and the metadata, then
+    // every blob padded to the alignment (as VaultWriter lays it out).
+    let a = u64::from(crate::vault::DEFAULT_ALIGNMENT);
+    let ids = u64::from(n_layers) * u64::from(n_experts);
+    let mut needed = u128::from(a)
+        + u128::from((ids * crate::vault::ENTRY_BYTES as u64 + meta_bytes).next_multiple_of(a));
+    for p in plans {
+        needed += u128::from(p.blob_bytes.next_multiple_of(a)) * u128::from(n_experts);
+    }
+    // The scout: each tensor's bytes, padded to the GGUF alignment, and a
+    // generous allowance for its entry in the header; the key/values.
+    let pad = model.gguf.first().map_or(0, |g| g.alignment);
+    for &i in scout_tensors {
+        let t = &model.tensors[i];
+        needed += u128::from(t.bytes) + u128::from(pad);
+        needed += (t.name.len() + t.dtype.len() + 128 + 24 * t.shape.len()) as u128;
+    }
+    let kvs: usize = model.gguf.first().map_or(0, |g| {
+        g.kvs
+            .iter()
+            .map(|kv| kv.key.len() + kv.raw.len() + 12)
+            .sum()
+    });
+    let st: usize = model
+        .safetensors_metadata
+        .iter()
+        .map(|(k, v)| k.len() + v.len() + 8)
+        .sum();
+    needed + (kvs + st + 4096) as u128
+}
+
+/// Refuses, before a byte is written, a vault that would not fit in the
+/// free space of the filesystem that is to hold `out_dir`: it would fail
+/// after filling the disk.
+fn check_free_space(out_dir: &Path, needed: u128) -> Result<()> {
+    let Some(free) = crate::sys::free_bytes(out_dir) else {
+        return Ok(()); // not knowable here: the writes will say
+    };
+    if needed > u128::from(free) {
+        let needed = u64::try_from(needed).unwrap_or(u64::MAX);
+        return Err(Error::new(
+            ErrorKind::Io,
+            format!(
+                "{}: the vault needs {needed} bytes ({}) but its filesystem has {free} bytes ({}) free",
+                out_dir.display(),
+                human_bytes(needed),
+                human_bytes(free)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Where one item of one expert's blob comes from.
@@ -948,6 +1068,7 @@ fn check_out_dir(out_dir: &Path, force: bool, inputs: &[FileId]) -> Result<()> {
         let kind = crate::sys::FileKind::of(meta.file_type());
         return refuse(format!("is {kind}, not a vault directory"));
     }
+    let inputs: std::collections::HashSet<&FileId> = inputs.iter().collect();
     let entries = std::fs::read_dir(out_dir).map_err(|e| Error::io("cannot list", out_dir, &e))?;
     let mut empty = true;
     for entry in entries {
@@ -1034,19 +1155,12 @@ fn pack_cancellable(
     }
     let model = open_model(source, cancelled)?;
     check_out_dir(out_dir, force, &model.inputs)?;
+    check_no_overlap(&model)?;
     let (n_layers, n_experts, plans) = plan(&model)?;
     let files = &model.handles;
     if cancelled() {
         return Err(interrupted());
     }
-
-    remove_stale_temp_dirs(out_dir);
-    let tmp = temp_dir_for(out_dir)?;
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(|e| Error::io("cannot remove", &tmp, &e))?;
-    }
-    std::fs::create_dir(&tmp).map_err(|e| Error::io("cannot create", &tmp, &e))?;
-    let mut guard = TempDir(Some(tmp.clone()));
 
     let vault_id = crate::vault::random_id();
     let layouts = BlobLayouts {
@@ -1063,12 +1177,28 @@ fn pack_cancellable(
         .sum();
     let expert_set: std::collections::HashSet<usize> =
         model.experts.iter().map(|x| x.tensor).collect();
-    let scout_bytes_in: u64 = (0..model.tensors.len())
+    let scout_tensors: Vec<usize> = (0..model.tensors.len())
         .filter(|i| !expert_set.contains(i))
-        .map(|i| model.tensors[i].bytes)
-        .sum();
+        .collect();
+    let scout_bytes_in: u64 = scout_tensors.iter().map(|&i| model.tensors[i].bytes).sum();
     let total = expert_bytes + scout_bytes_in;
     let mut copied = 0u64;
+
+    let needed = bytes_needed(
+        &model,
+        &plans,
+        (n_layers, n_experts),
+        meta.len() as u64,
+        &scout_tensors,
+    );
+    check_free_space(out_dir, needed)?;
+    remove_stale_temp_dirs(out_dir);
+    let tmp = temp_dir_for(out_dir)?;
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| Error::io("cannot remove", &tmp, &e))?;
+    }
+    std::fs::create_dir(&tmp).map_err(|e| Error::io("cannot create", &tmp, &e))?;
+    let mut guard = TempDir(Some(tmp.clone()));
 
     let mut writer = VaultWriter::create(
         &tmp,
@@ -1114,9 +1244,6 @@ fn pack_cancellable(
     debug_assert_eq!(vault_file, tmp.join(EXPERTS_FILE));
 
     let scout_path = tmp.join(scout_name);
-    let scout_tensors: Vec<usize> = (0..model.tensors.len())
-        .filter(|i| !expert_set.contains(i))
-        .collect();
     let mut copy_tensor = |i: usize, w: &mut dyn Write| -> Result<()> {
         if cancelled() {
             return Err(interrupted());
@@ -1297,12 +1424,7 @@ fn write_scout(
                 .iter()
                 .map(|&i| {
                     let t = &model.tensors[i];
-                    let g = &model.gguf[t.file];
-                    g.tensors
-                        .iter()
-                        .find(|gt| gt.name == t.name)
-                        .cloned()
-                        .expect("the tensor came from this file")
+                    model.gguf[t.file].tensors[t.entry].clone()
                 })
                 .collect();
             gguf::write(path, &kvs, &infos, first.alignment, copy)

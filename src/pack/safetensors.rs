@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use super::{open_input, read_json, Cancel, Tensor};
 use crate::error::{Error, Result};
-use crate::json::{self, Value};
+use crate::json::{self, MembersError, Value};
 use crate::sys::{self, OpenRegularError};
 
 /// Largest header this reader accepts (the format's own writers cap it at
@@ -42,7 +42,8 @@ pub struct FileHeader {
     pub path: PathBuf,
     /// `__metadata__`, as (key, value) strings in file order.
     pub metadata: Vec<(String, String)>,
-    /// Tensors, in file order.
+    /// Tensors, in file order: (name, dtype, shape, absolute offset,
+    /// bytes). [`Checkpoint::open`] moves them into its own list.
     pub tensors: Vec<(String, String, Vec<u64>, u64, u64)>,
 }
 
@@ -79,17 +80,13 @@ pub fn read_header(mut file: &File, path: &Path, cancel: Cancel<'_>) -> Result<F
         .map_err(|e| Error::io("cannot read", path, &e))?;
     let text = String::from_utf8(text)
         .map_err(|_| bad("not a safetensors file: the header is not UTF-8".into()))?;
-    let header = json::parse_cancellable(&text, cancel)
-        .map_err(|e| bad(format!("not a safetensors file: header {e}")))?;
-    let members = header
-        .as_object()
-        .ok_or_else(|| bad(format!("header is {}, expected an object", header.kind())))?;
     let data_offset = 8 + n;
     let data_bytes = file_bytes - data_offset;
     let mut metadata = Vec::new();
     let mut tensors = Vec::new();
-    for (i, (name, v)) in members.iter().enumerate() {
-        if i % 4096 == 4095 && cancel() {
+    // Member by member: a million-tensor header is never held as a tree.
+    let mut each = |name: String, v: Value| -> Result<()> {
+        if tensors.len() % 4096 == 4095 && cancel() {
             return Err(super::interrupted());
         }
         if name == "__metadata__" {
@@ -102,7 +99,7 @@ pub fn read_header(mut file: &File, path: &Path, cancel: Cancel<'_>) -> Result<F
                     .ok_or_else(|| bad(format!("__metadata__ key {k:?} is not a string")))?;
                 metadata.push((k.clone(), s.to_owned()));
             }
-            continue;
+            return Ok(());
         }
         let field = |key: &str| {
             v.get(key)
@@ -147,8 +144,14 @@ pub fn read_header(mut file: &File, path: &Path, cancel: Cancel<'_>) -> Result<F
                 end - begin
             )));
         }
-        tensors.push((name.clone(), dtype, shape, data_offset + begin, end - begin));
-    }
+        tensors.push((name, dtype, shape, data_offset + begin, end - begin));
+        Ok(())
+    };
+    json::parse_members(&text, cancel, &mut each).map_err(|e| match e {
+        MembersError::Json(e) => bad(format!("not a safetensors file: header {e}")),
+        MembersError::NotObject(kind) => bad(format!("header is {kind}, expected an object")),
+        MembersError::Member(e) => e,
+    })?;
     Ok(FileHeader {
         path: path.to_path_buf(),
         metadata,
@@ -226,25 +229,34 @@ impl Checkpoint {
             if cancel() {
                 return Err(super::interrupted());
             }
-            let h = read_header(&file, &path, cancel)?;
+            let mut h = read_header(&file, &path, cancel)?;
             let meta = file
                 .metadata()
                 .map_err(|e| Error::io("cannot stat", &path, &e))?;
             inputs.push(crate::popularity::file_id(&meta));
-            for (name, dtype, shape, offset, bytes) in &h.tensors {
+            // Moved, not copied: the checkpoint keeps only each file's path
+            // and metadata.
+            let list = std::mem::take(&mut h.tensors);
+            for (entry, (name, dtype, shape, offset, bytes)) in list.into_iter().enumerate() {
                 tensors.push(Tensor {
-                    name: name.clone(),
-                    dtype: dtype.clone(),
-                    shape: shape.clone(),
+                    name,
+                    dtype,
+                    shape,
                     file: i,
-                    offset: *offset,
-                    bytes: *bytes,
+                    entry,
+                    offset,
+                    bytes,
                 });
             }
             files.push(h);
             handles.push(file);
         }
-        if let Some(name) = super::first_duplicate(tensors.iter().map(|t| t.name.as_str())) {
+        // Within a file the JSON reader refused a repeated name already.
+        let duplicate = match files.len() {
+            1 => None,
+            _ => super::first_duplicate(tensors.iter().map(|t| t.name.as_str())),
+        };
+        if let Some(name) = duplicate {
             return Err(Error::format(format!(
                 "{}: tensor {name} appears in two files",
                 source.display()
