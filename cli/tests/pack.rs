@@ -1035,3 +1035,26 @@ fn a_vault_larger_than_the_free_space_is_refused_before_writing() {
     assert!(!out_dir.exists(), "OUT_DIR was created");
     assert!(entries_with_prefix(dir.path(), ".vault").is_empty());
 }
+
+/// Issue 19, item 7: a layer index of 4294967295 overflowed `max_layer +
+/// 1` ("n_layers × n_experts is 0 × 4 = 0", no file named; a panic in a
+/// debug build). Now the file and the tensor are named.
+#[test]
+fn a_layer_beyond_the_id_space_names_the_file_and_the_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n);
+    for layer in [u32::MAX, 1 << 20] {
+        let name = format!("blk.{layer}.ffn_up_exps.weight");
+        write_gguf_at(&p("layer.gguf"), &[(name.as_str(), vec![64, 8, 4], 0)]);
+        refuses(
+            &p("layer.gguf"),
+            &format!("layer.gguf: tensor {name} is in layer {layer}, so the model would have {} layers × 4 experts", u64::from(layer) + 1),
+        );
+    }
+    let name = format!("model.layers.{}.mlp.experts.0.up_proj.weight", u32::MAX);
+    write_safetensors_at(&p("layer.safetensors"), &[(name.as_str(), vec![8, 8], 0)]);
+    refuses(
+        &p("layer.safetensors"),
+        &format!("layer.safetensors: tensor {name} is in layer 4294967295"),
+    );
+}

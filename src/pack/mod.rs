@@ -763,28 +763,44 @@ fn plan(model: &Model) -> Result<(u32, u32, Vec<LayerPlan>)> {
         .filter(|&n| n > 0)
         .ok_or_else(|| bad("no experts".into()))?;
     let n_experts = u32::try_from(n_experts).map_err(|_| bad(format!("{n_experts} experts")))?;
-    let max_layer = model.experts.iter().map(|x| x.layer).max().unwrap_or(0);
-    let n_layers = match model.block_count {
-        Some(b) if b > u64::from(max_layer) => {
-            u32::try_from(b).map_err(|_| bad(format!("block count {b}")))?
-        }
+    // The expert tensor of the highest layer: a name may say any layer up
+    // to 2^32 - 1, so the count is reckoned in u64 and checked.
+    let top = model
+        .experts
+        .iter()
+        .max_by_key(|x| x.layer)
+        .expect("experts is not empty");
+    let max_layer = top.layer;
+    let (n_layers, from_tensor) = match model.block_count {
+        Some(b) if b > u64::from(max_layer) => (b, false),
         Some(b) => {
             return Err(bad(format!(
                 "expert tensors of layer {max_layer}, but the block count is {b}"
             )))
         }
-        None => max_layer + 1,
+        None => (u64::from(max_layer) + 1, true),
     };
 
-    // Before anything is sized by them: a config.json or a header may claim
-    // any count.
-    let ids = u64::from(n_layers) * u64::from(n_experts);
-    if ids > crate::vault::MAX_EXPERT_IDS {
-        return Err(bad(format!(
-            "{n_layers} layers × {n_experts} experts = {ids} ids, above the vault's limit of {}",
-            crate::vault::MAX_EXPERT_IDS
-        )));
+    // Before anything is sized by them: a config.json, a header or a
+    // tensor's name may claim any count.
+    let max_ids = crate::vault::MAX_EXPERT_IDS;
+    let ids = n_layers.saturating_mul(u64::from(n_experts));
+    if ids > max_ids {
+        let top = &model.tensors[top.tensor];
+        return Err(Error::format(if from_tensor {
+            format!(
+                "{}: tensor {} is in layer {max_layer}, so the model would have {n_layers} layers × {n_experts} experts = {ids} ids, above the vault's limit of {max_ids}",
+                model.files[top.file].display(),
+                top.name
+            )
+        } else {
+            format!(
+                "{}: {n_layers} layers × {n_experts} experts = {ids} ids, above the vault's limit of {max_ids}",
+                model.files[0].display()
+            )
+        }));
     }
+    let n_layers = u32::try_from(n_layers).expect("at most MAX_EXPERT_IDS");
     let mut by_layer: BTreeMap<u32, BTreeMap<String, Vec<&ExpertTensor>>> = BTreeMap::new();
     for x in &model.experts {
         by_layer
