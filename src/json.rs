@@ -9,10 +9,24 @@
 //! [`MAX_DEPTH`], every error names the byte offset, and numbers keep their
 //! source text so that a `u64` offset above 2^53 is read exactly.
 
+use std::borrow::Cow;
+use std::collections::hash_map::RandomState;
+use std::collections::HashSet;
 use std::fmt::Write as _;
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 
 /// Deepest nesting of arrays and objects the parser accepts.
 pub const MAX_DEPTH: usize = 64;
+
+/// An object with more members than this checks its keys for duplicates
+/// through a hash set; a smaller one compares each key with the earlier
+/// ones (cheaper for the small objects that make up most documents). Either
+/// way the check is linear in the members.
+const SMALL_OBJECT: usize = 16;
+
+/// Values parsed between two looks at the cancel flag of
+/// [`parse_cancellable`].
+const CANCEL_EVERY: u32 = 1 << 16;
 
 /// A parsed JSON value. Objects keep their members in document order
 /// (duplicate keys are an error, see [`parse`]).
@@ -181,9 +195,20 @@ impl std::fmt::Display for ParseError {
 /// allowed). Duplicate keys in an object are an error, since formats that
 /// allow them disagree on which one counts.
 pub fn parse(text: &str) -> Result<Value, ParseError> {
+    parse_cancellable(text, &|| false)
+}
+
+/// [`parse`], asking `cancelled` every 65,536 values whether to stop: a
+/// 100 MB document takes a while, and a person who pressed Ctrl-C should
+/// not wait for it. A cancelled parse is an error whose message is
+/// `"cancelled"`.
+pub fn parse_cancellable(text: &str, cancelled: &dyn Fn() -> bool) -> Result<Value, ParseError> {
     let mut p = Parser {
+        text,
         bytes: text.as_bytes(),
         at: 0,
+        cancelled,
+        countdown: CANCEL_EVERY,
     };
     p.skip_ws();
     let v = p.value(0)?;
@@ -194,12 +219,162 @@ pub fn parse(text: &str) -> Result<Value, ParseError> {
     Ok(v)
 }
 
-struct Parser<'a> {
-    bytes: &'a [u8],
-    at: usize,
+/// A key as the duplicate check keeps it: `raw`, its spelling in the text
+/// between the quotes, when that has no escape (it is then the key), else
+/// a copy of the unescaped `key`.
+fn key_of<'a>(key: &str, raw: &'a str) -> Cow<'a, str> {
+    // An escape always spells more bytes than it stands for.
+    if raw.len() == key.len() {
+        Cow::Borrowed(raw)
+    } else {
+        Cow::Owned(key.to_owned())
+    }
 }
 
-impl Parser<'_> {
+/// The keys of one object seen so far, so a duplicate is found in
+/// constant time per key (a list compared key by key made a 200,000-entry
+/// index take 31 s). Each key is hashed once, with std's keyed SipHash (a
+/// crafted document cannot make keys collide), and the set keeps that hash:
+/// growing the set rehashes stored numbers instead of reading every key
+/// again from all over the text.
+#[derive(Default)]
+struct KeySet<'a> {
+    random: RandomState,
+    set: HashSet<SeenKey<'a>, BuildHasherDefault<StoredHash>>,
+}
+
+impl<'a> KeySet<'a> {
+    /// Adds `key`; false if it was there already.
+    fn insert(&mut self, key: Cow<'a, str>) -> bool {
+        let hash = self.random.hash_one(&*key);
+        self.set.insert(SeenKey { hash, key })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.set.is_empty()
+    }
+}
+
+/// A key with its hash, hashed as that number alone.
+struct SeenKey<'a> {
+    hash: u64,
+    key: Cow<'a, str>,
+}
+
+impl Hash for SeenKey<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+impl PartialEq for SeenKey<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key
+    }
+}
+
+impl Eq for SeenKey<'_> {}
+
+/// The hasher of [`KeySet`]'s table: its hash is the `u64` written, the
+/// stored SipHash of a [`SeenKey`].
+#[derive(Default)]
+struct StoredHash(u64);
+
+impl Hasher for StoredHash {
+    fn write(&mut self, bytes: &[u8]) {
+        // Only write_u64 is ever called (by SeenKey); fold anything else.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Why [`parse_members`] stopped.
+#[derive(Debug)]
+pub enum MembersError<E> {
+    /// The text is not JSON.
+    Json(ParseError),
+    /// The text is a JSON value of this kind, not an object.
+    NotObject(&'static str),
+    /// `member` refused a member.
+    Member(E),
+}
+
+/// Parses a text that holds one JSON object, handing each member to
+/// `member` as soon as it is read instead of building the object, so a
+/// document of a million members is never held whole (a safetensors
+/// header). The rules are [`parse`]'s, duplicate keys included;
+/// `cancelled` is asked as in [`parse_cancellable`]. The first error of
+/// `member` stops the parse.
+pub fn parse_members<E>(
+    text: &str,
+    cancelled: &dyn Fn() -> bool,
+    mut member: impl FnMut(String, Value) -> Result<(), E>,
+) -> Result<(), MembersError<E>> {
+    let mut p = Parser {
+        text,
+        bytes: text.as_bytes(),
+        at: 0,
+        cancelled,
+        countdown: CANCEL_EVERY,
+    };
+    p.skip_ws();
+    if p.peek() != Some(b'{') {
+        let v = parse_cancellable(text, cancelled).map_err(MembersError::Json)?;
+        return Err(MembersError::NotObject(v.kind()));
+    }
+    let mut refused = None;
+    let mut keys = KeySet::default();
+    let parsed = p.sequence(1, b'}', |p| {
+        if p.peek() != Some(b'"') {
+            return Err(p.error("expected a string key"));
+        }
+        let key_at = p.at;
+        let key = p.string()?;
+        if !keys.insert(key_of(&key, &text[key_at + 1..p.at - 1])) {
+            return Err(ParseError {
+                offset: key_at,
+                message: format!("duplicate key \"{key}\""),
+            });
+        }
+        p.skip_ws();
+        p.expect(b':')?;
+        p.skip_ws();
+        let value = p.value(1)?;
+        member(key, value).map_err(|e| {
+            refused = Some(e);
+            p.error("refused")
+        })
+    });
+    if let Some(e) = refused {
+        return Err(MembersError::Member(e));
+    }
+    parsed.map_err(MembersError::Json)?;
+    p.skip_ws();
+    if p.at != p.bytes.len() {
+        return Err(MembersError::Json(p.error("text after the value")));
+    }
+    Ok(())
+}
+
+struct Parser<'a> {
+    text: &'a str,
+    bytes: &'a [u8],
+    at: usize,
+    cancelled: &'a dyn Fn() -> bool,
+    /// Values left before the next look at `cancelled`.
+    countdown: u32,
+}
+
+impl<'a> Parser<'a> {
     fn error(&self, message: impl Into<String>) -> ParseError {
         ParseError {
             offset: self.at,
@@ -236,6 +411,13 @@ impl Parser<'_> {
     }
 
     fn value(&mut self, depth: usize) -> Result<Value, ParseError> {
+        self.countdown -= 1;
+        if self.countdown == 0 {
+            self.countdown = CANCEL_EVERY;
+            if (self.cancelled)() {
+                return Err(self.error("cancelled"));
+            }
+        }
         match self.peek() {
             None => Err(self.error("unexpected end of text")),
             Some(b'{') => self.object(depth + 1),
@@ -283,13 +465,29 @@ impl Parser<'_> {
 
     fn object(&mut self, depth: usize) -> Result<Value, ParseError> {
         let mut members: Vec<(String, Value)> = Vec::new();
+        // The keys of a large object, filled once it passes SMALL_OBJECT:
+        // borrowed from the text where it spells the key without escapes
+        // (most keys), so the set costs no copy of them.
+        let mut keys = KeySet::default();
+        let text = self.text;
         self.sequence(depth, b'}', |p| {
             if p.peek() != Some(b'"') {
                 return Err(p.error("expected a string key"));
             }
             let key_at = p.at;
             let key = p.string()?;
-            if members.iter().any(|(k, _)| *k == key) {
+            let duplicate = if members.len() < SMALL_OBJECT {
+                members.iter().any(|(k, _)| *k == key)
+            } else {
+                if keys.is_empty() {
+                    // The earlier members' keys, from their own text.
+                    for (k, _) in &members {
+                        keys.insert(Cow::Owned(k.clone()));
+                    }
+                }
+                !keys.insert(key_of(&key, &text[key_at + 1..p.at - 1]))
+            };
+            if duplicate {
                 return Err(ParseError {
                     offset: key_at,
                     message: format!("duplicate key \"{key}\""),
@@ -336,12 +534,9 @@ impl Parser<'_> {
                 }
                 self.at += 1;
             }
-            // The input is a &str and the run stops only at ASCII bytes, so
-            // it is whole UTF-8.
-            out.push_str(
-                std::str::from_utf8(&self.bytes[start..self.at])
-                    .map_err(|_| self.error("invalid UTF-8"))?,
-            );
+            // The run starts and stops at ASCII bytes (or the end), so both
+            // ends are char boundaries of the text: no need to check it again.
+            out.push_str(&self.text[start..self.at]);
             match self.peek() {
                 None => return Err(self.error("unterminated string")),
                 Some(b'"') => {
@@ -426,9 +621,8 @@ impl Parser<'_> {
                 return Err(bad_number(start));
             }
         }
-        let text =
-            std::str::from_utf8(&self.bytes[start..self.at]).map_err(|_| bad_number(start))?;
-        Ok(Value::Number(text.to_owned()))
+        // ASCII digits and signs only: char boundaries of the text.
+        Ok(Value::Number(self.text[start..self.at].to_owned()))
     }
 }
 
@@ -471,5 +665,83 @@ mod tests {
         assert!(parse(&deep).unwrap_err().message.contains("nested"));
         let ok = "[".repeat(MAX_DEPTH) + &"]".repeat(MAX_DEPTH);
         assert!(parse(&ok).is_ok());
+    }
+
+    /// A large object's duplicate is found (through the hash set) at the
+    /// second key's offset, whether it repeats an early or a late key.
+    #[test]
+    fn duplicates_in_a_large_object() {
+        for (n, dup) in [(SMALL_OBJECT, 0), (100, 3), (100, 99), (5000, 4321)] {
+            let mut text = String::from("{");
+            for i in 0..n {
+                text.push_str(&format!("\"k{i}\":{i},"));
+            }
+            let at = text.len();
+            text.push_str(&format!("\"k{dup}\":0}}"));
+            let e = parse(&text).unwrap_err();
+            assert_eq!(e.offset, at, "{n} members, duplicate of k{dup}: {e}");
+            assert!(e.message.contains(&format!("\"k{dup}\"")), "{e}");
+            let ok = text[..at].to_owned() + "\"new\":0}";
+            assert_eq!(parse(&ok).unwrap().as_object().unwrap().len(), n + 1);
+        }
+    }
+
+    #[test]
+    fn a_cancelled_parse_stops() {
+        let text = format!("[{}0]", "0,".repeat(3 * CANCEL_EVERY as usize));
+        assert!(parse_cancellable(&text, &|| false).is_ok());
+        let e = parse_cancellable(&text, &|| true).unwrap_err();
+        assert_eq!(e.message, "cancelled");
+        assert!(e.offset < text.len() / 2, "stopped early: {e}");
+    }
+
+    /// A key spelled with an escape is the same key as its plain spelling,
+    /// in a small object and in a large one.
+    #[test]
+    fn an_escaped_duplicate_is_a_duplicate() {
+        assert!(parse(r#"{"a":1,"\u0061":2}"#).is_err());
+        let mut text = String::from("{");
+        for i in 0..100 {
+            text.push_str(&format!("\"k{i}\":{i},"));
+        }
+        assert!(
+            parse(&(text.clone() + r#""\u006b7":0}"#)).is_err(),
+            "k7 escaped"
+        );
+        assert!(parse(&(text.clone() + r#""k\n":0,"k\n":1}"#)).is_err());
+        assert!(parse(&(text + r#""k\n":0,"k\t":1}"#)).is_ok());
+    }
+
+    #[test]
+    fn members_are_handed_over_one_by_one() {
+        let text = r#" {"a": [1, 2], "b": {"c": null}, "d": "x"} "#;
+        let mut seen = Vec::new();
+        parse_members::<()>(text, &|| false, |k, v| {
+            seen.push((k, v));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(Value::Object(seen), parse(text).unwrap());
+        // The rules of parse: duplicates, trailing text, not an object.
+        let run = |text: &str| parse_members::<()>(text, &|| false, |_, _| Ok(()));
+        assert!(matches!(run(r#"{"a":1,"a":2}"#), Err(MembersError::Json(e)) if e.offset == 7));
+        assert!(matches!(run(r#"{"a":1} x"#), Err(MembersError::Json(_))));
+        assert!(matches!(
+            run("[1]"),
+            Err(MembersError::NotObject("an array"))
+        ));
+        assert!(matches!(run("{"), Err(MembersError::Json(_))));
+        // The callback's error stops the parse at that member.
+        let mut calls = 0;
+        let r = parse_members(r#"{"a":1,"b":2,"c":3}"#, &|| false, |k, _| {
+            calls += 1;
+            if k == "b" {
+                Err("no b")
+            } else {
+                Ok(())
+            }
+        });
+        assert!(matches!(r, Err(MembersError::Member("no b"))));
+        assert_eq!(calls, 2);
     }
 }

@@ -13,6 +13,7 @@ mod native;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use smoe::pack::{pack, PackOptions};
 use smoe::vault::layout::BlobLayouts;
@@ -727,4 +728,199 @@ fn expert_ffn_names_a_dtype_it_does_not_read() {
         "{stderr}"
     );
     assert!(!out.path().join("y.f32").exists(), "no output written");
+}
+
+// ---------------------------------------------------------------------------
+// No quadratic work (issue 19, item 5): big but valid models.
+
+/// A GGUF v3 file of `tensors` (name, `ne`, F32), laid out back to back at
+/// 32-byte alignment; the data is a hole.
+fn write_f32_gguf(path: &Path, tensors: &[(String, Vec<u64>)]) {
+    let mut b = Vec::new();
+    b.extend_from_slice(b"GGUF");
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    b.extend_from_slice(&1u64.to_le_bytes());
+    let s = |b: &mut Vec<u8>, t: &str| {
+        b.extend_from_slice(&(t.len() as u64).to_le_bytes());
+        b.extend_from_slice(t.as_bytes());
+    };
+    s(&mut b, "general.architecture");
+    b.extend_from_slice(&8u32.to_le_bytes());
+    s(&mut b, "qwen3moe");
+    let mut offset = 0u64;
+    for (name, ne) in tensors {
+        s(&mut b, name);
+        b.extend_from_slice(&(ne.len() as u32).to_le_bytes());
+        for n in ne {
+            b.extend_from_slice(&n.to_le_bytes());
+        }
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&offset.to_le_bytes());
+        offset = (offset + 4 * ne.iter().product::<u64>()).next_multiple_of(32);
+    }
+    let data = (b.len() as u64).next_multiple_of(32);
+    std::fs::write(path, &b).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.set_len(data + offset).unwrap();
+}
+
+/// A safetensors file of `n` F32 `[1]` tensors named `t.{i}`, none an
+/// expert (the data a hole).
+fn write_many_tensor_safetensors(path: &Path, n: usize) {
+    let mut header = String::from("{");
+    for i in 0..n {
+        if i > 0 {
+            header.push(',');
+        }
+        header.push_str(&format!(
+            "\"t.{i}\":{{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[{},{}]}}",
+            4 * i,
+            4 * i + 4
+        ));
+    }
+    header.push('}');
+    let mut b = (header.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(header.as_bytes());
+    std::fs::write(path, &b).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.set_len(b.len() as u64 + 4 * n as u64).unwrap();
+}
+
+/// The three inputs of the issue at `n` (a fraction of the target size):
+/// an index of 200,000 × `n` entries, a safetensors header of 1,000,000 × `n`
+/// tensors (both without experts, so `pack` stops right after reading them)
+/// and a GGUF of 100,000 × `n` tensors besides its experts, all of them
+/// going to the scout.
+struct ScaleInputs {
+    _dir: tempfile::TempDir,
+    index: PathBuf,
+    header: PathBuf,
+    gguf: PathBuf,
+    out: PathBuf,
+}
+
+fn scale_inputs(n: f64) -> ScaleInputs {
+    let dir = tempfile::tempdir().unwrap();
+    let index = dir.path().join("indexed");
+    std::fs::create_dir(&index).unwrap();
+    write_many_tensor_safetensors(&index.join("model.safetensors"), 1);
+    let entries = (200_000.0 * n) as usize;
+    let map: Vec<String> = (0..entries)
+        .map(|i| format!("\"model.layers.{i}.self_attn.q_proj.weight\":\"model.safetensors\""))
+        .collect();
+    std::fs::write(
+        index.join("model.safetensors.index.json"),
+        format!("{{\"metadata\":{{}},\"weight_map\":{{{}}}}}", map.join(",")),
+    )
+    .unwrap();
+    let header = dir.path().join("headed");
+    std::fs::create_dir(&header).unwrap();
+    write_many_tensor_safetensors(
+        &header.join("model.safetensors"),
+        (1_000_000.0 * n) as usize,
+    );
+    let gguf = dir.path().join("many.gguf");
+    let mut tensors = vec![("blk.0.ffn_up_exps.weight".to_owned(), vec![64, 32, 4])];
+    tensors.extend((0..(100_000.0 * n) as usize).map(|i| (format!("t.{i}"), vec![8])));
+    write_f32_gguf(&gguf, &tensors);
+    ScaleInputs {
+        index,
+        header,
+        gguf,
+        out: dir.path().join("vault"),
+        _dir: dir,
+    }
+}
+
+/// The shortest of three runs of `pack(src)`, each stopped (through the
+/// cancel flag) once it has run `limit`: a run that long is reported as
+/// taking `limit`. `expect` is what the result must be: Ok, or an error
+/// containing that text.
+fn min_of_3(src: &Path, out: &Path, limit: Duration, expect: Option<&str>) -> Duration {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    (0..3)
+        .map(|_| {
+            let _ = std::fs::remove_dir_all(out);
+            let cancel = AtomicBool::new(false);
+            let cancel_flag = &cancel;
+            let (done, wait) = std::sync::mpsc::channel::<()>();
+            let start = std::time::Instant::now();
+            let result = std::thread::scope(|s| {
+                s.spawn(move || {
+                    if wait.recv_timeout(limit).is_err() {
+                        cancel_flag.store(true, Ordering::Relaxed);
+                    }
+                });
+                let options = PackOptions {
+                    force: false,
+                    cancel: Some(&cancel),
+                };
+                let r = pack(src, out, &options, &mut |_, _| {});
+                let _ = done.send(());
+                r
+            });
+            let took = start.elapsed();
+            if cancel.load(Ordering::Relaxed) {
+                return limit;
+            }
+            match (expect, result) {
+                (None, Ok(_)) => {}
+                (Some(needle), Err(e)) if e.to_string().contains(needle) => {}
+                (_, r) => panic!("{}: {:?}", src.display(), r.map(|s| s.n_entries)),
+            }
+            took
+        })
+        .min()
+        .unwrap()
+}
+
+/// Times the three inputs at half and at full size: each full-size one
+/// must take under `bound` and at most `ratio` times its half-size one
+/// (shortest of three runs each; a run under 20 ms counts as 20 ms).
+fn check_linear(bound: Duration, ratio: f64) {
+    let (half, full) = (scale_inputs(0.5), scale_inputs(1.0));
+    let limit = bound * 2;
+    let no_experts = Some("no expert tensors found");
+    let cases = [
+        ("200,000-entry index", &half.index, &full.index, no_experts),
+        (
+            "1,000,000-tensor header",
+            &half.header,
+            &full.header,
+            no_experts,
+        ),
+        ("100,000-tensor GGUF scout", &half.gguf, &full.gguf, None),
+    ];
+    let mut failures = Vec::new();
+    for (what, small, big, expect) in cases {
+        let t_half = min_of_3(small, &half.out, limit, expect);
+        let t_full = min_of_3(big, &full.out, limit, expect);
+        let r = t_full.as_secs_f64() / t_half.as_secs_f64().max(0.020);
+        eprintln!("{what}: {t_full:.2?} (half the size: {t_half:.2?}, ratio {r:.2})");
+        if t_full >= bound || r > ratio {
+            failures.push(format!(
+                "{what}: {t_full:.2?}, half the size {t_half:.2?} (ratio {r:.2}); expected under {bound:?} and a ratio up to {ratio}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("; "));
+}
+
+/// Before: a 200,000-entry index took 31 s to parse, a 1M-tensor header
+/// was still parsing after 707 s, a 100,000-tensor GGUF scout took 13.6 s;
+/// all quadratic. A generous bound for a shared machine; the precise
+/// targets are `linear_time_targets` below.
+#[test]
+fn big_indexes_headers_and_scouts_take_linear_time() {
+    check_linear(Duration::from_secs(20), 3.0);
+}
+
+/// The issue's targets, on a quiet machine: under 2 s each, and twice the
+/// input at most 2.5 times the time. `cargo test --release --test pack --
+/// --ignored linear_time_targets --nocapture`.
+#[test]
+#[ignore = "timing on a quiet machine"]
+fn linear_time_targets() {
+    check_linear(Duration::from_secs(2), 2.5);
 }

@@ -22,7 +22,8 @@ pub struct PackArgs {
     pub source: PathBuf,
     /// The vault directory to create.
     pub out_dir: PathBuf,
-    /// Replace OUT_DIR if it already holds a vault (or is empty).
+    /// Replace OUT_DIR if it is empty or holds a valid vault and nothing
+    /// but a vault's files (experts.smoe, scout.*, expert_freq.bin).
     #[arg(long)]
     pub force: bool,
 }

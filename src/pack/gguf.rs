@@ -18,6 +18,7 @@ use std::fs::File;
 use std::io::{BufReader, Read, Write};
 use std::path::Path;
 
+use super::Cancel;
 use crate::error::{Error, Result};
 
 /// The four bytes every GGUF file starts with.
@@ -218,10 +219,10 @@ impl Gguf {
         self.kv("general.architecture").and_then(KeyValue::as_str)
     }
 
-    /// Opens and parses `path`, checking every tensor's data lies inside the
-    /// file. Errors name the file and what is wrong.
-    pub fn open(path: &Path) -> Result<Gguf> {
-        let file = File::open(path).map_err(|e| Error::io("cannot open", path, &e))?;
+    /// Parses `file` (opened from `path`, a regular file), checking every
+    /// tensor's data lies inside it. Errors name the file and what is
+    /// wrong; `cancel` is asked every few thousand entries whether to stop.
+    pub fn read(file: &File, path: &Path, cancel: Cancel<'_>) -> Result<Gguf> {
         let file_bytes = file
             .metadata()
             .map_err(|e| Error::io("cannot stat", path, &e))?
@@ -231,6 +232,8 @@ impl Gguf {
             at: 0,
             len: file_bytes,
             path,
+            cancel,
+            countdown: CANCEL_EVERY,
         };
         let bad = |what: String| Error::format(format!("{}: {what}", path.display()));
         let mut magic = [0u8; 4];
@@ -271,6 +274,7 @@ impl Gguf {
         // claims (each entry is far larger in memory than on disk).
         let mut kvs = Vec::with_capacity(n_kvs.min(4096) as usize);
         for i in 0..n_kvs {
+            r.tick()?;
             let key = r.string_of("key/value", i)?;
             let value_type = r.u32()?;
             let mut raw = Vec::new();
@@ -295,6 +299,7 @@ impl Gguf {
         };
         let mut tensors = Vec::with_capacity(n_tensors.min(4096) as usize);
         for i in 0..n_tensors {
+            r.tick()?;
             let name = r.string_of("tensor info", i)?;
             let n_dims = r.u32()?;
             if !(1..=4).contains(&n_dims) {
@@ -365,14 +370,33 @@ fn tensor_bytes(ne: &[u64], t: GgmlType) -> Option<u64> {
     ne[1..].iter().try_fold(row, |acc, &n| acc.checked_mul(n))
 }
 
+/// Entries (key/values, tensor infos, array items) read between two looks
+/// at the cancel flag.
+const CANCEL_EVERY: u32 = 4096;
+
 struct Reader<'p> {
-    inner: BufReader<File>,
+    inner: BufReader<&'p File>,
     at: u64,
     len: u64,
     path: &'p Path,
+    cancel: Cancel<'p>,
+    /// Entries left before the next look at `cancel`.
+    countdown: u32,
 }
 
 impl Reader<'_> {
+    /// Counts one entry; every [`CANCEL_EVERY`] asks `cancel`.
+    fn tick(&mut self) -> Result<()> {
+        self.countdown -= 1;
+        if self.countdown == 0 {
+            self.countdown = CANCEL_EVERY;
+            if (self.cancel)() {
+                return Err(super::interrupted());
+            }
+        }
+        Ok(())
+    }
+
     fn truncated(&self, want: u64) -> Error {
         Error::format(format!(
             "{}: truncated: needs {want} more bytes at offset {}, the file has {}",
@@ -457,6 +481,7 @@ impl Reader<'_> {
                 out.extend_from_slice(&item_type.to_le_bytes());
                 out.extend_from_slice(&n.to_le_bytes());
                 for _ in 0..n {
+                    self.tick()?;
                     self.value(item_type, out, depth + 1)?;
                 }
                 return Ok(());
@@ -485,8 +510,7 @@ pub fn write(
     alignment: u64,
     copy: &mut dyn FnMut(usize, &mut dyn Write) -> Result<()>,
 ) -> Result<()> {
-    let file = File::create(path).map_err(|e| Error::io("cannot create", path, &e))?;
-    let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+    let mut w = super::ScoutFile::create(path)?;
     let io = |e: std::io::Error| Error::io("cannot write", path, &e);
     let mut head = Vec::new();
     head.extend_from_slice(&MAGIC);
@@ -540,9 +564,7 @@ pub fn write(
     }
     let end = at.next_multiple_of(alignment);
     w.write_all(&vec![0u8; (end - at) as usize]).map_err(io)?;
-    let file = w.into_inner().map_err(|e| io(e.into_error()))?;
-    file.sync_all().map_err(io)?;
-    Ok(())
+    w.finish()
 }
 
 struct CountingWriter<'w> {

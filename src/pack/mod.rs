@@ -14,7 +14,9 @@
 //!   directory beside the output and renamed into place at the end; an
 //!   error or a cancel removes it, and a temporary directory a killed run
 //!   left behind is removed by the next run;
-//! - replace a directory that is not a vault, even with `force`.
+//! - replace, even with `force`, a directory that holds anything but a
+//!   valid vault's files, or any file the model is read from (by identity,
+//!   whatever its name there).
 
 pub(crate) mod gguf;
 pub(crate) mod safetensors;
@@ -28,8 +30,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::json::Value;
+use crate::sys::OpenRegularError;
 use crate::vault::layout::{BlobLayouts, LayoutItem, ITEM_ALIGNMENT};
-use crate::vault::{hex, VaultWriter, WriterOptions, EXPERTS_FILE};
+use crate::vault::{hex, VaultWriter, WriterOptions, EXPERTS_FILE, FREQ_FILE};
 
 /// The kind of model file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,7 +56,8 @@ impl SourceKind {
 /// Options of [`pack`].
 #[derive(Debug, Default)]
 pub struct PackOptions<'a> {
-    /// Replace an existing output directory that holds a vault.
+    /// Replace an existing output directory that is empty or holds a valid
+    /// vault and nothing but a vault's files (none of them the model's).
     pub force: bool,
     /// Set from another thread (a signal handler) to stop early; the
     /// output is then not created and the temporary directory is removed.
@@ -101,6 +105,8 @@ pub(crate) struct Tensor {
     pub name: String,
     /// Index into the source's files (a shard or a split part).
     pub file: usize,
+    /// Its position in that file's list of tensors.
+    pub entry: usize,
     /// Absolute offset of its data in that file.
     pub offset: u64,
     /// Bytes of its data.
@@ -125,6 +131,8 @@ struct ExpertTensor {
 struct Model {
     kind: SourceKind,
     files: Vec<PathBuf>,
+    /// `files`, opened.
+    handles: Vec<File>,
     tensors: Vec<Tensor>,
     experts: Vec<ExpertTensor>,
     arch: Option<String>,
@@ -135,6 +143,9 @@ struct Model {
     expert_count: Option<u64>,
     gguf: Vec<gguf::Gguf>,
     safetensors_metadata: Vec<(String, String)>,
+    /// The identity of every file read: parts or shards, the index and
+    /// `config.json`.
+    inputs: Vec<FileId>,
 }
 
 /// A name that occurs more than once, if any.
@@ -142,6 +153,118 @@ pub(crate) fn first_duplicate<'a>(names: impl Iterator<Item = &'a str>) -> Optio
     let mut names: Vec<&str> = names.collect();
     names.sort_unstable();
     names.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
+}
+
+/// Asked between steps whether to stop (the pack's cancel flag).
+pub(crate) type Cancel<'a> = &'a dyn Fn() -> bool;
+
+/// The error a cancelled pack returns.
+pub(crate) fn interrupted() -> Error {
+    Error::new(ErrorKind::Io, "interrupted; nothing was written")
+}
+
+/// Largest JSON file (`config.json`, `model.safetensors.index.json`) the
+/// packer reads; DeepSeek-V3's index, about 92,000 entries, is 8.9 MB.
+pub const MAX_JSON_BYTES: u64 = 64 << 20;
+
+/// Opens an input file read-only without blocking (a FIFO does not wait
+/// for a writer): it must be a regular file, else an error naming it.
+pub(crate) fn open_input(path: &Path) -> Result<(File, std::fs::Metadata)> {
+    crate::sys::open_regular(path).map_err(|e| match e {
+        OpenRegularError::Os(e) => Error::io("cannot open", path, &e),
+        OpenRegularError::NotRegular(kind) => Error::path_is(
+            ErrorKind::Argument,
+            path,
+            format!("is {kind}, not a regular file"),
+        ),
+    })
+}
+
+/// Reads the JSON file at `path` ([`open_input`], at most
+/// [`MAX_JSON_BYTES`], UTF-8) and parses it. Returns the value and the
+/// file's metadata.
+pub(crate) fn read_json(path: &Path, cancel: Cancel<'_>) -> Result<(Value, std::fs::Metadata)> {
+    let (file, meta) = open_input(path)?;
+    let too_big = |n: u64| {
+        Error::format(format!(
+            "{}: {n} bytes, above the {} MiB cap on JSON files",
+            path.display(),
+            MAX_JSON_BYTES >> 20
+        ))
+    };
+    if meta.len() > MAX_JSON_BYTES {
+        return Err(too_big(meta.len()));
+    }
+    // Bounded even if the file grows meanwhile.
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_JSON_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io("cannot read", path, &e))?;
+    if bytes.len() as u64 > MAX_JSON_BYTES {
+        return Err(too_big(bytes.len() as u64));
+    }
+    let text = String::from_utf8(bytes).map_err(|e| {
+        Error::format(format!(
+            "{}: not UTF-8 (invalid byte at offset {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        ))
+    })?;
+    let value = crate::json::parse_cancellable(&text, cancel)
+        .map_err(|e| Error::format(format!("{}: {e}", path.display())))?;
+    Ok((value, meta))
+}
+
+/// Bytes written to the scout between two `fdatasync`s: the final sync
+/// (which a Ctrl-C has to wait for) then has at most this much to flush.
+const SCOUT_SYNC_BYTES: u64 = 64 << 20;
+
+/// The scout file being written: buffered, and synced every
+/// [`SCOUT_SYNC_BYTES`].
+pub(crate) struct ScoutFile<'p> {
+    out: std::io::BufWriter<File>,
+    path: &'p Path,
+    unsynced: u64,
+}
+
+impl<'p> ScoutFile<'p> {
+    /// Creates (or truncates) `path`.
+    pub(crate) fn create(path: &'p Path) -> Result<ScoutFile<'p>> {
+        let file = File::create(path).map_err(|e| Error::io("cannot create", path, &e))?;
+        Ok(ScoutFile {
+            out: std::io::BufWriter::with_capacity(1 << 20, file),
+            path,
+            unsynced: 0,
+        })
+    }
+
+    /// Flushes and syncs the whole file.
+    pub(crate) fn finish(self) -> Result<()> {
+        let path = self.path;
+        let file = self
+            .out
+            .into_inner()
+            .map_err(|e| Error::io("cannot write", path, e.error()))?;
+        file.sync_all()
+            .map_err(|e| Error::io("cannot sync", path, &e))
+    }
+}
+
+impl Write for ScoutFile<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.unsynced += n as u64;
+        if self.unsynced >= SCOUT_SYNC_BYTES {
+            self.out.flush()?;
+            self.out.get_ref().sync_data()?;
+            self.unsynced = 0;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
 }
 
 /// Role order inside a blob: gate, up, gate_up, down, then biases, then
@@ -182,6 +305,10 @@ fn gguf_expert(name: &str) -> Option<(u32, String)> {
 /// Recognises `model.layers.N.<block>.experts.E.<proj>.{weight,bias}` and
 /// stacked `model.layers.N.<block>.experts.<name>`.
 fn safetensors_expert(name: &str) -> Option<(u32, String, Option<u32>)> {
+    // Most tensors are not experts: skip them before splitting the name.
+    if !name.starts_with("model.layers.") || !name.contains(".experts.") {
+        return None;
+    }
     let parts: Vec<&str> = name.split('.').collect();
     let ["model", "layers", layer, block, "experts", rest @ ..] = parts.as_slice() else {
         return None;
@@ -224,14 +351,16 @@ fn safetensors_expert(name: &str) -> Option<(u32, String, Option<u32>)> {
     }
 }
 
-/// The parts of a split GGUF (`name-00001-of-0000N.gguf`), or just `path`.
-fn gguf_parts(path: &Path) -> Result<Vec<PathBuf>> {
+/// The parts of a split GGUF (`name-00001-of-0000N.gguf`), or just `path`,
+/// each opened (without blocking: it must be a regular file).
+fn gguf_parts(path: &Path) -> Result<Vec<(PathBuf, File)>> {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    let single = || open_input(path).map(|(file, _)| vec![(path.to_path_buf(), file)]);
     let Some(stem) = name.strip_suffix(".gguf") else {
-        return Ok(vec![path.to_path_buf()]);
+        return single();
     };
     // ...-00001-of-00003
     let split = stem.rsplit_once("-of-").and_then(|(head, count)| {
@@ -241,7 +370,7 @@ fn gguf_parts(path: &Path) -> Result<Vec<PathBuf>> {
         (count.len() == 5 && index.len() == 5).then_some((base.to_owned(), i, n))
     });
     let Some((base, index, count)) = split else {
-        return Ok(vec![path.to_path_buf()]);
+        return single();
     };
     if count == 0 || index > count {
         return Err(Error::format(format!(
@@ -259,41 +388,54 @@ fn gguf_parts(path: &Path) -> Result<Vec<PathBuf>> {
     (1..=count)
         .map(|i| {
             let p = dir.join(format!("{base}-{i:05}-of-{count:05}.gguf"));
-            if p.is_file() {
-                Ok(p)
-            } else {
-                Err(Error::new(
-                    ErrorKind::NotFound,
+            match crate::sys::open_regular(&p) {
+                Ok((file, _)) => Ok((p, file)),
+                Err(OpenRegularError::Os(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                    Err(Error::new(
+                        ErrorKind::NotFound,
+                        format!(
+                            "{}: part {i} of {count} of the split model is missing",
+                            p.display()
+                        ),
+                    ))
+                }
+                Err(OpenRegularError::Os(e)) => Err(Error::io("cannot open", &p, &e)),
+                Err(OpenRegularError::NotRegular(kind)) => Err(Error::path_is(
+                    ErrorKind::Argument,
+                    &p,
                     format!(
-                        "{}: part {i} of {count} of the split model is missing",
-                        p.display()
+                        "(part {i} of {count} of the split model) is {kind}, not a regular file"
                     ),
-                ))
+                )),
             }
         })
         .collect()
 }
 
-fn looks_like_gguf(path: &Path) -> bool {
+/// Whether `file` starts with the GGUF magic, or `path` is named `.gguf`.
+fn looks_like_gguf(path: &Path, mut file: &File) -> bool {
     if path.extension().is_some_and(|e| e == "gguf") {
         return true;
     }
     let mut magic = [0u8; 4];
-    File::open(path)
-        .and_then(|mut f| f.read_exact(&mut magic))
+    file.read_exact(&mut magic)
         .is_ok_and(|()| magic == gguf::MAGIC)
 }
 
-fn open_model(source: &Path) -> Result<Model> {
+fn open_model(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
     let meta = std::fs::metadata(source).map_err(|e| Error::io("cannot open", source, &e))?;
-    if meta.is_file() && looks_like_gguf(source) {
-        open_gguf(source)
-    } else if meta.is_dir()
-        || source
-            .extension()
-            .is_some_and(|e| e == "safetensors" || e == "json")
+    if meta.is_dir() {
+        return open_safetensors(source, cancel);
+    }
+    // Opened without blocking before a byte is read: a FIFO is refused.
+    let (file, _) = open_input(source)?;
+    if looks_like_gguf(source, &file) {
+        open_gguf(source, cancel)
+    } else if source
+        .extension()
+        .is_some_and(|e| e == "safetensors" || e == "json")
     {
-        open_safetensors(source)
+        open_safetensors(source, cancel)
     } else {
         Err(Error::format(format!(
             "{}: not a GGUF or safetensors model (give a .gguf file, a .safetensors file, a model directory or its model.safetensors.index.json)",
@@ -302,18 +444,27 @@ fn open_model(source: &Path) -> Result<Model> {
     }
 }
 
-fn open_gguf(source: &Path) -> Result<Model> {
-    let parts = gguf_parts(source)?;
-    let files: Vec<gguf::Gguf> = parts
-        .iter()
-        .map(|p| gguf::Gguf::open(p))
-        .collect::<Result<_>>()?;
+fn open_gguf(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
+    let (parts, handles): (Vec<PathBuf>, Vec<File>) = gguf_parts(source)?.into_iter().unzip();
+    let mut files = Vec::with_capacity(parts.len());
+    let mut inputs = Vec::with_capacity(parts.len());
+    for (path, file) in parts.iter().zip(&handles) {
+        if cancel() {
+            return Err(interrupted());
+        }
+        files.push(gguf::Gguf::read(file, path, cancel)?);
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::io("cannot stat", path, &e))?;
+        inputs.push(crate::popularity::file_id(&meta));
+    }
     let mut tensors = Vec::new();
     for (i, g) in files.iter().enumerate() {
-        for t in &g.tensors {
+        for (entry, t) in g.tensors.iter().enumerate() {
             tensors.push(Tensor {
                 name: t.name.clone(),
                 file: i,
+                entry,
                 offset: g.data_offset + t.offset,
                 bytes: t.bytes,
                 dtype: t.ggml_type.name.to_owned(),
@@ -321,7 +472,12 @@ fn open_gguf(source: &Path) -> Result<Model> {
             });
         }
     }
-    if let Some(name) = first_duplicate(tensors.iter().map(|t| t.name.as_str())) {
+    // Within a part, Gguf::read refused a repeated name already.
+    let duplicate = match files.len() {
+        1 => None,
+        _ => first_duplicate(tensors.iter().map(|t| t.name.as_str())),
+    };
+    if let Some(name) = duplicate {
         return Err(Error::format(format!(
             "{}: tensor {name} appears in two parts of the split model",
             source.display()
@@ -354,20 +510,22 @@ fn open_gguf(source: &Path) -> Result<Model> {
     Ok(Model {
         kind: SourceKind::Gguf,
         files: parts,
+        handles,
         tensors,
         experts,
         arch,
         top_k,
         block_count,
         expert_count,
+        inputs,
         gguf: files,
         safetensors_metadata: Vec::new(),
     })
 }
 
-fn open_safetensors(source: &Path) -> Result<Model> {
-    let ckpt = safetensors::Checkpoint::open(source)?;
-    let tensors = ckpt.tensors.clone();
+fn open_safetensors(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
+    let ckpt = safetensors::Checkpoint::open(source, cancel)?;
+    let tensors = ckpt.tensors;
     let config = ckpt.config.as_ref();
     let cfg_u64 = |keys: &[&str]| {
         keys.iter()
@@ -388,6 +546,7 @@ fn open_safetensors(source: &Path) -> Result<Model> {
     Ok(Model {
         kind: SourceKind::Safetensors,
         files: ckpt.files.iter().map(|f| f.path.clone()).collect(),
+        handles: ckpt.handles,
         tensors,
         experts,
         arch: config
@@ -398,8 +557,117 @@ fn open_safetensors(source: &Path) -> Result<Model> {
         block_count: cfg_u64(&["num_hidden_layers"]),
         expert_count: cfg_u64(&["num_local_experts", "num_experts", "n_routed_experts"]),
         gguf: Vec::new(),
+        inputs: ckpt.inputs,
         safetensors_metadata: ckpt.metadata,
     })
+}
+
+/// Refuses tensors whose data overlap in a file: each is copied whole, so
+/// aliased ranges would let a small file stand for a huge model (a 411 KB
+/// GGUF became a 501 MB vault). Empty tensors overlap nothing.
+fn check_no_overlap(model: &Model) -> Result<()> {
+    let mut order: Vec<&Tensor> = model.tensors.iter().filter(|t| t.bytes > 0).collect();
+    order.sort_unstable_by_key(|t| (t.file, t.offset));
+    // The tensor of this file seen so far whose data reaches furthest.
+    let mut reach: Option<&Tensor> = None;
+    let end = |t: &Tensor| t.offset.saturating_add(t.bytes);
+    for t in order {
+        match reach {
+            Some(r) if r.file == t.file && t.offset < end(r) => {
+                return Err(Error::format(format!(
+                    "{}: tensors {} (bytes {}..{}) and {} (bytes {}..{}) share data; each tensor must have bytes of its own",
+                    model.files[t.file].display(),
+                    r.name,
+                    r.offset,
+                    end(r),
+                    t.name,
+                    t.offset,
+                    end(t)
+                )));
+            }
+            Some(r) if r.file == t.file && end(r) >= end(t) => {}
+            _ => reach = Some(t),
+        }
+    }
+    Ok(())
+}
+
+/// `n` bytes for a person: "1.50 GiB".
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} bytes")
+    } else {
+        format!("{v:.2} {}", UNITS[unit])
+    }
+}
+
+/// An upper bound of the bytes the vault (`experts.smoe` with `meta_bytes`
+/// of metadata, and the scout of `scout_tensors`) takes on disk.
+fn bytes_needed(
+    model: &Model,
+    plans: &[LayerPlan],
+    (n_layers, n_experts): (u32, u32),
+    meta_bytes: u64,
+    scout_tensors: &[usize],
+) -> u128 {
+    // experts.smoe: page 0, the table's region and the metadata, then
+    // every blob padded to the alignment (as VaultWriter lays it out).
+    let a = u64::from(crate::vault::DEFAULT_ALIGNMENT);
+    let ids = u64::from(n_layers) * u64::from(n_experts);
+    let mut needed = u128::from(a)
+        + u128::from((ids * crate::vault::ENTRY_BYTES as u64 + meta_bytes).next_multiple_of(a));
+    for p in plans {
+        needed += u128::from(p.blob_bytes.next_multiple_of(a)) * u128::from(n_experts);
+    }
+    // The scout: each tensor's bytes, padded to the GGUF alignment, and a
+    // generous allowance for its entry in the header; the key/values.
+    let pad = model.gguf.first().map_or(0, |g| g.alignment);
+    for &i in scout_tensors {
+        let t = &model.tensors[i];
+        needed += u128::from(t.bytes) + u128::from(pad);
+        needed += (t.name.len() + t.dtype.len() + 128 + 24 * t.shape.len()) as u128;
+    }
+    let kvs: usize = model.gguf.first().map_or(0, |g| {
+        g.kvs
+            .iter()
+            .map(|kv| kv.key.len() + kv.raw.len() + 12)
+            .sum()
+    });
+    let st: usize = model
+        .safetensors_metadata
+        .iter()
+        .map(|(k, v)| k.len() + v.len() + 8)
+        .sum();
+    needed + (kvs + st + 4096) as u128
+}
+
+/// Refuses, before a byte is written, a vault that would not fit in the
+/// free space of the filesystem that is to hold `out_dir`: it would fail
+/// after filling the disk.
+fn check_free_space(out_dir: &Path, needed: u128) -> Result<()> {
+    let Some(free) = crate::sys::free_bytes(out_dir) else {
+        return Ok(()); // not knowable here: the writes will say
+    };
+    if needed > u128::from(free) {
+        let needed = u64::try_from(needed).unwrap_or(u64::MAX);
+        return Err(Error::new(
+            ErrorKind::Io,
+            format!(
+                "{}: the vault needs {needed} bytes ({}) but its filesystem has {free} bytes ({}) free",
+                out_dir.display(),
+                human_bytes(needed),
+                human_bytes(free)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Where one item of one expert's blob comes from.
@@ -495,28 +763,44 @@ fn plan(model: &Model) -> Result<(u32, u32, Vec<LayerPlan>)> {
         .filter(|&n| n > 0)
         .ok_or_else(|| bad("no experts".into()))?;
     let n_experts = u32::try_from(n_experts).map_err(|_| bad(format!("{n_experts} experts")))?;
-    let max_layer = model.experts.iter().map(|x| x.layer).max().unwrap_or(0);
-    let n_layers = match model.block_count {
-        Some(b) if b > u64::from(max_layer) => {
-            u32::try_from(b).map_err(|_| bad(format!("block count {b}")))?
-        }
+    // The expert tensor of the highest layer: a name may say any layer up
+    // to 2^32 - 1, so the count is reckoned in u64 and checked.
+    let top = model
+        .experts
+        .iter()
+        .max_by_key(|x| x.layer)
+        .expect("experts is not empty");
+    let max_layer = top.layer;
+    let (n_layers, from_tensor) = match model.block_count {
+        Some(b) if b > u64::from(max_layer) => (b, false),
         Some(b) => {
             return Err(bad(format!(
                 "expert tensors of layer {max_layer}, but the block count is {b}"
             )))
         }
-        None => max_layer + 1,
+        None => (u64::from(max_layer) + 1, true),
     };
 
-    // Before anything is sized by them: a config.json or a header may claim
-    // any count.
-    let ids = u64::from(n_layers) * u64::from(n_experts);
-    if ids > crate::vault::MAX_EXPERT_IDS {
-        return Err(bad(format!(
-            "{n_layers} layers × {n_experts} experts = {ids} ids, above the vault's limit of {}",
-            crate::vault::MAX_EXPERT_IDS
-        )));
+    // Before anything is sized by them: a config.json, a header or a
+    // tensor's name may claim any count.
+    let max_ids = crate::vault::MAX_EXPERT_IDS;
+    let ids = n_layers.saturating_mul(u64::from(n_experts));
+    if ids > max_ids {
+        let top = &model.tensors[top.tensor];
+        return Err(Error::format(if from_tensor {
+            format!(
+                "{}: tensor {} is in layer {max_layer}, so the model would have {n_layers} layers × {n_experts} experts = {ids} ids, above the vault's limit of {max_ids}",
+                model.files[top.file].display(),
+                top.name
+            )
+        } else {
+            format!(
+                "{}: {n_layers} layers × {n_experts} experts = {ids} ids, above the vault's limit of {max_ids}",
+                model.files[0].display()
+            )
+        }));
     }
+    let n_layers = u32::try_from(n_layers).expect("at most MAX_EXPERT_IDS");
     let mut by_layer: BTreeMap<u32, BTreeMap<String, Vec<&ExpertTensor>>> = BTreeMap::new();
     for x in &model.experts {
         by_layer
@@ -661,6 +945,7 @@ fn expert_template(name: &str) -> String {
 struct BlobReader<'a> {
     files: &'a [File],
     paths: &'a [PathBuf],
+    cancel: Cancel<'a>,
     /// (source, or None for zeros, length) in order.
     parts: Vec<(Option<Slice>, u64)>,
     part: usize,
@@ -669,6 +954,10 @@ struct BlobReader<'a> {
 
 impl Read for BlobReader<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        // Asked at every read (64 KiB): a blob can be hundreds of MB.
+        if (self.cancel)() {
+            return Err(std::io::Error::other("interrupted"));
+        }
         while let Some(&(slice, len)) = self.parts.get(self.part) {
             if self.done == len {
                 self.part += 1;
@@ -748,9 +1037,32 @@ fn remove_stale_temp_dirs(out_dir: &Path) {
     }
 }
 
+/// A file's identity, `(st_dev, st_ino)`: the same file reached by another
+/// name (a hard link, a symbolic link, `dir/../dir/`) has the same one.
+pub(crate) type FileId = (u64, u64);
+
+/// The identity of the file `path` names (links followed), if it exists.
+fn file_id(path: &Path) -> Option<FileId> {
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| crate::popularity::file_id(&m))
+}
+
+/// Whether a vault directory may hold a file of this name: the vault, its
+/// scout, the claim histogram and the histogram writer's temporary files.
+fn is_vault_file_name(name: &str) -> bool {
+    name == EXPERTS_FILE
+        || name.starts_with("scout.")
+        || name == FREQ_FILE
+        || crate::popularity::is_temp_file_name(name, FREQ_FILE)
+}
+
 /// Whether `out_dir` may become the vault: it must not exist, or, with
-/// `force`, be a directory holding a vault (or nothing).
-fn check_out_dir(out_dir: &Path, force: bool) -> Result<()> {
+/// `force`, be an empty directory or one that holds a valid vault and
+/// nothing else (only regular files named as [`is_vault_file_name`] says,
+/// none of them one of `inputs`, the files the model is read from).
+/// Nothing is changed either way.
+fn check_out_dir(out_dir: &Path, force: bool, inputs: &[FileId]) -> Result<()> {
     let Ok(meta) = std::fs::symlink_metadata(out_dir) else {
         return Ok(());
     };
@@ -760,18 +1072,49 @@ fn check_out_dir(out_dir: &Path, force: bool) -> Result<()> {
             out_dir.display()
         )));
     }
-    let is_vault_dir = meta.is_dir()
-        && std::fs::read_dir(out_dir).is_ok_and(|entries| {
-            let names: Vec<_> = entries.flatten().map(|e| e.file_name()).collect();
-            names.is_empty() || names.iter().any(|n| n == EXPERTS_FILE)
-        });
-    if is_vault_dir {
-        Ok(())
-    } else {
+    const RULE: &str =
+        "--force replaces only an empty directory or one holding a valid vault and nothing else";
+    let refuse = |what: String| {
         Err(Error::argument(format!(
-            "{}: exists and is not a vault (no {EXPERTS_FILE}); --force replaces only a vault or an empty directory",
+            "{}: {what}; {RULE}",
             out_dir.display()
         )))
+    };
+    if !meta.is_dir() {
+        let kind = crate::sys::FileKind::of(meta.file_type());
+        return refuse(format!("is {kind}, not a vault directory"));
+    }
+    let inputs: std::collections::HashSet<&FileId> = inputs.iter().collect();
+    let entries = std::fs::read_dir(out_dir).map_err(|e| Error::io("cannot list", out_dir, &e))?;
+    let mut empty = true;
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io("cannot list", out_dir, &e))?;
+        empty = false;
+        let path = entry.path();
+        let name = entry.file_name();
+        let shown = name.to_string_lossy();
+        let lmeta =
+            std::fs::symlink_metadata(&path).map_err(|e| Error::io("cannot stat", &path, &e))?;
+        let id = crate::popularity::file_id(&lmeta);
+        if inputs.contains(&id) || file_id(&path).is_some_and(|i| inputs.contains(&i)) {
+            return refuse(format!("holds {shown}, which is the model being packed"));
+        }
+        if !name.to_str().is_some_and(is_vault_file_name) {
+            return refuse(format!("holds {shown}, which is not a vault's file"));
+        }
+        if !lmeta.is_file() {
+            let kind = crate::sys::FileKind::of(lmeta.file_type());
+            return refuse(format!(
+                "holds {shown}, which is {kind}, not a vault's file"
+            ));
+        }
+    }
+    if empty {
+        return Ok(());
+    }
+    match crate::vault::Vault::open(out_dir) {
+        Ok(_) => Ok(()),
+        Err(e) => refuse(format!("does not hold a valid vault ({e})")),
     }
 }
 
@@ -788,30 +1131,52 @@ impl Drop for TempDir {
 
 /// Packs `source` into a vault at `out_dir`. `progress` is called with the
 /// bytes copied so far and the total, as the copy goes.
+///
+/// With `opts.cancel` set, every phase (opening and parsing the model,
+/// copying blobs, writing the scout) looks at the flag at least every few
+/// megabytes or thousand entries; once it is set, `pack` removes what it
+/// wrote and returns an error saying it was interrupted.
 pub fn pack(
     source: &Path,
     out_dir: &Path,
     opts: &PackOptions<'_>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<PackSummary> {
-    // Check the output before reading gigabytes (and again before the
-    // rename: something may have appeared there meanwhile).
-    check_out_dir(out_dir, opts.force)?;
-    let model = open_model(source)?;
-    let (n_layers, n_experts, plans) = plan(&model)?;
-    let files: Vec<File> = model
-        .files
-        .iter()
-        .map(|p| File::open(p).map_err(|e| Error::io("cannot open", p, &e)))
-        .collect::<Result<_>>()?;
+    // Relaxed: a flag set by a signal handler; it publishes nothing else.
+    let cancelled = || opts.cancel.is_some_and(|c| c.load(Ordering::Relaxed));
+    // Whatever failed once the flag was set (a read the flag cut short, a
+    // step it stopped) was the interruption.
+    pack_cancellable(source, out_dir, opts.force, &cancelled, progress).map_err(|e| {
+        if cancelled() {
+            interrupted()
+        } else {
+            e
+        }
+    })
+}
 
-    remove_stale_temp_dirs(out_dir);
-    let tmp = temp_dir_for(out_dir)?;
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(|e| Error::io("cannot remove", &tmp, &e))?;
+fn pack_cancellable(
+    source: &Path,
+    out_dir: &Path,
+    force: bool,
+    cancelled: Cancel<'_>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<PackSummary> {
+    // Check the output before reading gigabytes (and again before the
+    // rename: something may have appeared there meanwhile). Without
+    // --force an existing OUT_DIR is refused at once; with it, once every
+    // file of the model is known, since none of them may be in there.
+    if !force {
+        check_out_dir(out_dir, false, &[])?;
     }
-    std::fs::create_dir(&tmp).map_err(|e| Error::io("cannot create", &tmp, &e))?;
-    let mut guard = TempDir(Some(tmp.clone()));
+    let model = open_model(source, cancelled)?;
+    check_out_dir(out_dir, force, &model.inputs)?;
+    check_no_overlap(&model)?;
+    let (n_layers, n_experts, plans) = plan(&model)?;
+    let files = &model.handles;
+    if cancelled() {
+        return Err(interrupted());
+    }
 
     let vault_id = crate::vault::random_id();
     let layouts = BlobLayouts {
@@ -828,14 +1193,28 @@ pub fn pack(
         .sum();
     let expert_set: std::collections::HashSet<usize> =
         model.experts.iter().map(|x| x.tensor).collect();
-    let scout_bytes_in: u64 = (0..model.tensors.len())
+    let scout_tensors: Vec<usize> = (0..model.tensors.len())
         .filter(|i| !expert_set.contains(i))
-        .map(|i| model.tensors[i].bytes)
-        .sum();
+        .collect();
+    let scout_bytes_in: u64 = scout_tensors.iter().map(|&i| model.tensors[i].bytes).sum();
     let total = expert_bytes + scout_bytes_in;
     let mut copied = 0u64;
-    let cancelled = || opts.cancel.is_some_and(|c| c.load(Ordering::Relaxed));
-    let interrupted = || Error::new(ErrorKind::Io, "interrupted; nothing was written");
+
+    let needed = bytes_needed(
+        &model,
+        &plans,
+        (n_layers, n_experts),
+        meta.len() as u64,
+        &scout_tensors,
+    );
+    check_free_space(out_dir, needed)?;
+    remove_stale_temp_dirs(out_dir);
+    let tmp = temp_dir_for(out_dir)?;
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| Error::io("cannot remove", &tmp, &e))?;
+    }
+    std::fs::create_dir(&tmp).map_err(|e| Error::io("cannot create", &tmp, &e))?;
+    let mut guard = TempDir(Some(tmp.clone()));
 
     let mut writer = VaultWriter::create(
         &tmp,
@@ -863,8 +1242,9 @@ pub fn pack(
                 at = item.offset + s.bytes;
             }
             let mut reader = BlobReader {
-                files: &files,
+                files,
                 paths: &model.files,
+                cancel: cancelled,
                 parts,
                 part: 0,
                 done: 0,
@@ -880,16 +1260,20 @@ pub fn pack(
     debug_assert_eq!(vault_file, tmp.join(EXPERTS_FILE));
 
     let scout_path = tmp.join(scout_name);
-    let scout_tensors: Vec<usize> = (0..model.tensors.len())
-        .filter(|i| !expert_set.contains(i))
-        .collect();
     let mut copy_tensor = |i: usize, w: &mut dyn Write| -> Result<()> {
         if cancelled() {
             return Err(interrupted());
         }
         let t = &model.tensors[scout_tensors[i]];
-        copy_range(&files[t.file], &model.files[t.file], t.offset, t.bytes, w)
-            .map_err(|e| e.context(format!("tensor {}", t.name)))?;
+        copy_range(
+            &files[t.file],
+            &model.files[t.file],
+            t.offset,
+            t.bytes,
+            w,
+            cancelled,
+        )
+        .map_err(|e| e.context(format!("tensor {}", t.name)))?;
         copied += t.bytes;
         progress(copied, total);
         Ok(())
@@ -911,7 +1295,7 @@ pub fn pack(
 
     // Into place: the old vault (with --force) is moved aside first, so a
     // failure between the renames leaves one of the two whole.
-    check_out_dir(out_dir, opts.force)?;
+    check_out_dir(out_dir, force, &model.inputs)?;
     if std::fs::symlink_metadata(out_dir).is_ok() {
         let aside = PathBuf::from(format!("{}.old", tmp.display()));
         std::fs::rename(out_dir, &aside)
@@ -966,10 +1350,22 @@ pub fn pack(
     })
 }
 
-fn copy_range(file: &File, path: &Path, offset: u64, bytes: u64, w: &mut dyn Write) -> Result<()> {
+/// Copies `bytes` bytes at `offset` of `file` to `w`, 1 MiB at a time,
+/// asking `cancel` before each.
+fn copy_range(
+    file: &File,
+    path: &Path,
+    offset: u64,
+    bytes: u64,
+    w: &mut dyn Write,
+    cancel: Cancel<'_>,
+) -> Result<()> {
     let mut buf = vec![0u8; (1 << 20).min(bytes.max(1) as usize)];
     let mut done = 0u64;
     while done < bytes {
+        if cancel() {
+            return Err(interrupted());
+        }
         let n = (bytes - done).min(buf.len() as u64) as usize;
         file.read_exact_at(&mut buf[..n], offset + done)
             .map_err(|e| Error::io("cannot read", path, &e))?;
@@ -1044,12 +1440,7 @@ fn write_scout(
                 .iter()
                 .map(|&i| {
                     let t = &model.tensors[i];
-                    let g = &model.gguf[t.file];
-                    g.tensors
-                        .iter()
-                        .find(|gt| gt.name == t.name)
-                        .cloned()
-                        .expect("the tensor came from this file")
+                    model.gguf[t.file].tensors[t.entry].clone()
                 })
                 .collect();
             gguf::write(path, &kvs, &infos, first.alignment, copy)
@@ -1088,8 +1479,7 @@ fn write_scout(
             while (header.len() + 8) % 8 != 0 {
                 header.push(' ');
             }
-            let file = File::create(path).map_err(|e| Error::io("cannot create", path, &e))?;
-            let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+            let mut w = ScoutFile::create(path)?;
             let io = |e: std::io::Error| Error::io("cannot write", path, &e);
             w.write_all(&(header.len() as u64).to_le_bytes())
                 .map_err(io)?;
@@ -1097,9 +1487,7 @@ fn write_scout(
             for i in 0..tensors.len() {
                 copy(i, &mut w)?;
             }
-            let file = w.into_inner().map_err(|e| io(e.into_error()))?;
-            file.sync_all().map_err(io)?;
-            Ok(())
+            w.finish()
         }
     }
 }
@@ -1182,9 +1570,16 @@ mod tests {
         let e = gguf_parts(&p("m-00001-of-00002.gguf")).unwrap_err();
         assert!(e.to_string().contains("part 2 of 2"), "{e}");
         std::fs::write(p("m-00002-of-00002.gguf"), b"x").unwrap();
-        assert_eq!(gguf_parts(&p("m-00001-of-00002.gguf")).unwrap().len(), 2);
+        let paths = |path: &Path| {
+            gguf_parts(path).map(|parts| parts.into_iter().map(|(p, _)| p).collect::<Vec<_>>())
+        };
+        assert_eq!(
+            paths(&p("m-00001-of-00002.gguf")).unwrap(),
+            vec![p("m-00001-of-00002.gguf"), p("m-00002-of-00002.gguf")]
+        );
         assert!(gguf_parts(&p("m-00002-of-00002.gguf")).is_err());
-        assert_eq!(gguf_parts(&p("plain.gguf")).unwrap(), vec![p("plain.gguf")]);
+        std::fs::write(p("plain.gguf"), b"x").unwrap();
+        assert_eq!(paths(&p("plain.gguf")).unwrap(), vec![p("plain.gguf")]);
         std::fs::write(p("z-00001-of-00000.gguf"), b"x").unwrap();
         let e = gguf_parts(&p("z-00001-of-00000.gguf")).unwrap_err();
         assert!(e.to_string().contains("not a valid name"), "{e}");

@@ -9,13 +9,15 @@
 //! `model.safetensors.index.json`, whose `weight_map` names the shard of
 //! every tensor.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use super::Tensor;
+use super::{open_input, read_json, Cancel, Tensor};
 use crate::error::{Error, Result};
-use crate::json::{self, Value};
+use crate::json::{self, MembersError, Value};
+use crate::sys::{self, OpenRegularError};
 
 /// Largest header this reader accepts (the format's own writers cap it at
 /// 100 MB).
@@ -40,15 +42,16 @@ pub struct FileHeader {
     pub path: PathBuf,
     /// `__metadata__`, as (key, value) strings in file order.
     pub metadata: Vec<(String, String)>,
-    /// Tensors, in file order.
+    /// Tensors, in file order: (name, dtype, shape, absolute offset,
+    /// bytes). [`Checkpoint::open`] moves them into its own list.
     pub tensors: Vec<(String, String, Vec<u64>, u64, u64)>,
 }
 
-/// Reads and checks the header of the safetensors file at `path`: every
-/// tensor's range lies in the data section and matches its dtype and shape.
-pub fn read_header(path: &Path) -> Result<FileHeader> {
+/// Reads and checks the header of the safetensors `file` (opened from
+/// `path`): every tensor's range lies in the data section and matches its
+/// dtype and shape. `cancel` is asked now and then whether to stop.
+pub fn read_header(mut file: &File, path: &Path, cancel: Cancel<'_>) -> Result<FileHeader> {
     let bad = |what: String| Error::format(format!("{}: {what}", path.display()));
-    let mut file = File::open(path).map_err(|e| Error::io("cannot open", path, &e))?;
     let file_bytes = file
         .metadata()
         .map_err(|e| Error::io("cannot stat", path, &e))?
@@ -77,16 +80,15 @@ pub fn read_header(path: &Path) -> Result<FileHeader> {
         .map_err(|e| Error::io("cannot read", path, &e))?;
     let text = String::from_utf8(text)
         .map_err(|_| bad("not a safetensors file: the header is not UTF-8".into()))?;
-    let header =
-        json::parse(&text).map_err(|e| bad(format!("not a safetensors file: header {e}")))?;
-    let members = header
-        .as_object()
-        .ok_or_else(|| bad(format!("header is {}, expected an object", header.kind())))?;
     let data_offset = 8 + n;
     let data_bytes = file_bytes - data_offset;
     let mut metadata = Vec::new();
     let mut tensors = Vec::new();
-    for (name, v) in members {
+    // Member by member: a million-tensor header is never held as a tree.
+    let mut each = |name: String, v: Value| -> Result<()> {
+        if tensors.len() % 4096 == 4095 && cancel() {
+            return Err(super::interrupted());
+        }
         if name == "__metadata__" {
             let m = v
                 .as_object()
@@ -97,7 +99,7 @@ pub fn read_header(path: &Path) -> Result<FileHeader> {
                     .ok_or_else(|| bad(format!("__metadata__ key {k:?} is not a string")))?;
                 metadata.push((k.clone(), s.to_owned()));
             }
-            continue;
+            return Ok(());
         }
         let field = |key: &str| {
             v.get(key)
@@ -142,8 +144,14 @@ pub fn read_header(path: &Path) -> Result<FileHeader> {
                 end - begin
             )));
         }
-        tensors.push((name.clone(), dtype, shape, data_offset + begin, end - begin));
-    }
+        tensors.push((name, dtype, shape, data_offset + begin, end - begin));
+        Ok(())
+    };
+    json::parse_members(&text, cancel, &mut each).map_err(|e| match e {
+        MembersError::Json(e) => bad(format!("not a safetensors file: header {e}")),
+        MembersError::NotObject(kind) => bad(format!("header is {kind}, expected an object")),
+        MembersError::Member(e) => e,
+    })?;
     Ok(FileHeader {
         path: path.to_path_buf(),
         metadata,
@@ -152,7 +160,7 @@ pub fn read_header(path: &Path) -> Result<FileHeader> {
 }
 
 /// A checkpoint: one safetensors file, or the shards of an index.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Checkpoint {
     /// The files, in the order they were read.
     pub files: Vec<FileHeader>,
@@ -163,18 +171,26 @@ pub struct Checkpoint {
     pub config: Option<Value>,
     /// The first file's `__metadata__`.
     pub metadata: Vec<(String, String)>,
+    /// The files' handles, in the order of `files`.
+    pub handles: Vec<File>,
+    /// The identity of every file read: the index, the shards,
+    /// `config.json`.
+    pub inputs: Vec<super::FileId>,
 }
 
 impl Checkpoint {
     /// Opens `source`: a `.safetensors` file, a directory holding
     /// `model.safetensors` or `model.safetensors.index.json`, or that index.
-    pub fn open(source: &Path) -> Result<Checkpoint> {
+    /// Every file is opened without blocking and must be a regular file.
+    pub fn open(source: &Path, cancel: Cancel<'_>) -> Result<Checkpoint> {
         let (dir, index, single) = if source.is_dir() {
             let index = source.join("model.safetensors.index.json");
             let single = source.join("model.safetensors");
-            if index.exists() {
+            // lstat: a link there counts (and is then opened, or refused).
+            let present = |p: &Path| std::fs::symlink_metadata(p).is_ok();
+            if present(&index) {
                 (source.to_path_buf(), Some(index), None)
-            } else if single.exists() {
+            } else if present(&single) {
                 (source.to_path_buf(), None, Some(single))
             } else {
                 return Err(Error::argument(format!(
@@ -193,40 +209,76 @@ impl Checkpoint {
                 (dir, None, Some(source.to_path_buf()))
             }
         };
-        let shard_paths = match (&index, single) {
-            (Some(index), _) => shard_files(index, &dir)?,
-            (None, Some(single)) => vec![single],
+        let mut inputs = Vec::new();
+        let shards = match (&index, single) {
+            (Some(index), _) => {
+                let (v, meta) = read_json(index, cancel)?;
+                inputs.push(crate::popularity::file_id(&meta));
+                shard_files(&v, index, &dir)?
+            }
+            (None, Some(single)) => {
+                let (file, _) = open_input(&single)?;
+                vec![(single, file)]
+            }
             (None, None) => unreachable!("one of the two is set above"),
         };
         let mut files = Vec::new();
+        let mut handles = Vec::new();
         let mut tensors = Vec::new();
-        for (i, path) in shard_paths.iter().enumerate() {
-            let h = read_header(path)?;
-            for (name, dtype, shape, offset, bytes) in &h.tensors {
+        for (i, (path, file)) in shards.into_iter().enumerate() {
+            if cancel() {
+                return Err(super::interrupted());
+            }
+            let mut h = read_header(&file, &path, cancel)?;
+            let meta = file
+                .metadata()
+                .map_err(|e| Error::io("cannot stat", &path, &e))?;
+            inputs.push(crate::popularity::file_id(&meta));
+            // Moved, not copied: the checkpoint keeps only each file's path
+            // and metadata.
+            let list = std::mem::take(&mut h.tensors);
+            for (entry, (name, dtype, shape, offset, bytes)) in list.into_iter().enumerate() {
                 tensors.push(Tensor {
-                    name: name.clone(),
-                    dtype: dtype.clone(),
-                    shape: shape.clone(),
+                    name,
+                    dtype,
+                    shape,
                     file: i,
-                    offset: *offset,
-                    bytes: *bytes,
+                    entry,
+                    offset,
+                    bytes,
                 });
             }
             files.push(h);
+            handles.push(file);
         }
-        if let Some(name) = super::first_duplicate(tensors.iter().map(|t| t.name.as_str())) {
+        // Within a file the JSON reader refused a repeated name already.
+        let duplicate = match files.len() {
+            1 => None,
+            _ => super::first_duplicate(tensors.iter().map(|t| t.name.as_str())),
+        };
+        if let Some(name) = duplicate {
             return Err(Error::format(format!(
                 "{}: tensor {name} appears in two files",
                 source.display()
             )));
         }
         let config_path = dir.join("config.json");
-        let config = match std::fs::read_to_string(&config_path) {
-            Ok(text) => Some(
-                json::parse(&text)
-                    .map_err(|e| Error::format(format!("{}: {e}", config_path.display())))?,
-            ),
-            Err(_) => None,
+        // Missing is fine (the counts then come from the tensors); anything
+        // there that cannot be read as a JSON object is an error.
+        let config = match std::fs::symlink_metadata(&config_path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            _ => {
+                let (v, meta) = read_json(&config_path, cancel)?;
+                if v.as_object().is_none() {
+                    return Err(Error::format(format!(
+                        "{}: holds {}, expected a JSON object",
+                        config_path.display(),
+                        v.kind()
+                    )));
+                }
+                inputs.push(crate::popularity::file_id(&meta));
+                Some(v)
+            }
         };
         let metadata = files
             .first()
@@ -237,21 +289,23 @@ impl Checkpoint {
             tensors,
             config,
             metadata,
+            handles,
+            inputs,
         })
     }
 }
 
-/// The shard files an index names, each once, in order of first mention,
-/// each checked to exist.
-fn shard_files(index: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
+/// The shard files the index `v` (read from `index`) names, each once, in
+/// order of first mention, each opened (without blocking: it must be a
+/// regular file).
+fn shard_files(v: &Value, index: &Path, dir: &Path) -> Result<Vec<(PathBuf, File)>> {
     let bad = |what: String| Error::format(format!("{}: {what}", index.display()));
-    let text = std::fs::read_to_string(index).map_err(|e| Error::io("cannot read", index, &e))?;
-    let v = json::parse(&text).map_err(|e| bad(e.to_string()))?;
     let map = v
         .get("weight_map")
         .and_then(Value::as_object)
         .ok_or_else(|| bad("no weight_map object".into()))?;
     let mut names: Vec<&str> = Vec::new();
+    let mut seen: HashSet<&str> = HashSet::new();
     for (tensor, file) in map {
         let file = file
             .as_str()
@@ -261,7 +315,7 @@ fn shard_files(index: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
                 "weight_map names {file:?}, which is not a file beside the index"
             )));
         }
-        if !names.contains(&file) {
+        if seen.insert(file) {
             names.push(file);
         }
     }
@@ -272,13 +326,19 @@ fn shard_files(index: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
         .into_iter()
         .map(|n| {
             let p = dir.join(n);
-            if p.is_file() {
-                Ok(p)
-            } else {
-                Err(bad(format!(
-                    "shard {n} is missing (expected at {})",
+            match sys::open_regular(&p) {
+                Ok((file, _)) => Ok((p, file)),
+                Err(OpenRegularError::Os(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                    Err(bad(format!(
+                        "shard {n} is missing (expected at {})",
+                        p.display()
+                    )))
+                }
+                Err(OpenRegularError::Os(e)) => Err(Error::io("cannot open", &p, &e)),
+                Err(OpenRegularError::NotRegular(kind)) => Err(bad(format!(
+                    "shard {n} ({}) is {kind}, not a regular file",
                     p.display()
-                )))
+                ))),
             }
         })
         .collect()
