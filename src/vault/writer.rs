@@ -65,7 +65,14 @@ pub struct VaultWriter {
     seen: Vec<u64>,
     zeros: Vec<u8>,
     finished: bool,
+    /// Bytes written since the file was last synced.
+    unsynced: u64,
 }
+
+/// The writer syncs the file every this many bytes, so the sync at
+/// `finish` (and a cancelled writer's cleanup after a signal) waits for at
+/// most this much data, not a whole model's worth of page cache.
+const SYNC_EVERY_BYTES: u64 = 64 << 20;
 
 impl VaultWriter {
     /// Starts a vault of `n_layers × n_experts` expert ids at `path` (a
@@ -140,6 +147,7 @@ impl VaultWriter {
             zeros: vec![0; a as usize],
             opts,
             finished: false,
+            unsynced: 0,
         })
     }
 
@@ -311,7 +319,16 @@ impl VaultWriter {
     fn write(&mut self, bytes: &[u8]) -> Result<()> {
         self.out
             .write_all(bytes)
-            .map_err(|e| Error::io("cannot write", &self.tmp_path, &e))
+            .map_err(|e| Error::io("cannot write", &self.tmp_path, &e))?;
+        self.unsynced += bytes.len() as u64;
+        if self.unsynced >= SYNC_EVERY_BYTES {
+            self.unsynced = 0;
+            self.out
+                .flush()
+                .and_then(|()| self.out.get_ref().sync_data())
+                .map_err(|e| Error::io("cannot sync", &self.tmp_path, &e))?;
+        }
+        Ok(())
     }
 
     fn flush_seek(&mut self, to: u64) -> Result<()> {
