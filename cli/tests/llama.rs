@@ -394,6 +394,92 @@ fn vault_with_fewer_layers_than_the_model_is_refused() {
     );
 }
 
+/// Whether the root-only tests run: as root; otherwise they skip, unless
+/// SMOE_ROOT_TESTS is set (CI), where not being root is a failure.
+fn root_tests(name: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var_os("SMOE_ROOT_TESTS").is_some_and(|v| !v.is_empty()) {
+        panic!("{name}: SMOE_ROOT_TESTS is set but this is not root");
+    }
+    eprintln!("skipped: {name} needs root (a mount namespace)");
+    false
+}
+
+/// The elastic ring shrunk by memory pressure before the first batch: a
+/// 16-slot ring under a fake /proc/meminfo (bind-mounted in a mount
+/// namespace of the run's own, so only it sees 100 MiB available) keeps 8
+/// active slots, fewer than the 16 distinct experts a long prompt routes
+/// each layer to. The glue sized its batches from the reserved 16 slots,
+/// and its claims answered RING_FULL, retried in a tight loop for 600 s.
+/// Now it sizes them from the active slots: same text as stock, at once.
+#[test]
+fn elastic_ring_shrunk_under_pressure_never_hangs() {
+    if !root_tests("elastic_ring_shrunk_under_pressure_never_hangs") {
+        return;
+    }
+    let Some(Setup {
+        bin,
+        gguf,
+        tmp,
+        vault,
+    }) = setup("qwen3moe-q8_0.gguf")
+    else {
+        return;
+    };
+    let prompt = "the quick brown fox jumps over the lazy dog while seven wise owls \
+                  count the stars above a quiet river that winds through old green hills \
+                  and small towns where people sing songs of rain and bread and light";
+    let meminfo = tmp.path().join("meminfo");
+    std::fs::write(
+        &meminfo,
+        "MemTotal: 4194304 kB\nMemFree: 102400 kB\nMemAvailable: 102400 kB\n",
+    )
+    .unwrap();
+    let simple = |smoe: bool| {
+        let mut cmd = Command::new("timeout");
+        cmd.arg("60");
+        if smoe {
+            cmd.args(["unshare", "-m", "--propagation", "private", "sh", "-c"])
+                .arg("mount --bind \"$0\" /proc/meminfo && exec \"$@\"")
+                .arg(&meminfo);
+            cmd.env("SMOE_VAULT", &vault).env("SMOE_RING_SLOTS", "16");
+        }
+        cmd.arg(&bin)
+            .args(["-t", "1", "-n", "8", "-m"])
+            .arg(&gguf)
+            .arg(prompt)
+            .env("SMOE_NO_REPACK", "1");
+        cmd.output().unwrap()
+    };
+    let stock = simple(false);
+    assert!(
+        stock.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stock.stderr)
+    );
+    let t0 = std::time::Instant::now();
+    let smoe = simple(true);
+    let stderr = String::from_utf8_lossy(&smoe.stderr);
+    assert!(
+        smoe.status.success(),
+        "exit {:?} after {:?}:\n{stderr}",
+        smoe.status.code(),
+        t0.elapsed()
+    );
+    assert!(
+        stderr.contains("a ring of 8 active slots"),
+        "the ring did not shrink first:\n{stderr}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&smoe.stdout),
+        String::from_utf8_lossy(&stock.stdout),
+        "tokens differ from stock"
+    );
+}
+
 #[test]
 fn bad_settings_are_refused() {
     let Some(Setup {

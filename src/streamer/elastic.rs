@@ -166,9 +166,13 @@ pub(crate) fn run(shared: Arc<Shared>, populate: bool, probe: Option<PressurePro
     // Only this thread retires or restores slots, so it keeps the list.
     let mut offline: Vec<u32> = Vec::new();
     let state = &shared.elastic;
-    let mut interval = INTERVAL;
+    // The first sample at once: a ring opened under pressure shrinks
+    // before the engine's first batch, not a whole interval later.
+    let mut interval = Duration::ZERO;
     loop {
-        std::thread::park_timeout(interval);
+        if !interval.is_zero() {
+            std::thread::park_timeout(interval);
+        }
         if stopping() {
             return;
         }
