@@ -29,6 +29,15 @@
 #define SMOE_DEPRECATED(note)
 #endif
 
+/*
+ * The version of the smoe library this header belongs to (the crate's
+ * version, from its Cargo.toml); smoe_version() returns the loaded library's.
+ */
+#define SMOE_VERSION_MAJOR 0
+#define SMOE_VERSION_MINOR 1
+#define SMOE_VERSION_PATCH 0
+#define SMOE_VERSION_STRING "0.1.0"
+
 /**
  * The version of the C ABI this library implements. Compare it with
  * `smoe_abi_version()` at run time to detect a header/library mismatch.
@@ -380,6 +389,23 @@ extern "C" {
  * None: takes nothing, may be called at any time from any thread.
  */
 uint32_t smoe_abi_version(void);
+
+/**
+ * The version of the library actually loaded, e.g. `"0.1.0"`:
+ * `SMOE_VERSION_STRING` of the header it was built from. The header's
+ * `SMOE_VERSION_MAJOR`, `SMOE_VERSION_MINOR` and `SMOE_VERSION_PATCH` are its
+ * three numbers, all generated from the crate's version. Within one
+ * `SMOE_ABI_VERSION` a newer library keeps every older program working; the
+ * version tells which fixes and additions a program gets.
+ *
+ * # Returns
+ * A static NUL-terminated string, never NULL, never to be freed:
+ * `MAJOR.MINOR.PATCH`, with a `-pre` suffix on a pre-release.
+ *
+ * # Safety
+ * None: takes nothing, may be called at any time from any thread.
+ */
+const char *SMOE_NONNULL smoe_version(void);
 
 /**
  * The name of a status, e.g. `"SMOE_ERR_IO"`.

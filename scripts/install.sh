@@ -1,22 +1,39 @@
 #!/usr/bin/env bash
-# Installs smoe's C library, headers, Swift module map and pkg-config file.
+# Installs smoe's C library, headers, Swift module map, pkg-config file and
+# CMake package.
 #
 #   scripts/install.sh PREFIX
 #
 # writes
 #   PREFIX/lib/libsmoe.a
-#   PREFIX/lib/libsmoe.so            (Linux; macOS: libsmoe.dylib, install
-#                                     name @rpath/libsmoe.dylib)
-#   PREFIX/include/smoe.h, smoe.hpp, module.modulemap (module CSMoE, for Swift)
+#   PREFIX/lib/libsmoe.so.1       the shared library, SONAME libsmoe.so.1 (1 is
+#                                 SMOE_ABI_VERSION; build.rs gives the linker
+#                                 the name), and the link
+#   PREFIX/lib/libsmoe.so         -> libsmoe.so.1, which -lsmoe finds
+#                                 (macOS: libsmoe.1.dylib, install name
+#                                 @rpath/libsmoe.1.dylib, and libsmoe.dylib)
+#   PREFIX/include/smoe.h, smoe.hpp
+#   PREFIX/include/smoe/module.modulemap
+#                                 the Clang module CSMoE, for Swift, in a
+#                                 folder of its own: loose in a shared include
+#                                 folder it would collide with other packages'
+#                                 module maps and with a SwiftPM package's
 #   PREFIX/lib/pkgconfig/smoe.pc
+#   PREFIX/lib/cmake/smoe/smoeConfig.cmake, smoeConfigVersion.cmake
+#                                 find_package(smoe CONFIG): smoe::smoe (static)
+#                                 and smoe::smoe_shared (from cmake/*.in)
+#
+# The CMake package finds the tree relative to itself, so the tree can be
+# moved; smoe.pc names PREFIX.
 #
 # It runs `cargo build --release` first. Environment:
 #   SMOE_SKIP_BUILD=1        do not run cargo; install what SMOE_LIB_DIR holds
 #   SMOE_LIB_DIR=DIR         where libsmoe.a and the shared library are
 #                            (default: target/release)
-#   SMOE_NATIVE_STATIC_LIBS  Libs.private of smoe.pc (default: what
-#                            `cargo rustc --release --lib --crate-type staticlib
-#                            -- --print native-static-libs` prints on this OS;
+#   SMOE_NATIVE_STATIC_LIBS  Libs.private of smoe.pc and what smoe::smoe links
+#                            after libsmoe.a (default: what `cargo rustc
+#                            --release --lib --crate-type staticlib --
+#                            --print native-static-libs` prints on this OS;
 #                            tests/examples.rs checks the Linux list)
 set -euo pipefail
 
@@ -28,13 +45,25 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mkdir -p "$1"
 PREFIX=$(cd "$1" && pwd)
 
+# The C ABI's version, which names the shared library:
+# `pub const SMOE_ABI_VERSION: u32 = N;` (build.rs reads the same line).
+ABI=$(sed -n 's/^pub const SMOE_ABI_VERSION: u32 = \([0-9][0-9]*\);$/\1/p' "$ROOT/src/ffi/mod.rs")
+if [ -z "$ABI" ]; then
+  echo "$0: no SMOE_ABI_VERSION in $ROOT/src/ffi/mod.rs" >&2
+  exit 1
+fi
+
 case "$(uname -s)" in
   Darwin)
     SHARED_LIB=libsmoe.dylib
+    SHARED_FILE=libsmoe.$ABI.dylib
+    SONAME=@rpath/$SHARED_FILE
     DEFAULT_NATIVE_STATIC_LIBS="-lSystem -lc -lm"
     ;;
   *)
     SHARED_LIB=libsmoe.so
+    SHARED_FILE=libsmoe.so.$ABI
+    SONAME=$SHARED_FILE
     DEFAULT_NATIVE_STATIC_LIBS="-lgcc_s -lutil -lrt -lpthread -lm -ldl -lc"
     ;;
 esac
@@ -58,24 +87,32 @@ if [ -z "$VERSION" ]; then
   exit 1
 fi
 
-install -d "$PREFIX/lib/pkgconfig" "$PREFIX/include"
-install -m 644 "$LIB_DIR/libsmoe.a" "$PREFIX/lib/libsmoe.a"
-install -m 755 "$LIB_DIR/$SHARED_LIB" "$PREFIX/lib/$SHARED_LIB"
-if [ "$SHARED_LIB" = libsmoe.dylib ]; then
-  # Never a build path as install name: programs find it through their rpath.
-  install_name_tool -id @rpath/libsmoe.dylib "$PREFIX/lib/libsmoe.dylib"
+install -d "$PREFIX/lib/pkgconfig" "$PREFIX/lib/cmake/smoe" "$PREFIX/include/smoe"
+# -C: a file that is already the same keeps its time, so what was built
+# against this prefix (scripts/llama.sh's llama.cpp) is not relinked for
+# nothing.
+install -C -m 644 "$LIB_DIR/libsmoe.a" "$PREFIX/lib/libsmoe.a"
+# The file carries the name the linker wrote into it (the SONAME, or the
+# install name), which is what a program linked against it asks the loader
+# for; -lsmoe finds it through the link.
+install -C -m 755 "$LIB_DIR/$SHARED_LIB" "$PREFIX/lib/$SHARED_FILE"
+ln -sfn "$SHARED_FILE" "$PREFIX/lib/$SHARED_LIB"
+install -C -m 644 "$ROOT/include/smoe.h" "$ROOT/include/smoe.hpp" "$PREFIX/include/"
+# Earlier versions of this script put the module map loose in include/.
+if [ -f "$PREFIX/include/module.modulemap" ] &&
+  grep -q '^module CSMoE' "$PREFIX/include/module.modulemap"; then
+  rm "$PREFIX/include/module.modulemap"
 fi
-install -m 644 "$ROOT/include/smoe.h" "$ROOT/include/smoe.hpp" "$PREFIX/include/"
 
-cat >"$PREFIX/include/module.modulemap" <<'EOF'
+cat >"$PREFIX/include/smoe/module.modulemap" <<'MODULEMAP'
 module CSMoE {
-    header "smoe.h"
+    header "../smoe.h"
     link "smoe"
     export *
 }
-EOF
+MODULEMAP
 
-cat >"$PREFIX/lib/pkgconfig/smoe.pc" <<EOF
+cat >"$PREFIX/lib/pkgconfig/smoe.pc" <<PC
 prefix=$PREFIX
 libdir=\${prefix}/lib
 includedir=\${prefix}/include
@@ -86,6 +123,18 @@ Version: $VERSION
 Libs: -L\${libdir} -lsmoe
 Libs.private: $NATIVE_STATIC_LIBS
 Cflags: -I\${includedir}
-EOF
+PC
+
+# The CMake package: cmake/NAME.in with its @VARIABLES@ replaced (a list in
+# CMake is separated by semicolons).
+configure_cmake() {
+  sed -e "s|@SMOE_VERSION@|$VERSION|g" \
+    -e "s|@SMOE_SHARED_FILE@|$SHARED_FILE|g" \
+    -e "s|@SMOE_SONAME@|$SONAME|g" \
+    -e "s|@SMOE_NATIVE_STATIC_LIBS@|${NATIVE_STATIC_LIBS// /;}|g" \
+    "$ROOT/cmake/$1.in" >"$PREFIX/lib/cmake/smoe/$1"
+}
+configure_cmake smoeConfig.cmake
+configure_cmake smoeConfigVersion.cmake
 
 echo "installed smoe $VERSION into $PREFIX"

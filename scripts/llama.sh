@@ -3,12 +3,22 @@
 # llama-cpp-python source distribution, with integrations/llama.cpp/ applied,
 # built CPU-only into a cache outside the repository.
 #
-#   scripts/llama.sh build    leaves $SMOE_LLAMA_DIR/build/bin/llama-simple
-#   scripts/llama.sh path     prints that path (exit 1 if it is not built)
+#   scripts/llama.sh build      installs smoe into $SMOE_LLAMA_DIR/smoe
+#                               (scripts/install.sh), configures with
+#                               -DLLAMA_SMOE=ON -Dsmoe_DIR=that prefix's CMake
+#                               package, and leaves
+#                               $SMOE_LLAMA_DIR/build/bin/llama-simple
+#   scripts/llama.sh build-off  the same patched tree with the option off
+#                               (LLAMA_SMOE=OFF, the patch's default; smoe is
+#                               neither built nor looked for), leaving
+#                               $SMOE_LLAMA_DIR/build-off/bin/llama-simple:
+#                               it must be stock llama.cpp
+#   scripts/llama.sh path       prints the first one's path (exit 1 if it is
+#                               not built)
 #
 # No llama.cpp source is committed here: only our patch and glue. The cache is
 # reused between runs: the source tree is extracted and patched again when
-# the patch changes (its hash is the cache key; the build then recompiles
+# the patch changes (its hash is the cache key; the builds then recompile
 # what changed), the glue is copied in when it differs, and llama-simple is
 # relinked when libsmoe.a changes. Remove $SMOE_LLAMA_DIR for a build from
 # scratch.
@@ -45,7 +55,7 @@ die() {
 BIN="$DIR/build/bin/llama-simple"
 
 usage() {
-  echo "usage: scripts/llama.sh build|path" >&2
+  echo "usage: scripts/llama.sh build|build-off|path" >&2
   exit 2
 }
 
@@ -93,7 +103,9 @@ cache_key() {
   ) | sha256sum | cut -c1-16
 }
 
-build() {
+# The patched source tree in $DIR/llama.cpp, current with the patch and the
+# glue. Takes the cache's lock for the rest of the script.
+prepare_tree() {
   [ -f "$PATCH" ] || die "$PATCH is missing"
   need_tools
   mkdir -p "$DIR"
@@ -106,8 +118,8 @@ build() {
     local sdist
     sdist="$(fetch_sdist)"
     say "extracting llama.cpp and applying $(basename "$PATCH") (key $key)"
-    # build/ is kept: tar restores the sdist's file times, so only the files the
-    # patch touches (and the glue) are compiled again
+    # the build trees are kept: tar restores the sdist's file times, so only
+    # the files the patch touches (and the glue) are compiled again
     rm -rf "$DIR/llama.cpp" "$DIR/extract" "$DIR/key"
     mkdir -p "$DIR/extract"
     tar -xzf "$sdist" -C "$DIR/extract" "llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
@@ -118,49 +130,66 @@ build() {
     # (the ceiling keeps git from taking an enclosing repository's root as the base)
     (cd "$DIR/llama.cpp" && GIT_CEILING_DIRECTORIES="$DIR" git apply --whitespace=nowarn "$PATCH") ||
       die "$(basename "$PATCH") does not apply"
-    echo "$key" >"$DIR/key.pending"
+    echo "$key" >"$DIR/key"
   fi
   for f in "${GLUE[@]}"; do
     cmp -s "$INTEGRATION/$f" "$DIR/llama.cpp/src/$f" || cp "$INTEGRATION/$f" "$DIR/llama.cpp/src/$f"
   done
+}
 
-  say "building libsmoe.a (cargo build --release -p smoe)"
-  (cd "$ROOT" && cargo build --release -p smoe --lib) >&2 || die "cargo build failed"
-  local lib="$TARGET_DIR/release/libsmoe.a"
-  [ -f "$lib" ] || die "$lib not found after cargo build"
-
+# configure_and_build BUILD_DIR OPTION...: configures llama.cpp (CPU, Release,
+# static, no CURL) into BUILD_DIR with OPTION... on top, once (a tree
+# configured by another cmake or generator is made again, a configured one is
+# only given OPTION... again), and builds llama-simple.
+configure_and_build() {
+  local build=$1
+  shift
   local generator=()
   command -v ninja >/dev/null && generator=(-G Ninja)
-  # a build configured by another cmake or generator is made again
   local stamp
   stamp="$(cmake --version | head -n 1) ${generator[*]:-make}"
-  if [ "$(cat "$DIR/build/smoe-stamp" 2>/dev/null || true)" != "$stamp" ]; then
-    rm -rf "$DIR/build"
+  if [ "$(cat "$build/smoe-stamp" 2>/dev/null || true)" != "$stamp" ]; then
+    rm -rf "$build"
   fi
-  if [ ! -f "$DIR/build/CMakeCache.txt" ]; then
-    say "configuring llama.cpp (CPU, Release, no CURL)"
-    cmake -S "$DIR/llama.cpp" -B "$DIR/build" "${generator[@]}" \
+  if [ ! -f "$build/CMakeCache.txt" ]; then
+    say "configuring llama.cpp in $build (CPU, Release, no CURL, $*)"
+    cmake -S "$DIR/llama.cpp" -B "$build" "${generator[@]}" \
       -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF \
       -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=OFF \
-      -DLLAMA_BUILD_SERVER=OFF -DLLAMA_SMOE_INCLUDE="$ROOT/include" -DLLAMA_SMOE_LIB="$lib" >&2 ||
+      -DLLAMA_BUILD_SERVER=OFF "$@" >&2 ||
       die "cmake configure failed"
-    echo "$stamp" >"$DIR/build/smoe-stamp"
+    echo "$stamp" >"$build/smoe-stamp"
   else
-    cmake "$DIR/build" -DLLAMA_SMOE_INCLUDE="$ROOT/include" -DLLAMA_SMOE_LIB="$lib" >/dev/null ||
-      die "cmake reconfigure failed"
+    cmake "$build" "$@" >/dev/null || die "cmake reconfigure failed"
   fi
-  say "building llama-simple ($JOBS jobs; a few minutes the first time)"
-  cmake --build "$DIR/build" --target llama-simple -j "$JOBS" >&2 || die "building llama-simple failed"
-  [ -x "$BIN" ] || die "$BIN was not built"
-  if [ -f "$DIR/key.pending" ]; then
-    mv "$DIR/key.pending" "$DIR/key"
-  fi
-  say "built $BIN"
-  echo "$BIN"
+  say "building llama-simple in $build ($JOBS jobs; a few minutes the first time)"
+  cmake --build "$build" --target llama-simple -j "$JOBS" >&2 || die "building llama-simple failed"
+  [ -x "$build/bin/llama-simple" ] || die "$build/bin/llama-simple was not built"
+  say "built $build/bin/llama-simple"
+  echo "$build/bin/llama-simple"
+}
+
+build() {
+  prepare_tree
+  say "building and installing smoe into $DIR/smoe (cargo build --release -p smoe --lib, scripts/install.sh)"
+  (cd "$ROOT" && cargo build --release -p smoe --lib) >&2 || die "cargo build failed"
+  SMOE_SKIP_BUILD=1 SMOE_LIB_DIR="$TARGET_DIR/release" bash "$ROOT/scripts/install.sh" "$DIR/smoe" >&2 ||
+    die "scripts/install.sh $DIR/smoe failed"
+  configure_and_build "$DIR/build" -DLLAMA_SMOE=ON -Dsmoe_DIR="$DIR/smoe/lib/cmake/smoe"
+}
+
+# Without smoe: the option off, and find_package(smoe) disabled, so nothing of
+# smoe could be picked up even from a system directory (cmake would warn that
+# the project never uses that variable: that is the point).
+build_off() {
+  prepare_tree
+  configure_and_build "$DIR/build-off" --no-warn-unused-cli -DLLAMA_SMOE=OFF \
+    -DCMAKE_DISABLE_FIND_PACKAGE_smoe=ON
 }
 
 case "${1:-}" in
   build) build ;;
+  build-off) build_off ;;
   path)
     [ -x "$BIN" ] || die "$BIN is not built: run scripts/llama.sh build"
     echo "$BIN"

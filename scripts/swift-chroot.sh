@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# Builds and tests the Swift package examples-swift/ in a Debian 13 (trixie)
-# chroot, linking the library built on this host.
+# Builds and tests smoe's Swift package (Package.swift at the root) through
+# the example package examples-swift/, in a Debian 13 (trixie) chroot,
+# linking the library built on this host and installed with
+# scripts/install.sh.
 #
 # Usage: scripts/swift-chroot.sh [setup|all]     (as root, from anywhere)
 #
 #   setup   only create (or reuse) the cached chroot
 #   all     (default) setup, then:
-#             cargo build --release                  on the host
+#             cargo build --release, install.sh      on the host, into a prefix
+#                                                    in the chroot
 #             smoe synth                             a small vault, on the host
-#             swift build / swift test               in the chroot (dynamic link)
+#             swift build / swift test               in the chroot: examples-swift
+#                                                    depends on the root package
+#                                                    by path, which finds the
+#                                                    library with pkg-config
+#                                                    (dynamic link)
 #             the example executable on the vault    in the chroot (static link)
-#             `import CSMoE` from scripts/install.sh's prefix, in the chroot
+#             a package depending on smoe by URL     (file://, a git snapshot of
+#                                                    the working tree)
+#             `import CSMoE` from the prefix's module map, with swiftc
 #
 # Why a chroot: Debian 12 packages no Swift toolchain; Debian 13 ships
 # `swiftlang` (6.0.3). Trixie's glibc (2.41) is newer than bookworm's (2.36),
@@ -59,13 +68,17 @@ CHROOT=${SMOE_SWIFT_CHROOT:-/var/cache/smoe-swift-chroot}
 SUITE=trixie
 # Everything the build needs in the chroot. swiftlang pulls in its clang and
 # linker; libc6-dev is only a recommendation of it, but linking needs crt1.o.
-CHROOT_PACKAGES=(swiftlang libc6-dev)
+# git: SwiftPM clones a dependency given by URL with it.
+CHROOT_PACKAGES=(swiftlang libc6-dev git)
 # Markers: debootstrap finished; the packages below are installed.
 DEBOOTSTRAPPED="$CHROOT/.smoe-debootstrap-done"
 READY="$CHROOT/.smoe-swift-ready"
 # Paths inside the chroot.
 BUILD_DIR=/var/tmp/smoe-swift-build
 VAULT_DIR=/var/tmp/smoe-swift-vault
+# scripts/install.sh's prefix, and one holding only the static library.
+PREFIX_DIR=$BUILD_DIR/prefix
+STATIC_PREFIX_DIR=$BUILD_DIR/prefix-static
 
 SCRIPT_START=$(date +%s)
 TIMINGS=()
@@ -188,6 +201,20 @@ build_host() {
   ls -l target/release/libsmoe.a target/release/libsmoe.so target/release/smoe
 }
 
+# scripts/install.sh into the chroot: the prefix every Swift build uses, and
+# a copy whose lib/ holds only libsmoe.a (a linker takes the shared library
+# when both are there).
+install_prefix() {
+  rm -rf "${CHROOT:?}$PREFIX_DIR" "${CHROOT:?}$STATIC_PREFIX_DIR"
+  SMOE_SKIP_BUILD=1 bash scripts/install.sh "$CHROOT$PREFIX_DIR"
+  SMOE_SKIP_BUILD=1 bash scripts/install.sh "$CHROOT$STATIC_PREFIX_DIR" >/dev/null
+  rm "$CHROOT$STATIC_PREFIX_DIR"/lib/libsmoe.so*
+  # smoe.pc names the prefix as the host sees it; inside the chroot it is
+  # the path without $CHROOT.
+  sed -i "s|^prefix=.*|prefix=$PREFIX_DIR|" "$CHROOT$PREFIX_DIR/lib/pkgconfig/smoe.pc"
+  sed -i "s|^prefix=.*|prefix=$STATIC_PREFIX_DIR|" "$CHROOT$STATIC_PREFIX_DIR/lib/pkgconfig/smoe.pc"
+}
+
 # Bind-mounts the repository read-only at its own path inside the chroot.
 mount_repo() {
   mkdir -p "$CHROOT$REPO"
@@ -202,26 +229,34 @@ make_vault() {
   target/release/smoe synth "$CHROOT$VAULT_DIR" --layers 4 --experts 16 --blob-kib 64
 }
 
+# in_prefix PREFIX SECONDS COMMAND...: in_chroot with PREFIX's smoe.pc on
+# pkg-config's path and its library on the loader's.
+in_prefix() {
+  local prefix=$1
+  shift
+  local seconds=$1
+  shift
+  in_chroot "$seconds" env PKG_CONFIG_PATH="$prefix/lib/pkgconfig" \
+    LD_LIBRARY_PATH="$prefix/lib" "$@"
+}
+
 swift_build() {
-  in_chroot 1200 swift build --package-path "$REPO/examples-swift" \
+  in_prefix "$PREFIX_DIR" 1200 swift build --package-path "$REPO/examples-swift" \
     --scratch-path "$BUILD_DIR/dynamic"
 }
 
 swift_test() {
-  in_chroot 900 env SMOE_BIN="$REPO/target/release/smoe" \
+  in_prefix "$PREFIX_DIR" 900 env SMOE_BIN="$REPO/target/release/smoe" \
     swift test --package-path "$REPO/examples-swift" --scratch-path "$BUILD_DIR/dynamic"
 }
 
-# The executable again, linked statically: SMOE_LIB_DIR points at a
-# directory that holds only libsmoe.a, so the linker cannot pick the .so.
+# The executable again, linked statically against the prefix that holds
+# only libsmoe.a.
 run_example() {
-  local static_lib=$CHROOT$BUILD_DIR/static-lib
-  mkdir -p "$static_lib"
-  cp "$REPO/target/release/libsmoe.a" "$static_lib/libsmoe.a"
   # SwiftPM does not track libsmoe.a as an input: remove the executable so
   # it is linked again with the library just built.
   rm -f "$CHROOT$BUILD_DIR/static/debug/smoe-swift-stream"
-  in_chroot 1200 env SMOE_LIB_DIR="$BUILD_DIR/static-lib" SMOE_LINK=static \
+  in_prefix "$STATIC_PREFIX_DIR" 1200 env SMOE_LINK=static \
     swift build --package-path "$REPO/examples-swift" \
     --scratch-path "$BUILD_DIR/static" --product smoe-swift-stream
   local exe=$BUILD_DIR/static/debug/smoe-swift-stream
@@ -231,19 +266,55 @@ run_example() {
   in_chroot 300 "$exe" "$VAULT_DIR"
 }
 
-# `import CSMoE` from an installed prefix (scripts/install.sh): Clang finds
-# PREFIX/include/module.modulemap through the include path, and its
+# A package that depends on smoe by URL, as a user's would: SwiftPM clones
+# the repository with git and refuses a dependency with unsafe flags. The
+# URL is a file:// git repository of this working tree's files (a commit of
+# its own, so uncommitted changes are tested too).
+check_by_url() {
+  local snapshot=$BUILD_DIR/url/smoe
+  local work=$BUILD_DIR/url/app
+  rm -rf "${CHROOT:?}$BUILD_DIR/url"
+  mkdir -p "$CHROOT$snapshot" "$CHROOT$work/Sources/app"
+  git ls-files -z --cached --others --exclude-standard |
+    xargs -0 cp --parents -t "$CHROOT$snapshot" 2>/dev/null || true
+  git -C "$CHROOT$snapshot" init -q -b main
+  git -C "$CHROOT$snapshot" add -A
+  git -C "$CHROOT$snapshot" -c user.name=smoe -c user.email=smoe@localhost \
+    commit -q -m snapshot
+  cat >"$CHROOT$work/Package.swift" <<SWIFT
+// swift-tools-version:6.0
+import PackageDescription
+
+let package = Package(
+    name: "app",
+    dependencies: [.package(url: "file://$snapshot", branch: "main")],
+    targets: [
+        .executableTarget(name: "app", dependencies: [.product(name: "SMoE", package: "smoe")]),
+    ]
+)
+SWIFT
+  cat >"$CHROOT$work/Sources/app/main.swift" <<'SWIFT'
+import SMoE
+
+let streamer = try Streamer(vault: CommandLine.arguments[1])
+guard let claim = try streamer.claim(layer: 1, expert: 3, timeoutNanoseconds: 10_000_000_000) else {
+    fatalError("no claim")
+}
+print("by URL: smoe \(Streamer.version), layer 1 expert 3: \(claim.size) bytes")
+try claim.release()
+SWIFT
+  in_prefix "$PREFIX_DIR" 1200 swift build --package-path "$work" --scratch-path "$work/.build"
+  in_prefix "$PREFIX_DIR" 60 "$work/.build/debug/app" "$VAULT_DIR"
+}
+
+# `import CSMoE` from the installed prefix: Clang finds
+# PREFIX/include/smoe/module.modulemap through the include path, and its
 # `link "smoe"` links the library; only -I, -L and the rpath are given.
 check_installed() {
-  if [ ! -f scripts/install.sh ]; then
-    echo "scripts/install.sh not found: skipped"
-    return
-  fi
-  local prefix=$BUILD_DIR/prefix
+  local prefix=$PREFIX_DIR
   local work=$BUILD_DIR/installed
-  rm -rf "${CHROOT:?}$prefix" "${CHROOT:?}$work"
+  rm -rf "${CHROOT:?}$work"
   mkdir -p "$CHROOT$work"
-  SMOE_SKIP_BUILD=1 bash scripts/install.sh "$CHROOT$prefix" >/dev/null
   cat >"$CHROOT$work/main.swift" <<'SWIFT'
 import CSMoE
 
@@ -253,11 +324,11 @@ guard smoe_open(CommandLine.arguments[1], nil, &streamer) == SMOE_OK, let stream
 }
 var slot = smoe_slot()
 precondition(smoe_claim_wait(streamer, 1, 2, 10_000_000_000, &slot) == SMOE_OK)
-print("installed CSMoE: ABI \(smoe_abi_version()), layer 1 expert 2: \(slot.size) bytes in slot \(slot.slot_index)")
+print("installed CSMoE: smoe \(String(cString: smoe_version())), ABI \(smoe_abi_version()), layer 1 expert 2: \(slot.size) bytes in slot \(slot.slot_index)")
 precondition(smoe_release(streamer, &slot) == SMOE_OK)
 smoe_close(streamer)
 SWIFT
-  in_chroot 600 swiftc -Xcc -I"$prefix/include" -L"$prefix/lib" \
+  in_chroot 600 swiftc -Xcc -I"$prefix/include/smoe" -L"$prefix/lib" \
     -Xlinker -rpath -Xlinker "$prefix/lib" "$work/main.swift" -o "$work/installed-check"
   in_chroot 60 "$work/installed-check" "$VAULT_DIR"
 }
@@ -274,11 +345,13 @@ mount_chroot
 step versions show_versions
 if [ "$MODE" = all ]; then
   step host-build build_host
+  step install install_prefix
   mount_repo
   step vault make_vault
   step build swift_build
   step test swift_test
   step example run_example
+  step by-url check_by_url
   step installed check_installed
 fi
 

@@ -143,6 +143,7 @@ fn header_declares_every_spec_function() {
         "const char *smoe_last_error(void);",
         "const char *smoe_status_str(smoe_status st);",
         "uint32_t smoe_abi_version(void);",
+        "const char *smoe_version(void);",
     ];
     for prototype in prototypes {
         assert!(

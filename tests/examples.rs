@@ -2,8 +2,8 @@
 //! (`make -C examples-c run`, against the libraries and the `smoe` tool this
 //! `cargo test` built; the tool is package smoe-cli, which a `cargo test` at
 //! the root builds too), and the static-link flags that the README, the
-//! examples' Makefile and `scripts/install.sh` document are the ones rustc
-//! reports for the staticlib.
+//! examples' Makefile, `scripts/install.sh` and the root `CMakeLists.txt`
+//! document are the ones rustc reports for the staticlib.
 
 use std::collections::BTreeSet;
 use std::env;
@@ -131,9 +131,10 @@ fn examples_build_with_clang() {
 /// The `-l`/`-framework` flags in `text`, as a set.
 fn link_flags(text: &str) -> BTreeSet<String> {
     let mut flags = BTreeSet::new();
-    // Quotes, backquotes and `=` delimit words too: `LIBS="-lc -lm"`.
+    // Quotes, backquotes, `=` and parentheses delimit words too:
+    // `LIBS="-lc -lm"`, `set(LIBS -lc -lm)`.
     let mut words = text
-        .split(|c: char| c.is_whitespace() || "\"'`=".contains(c))
+        .split(|c: char| c.is_whitespace() || "\"'`=()".contains(c))
         .filter(|word| !word.is_empty());
     while let Some(word) = words.next() {
         if word == "-framework" {
@@ -224,17 +225,16 @@ fn documented_static_libs_match_rustc() {
         );
     }
 
-    // The examples' Makefile and the install script (Linux branch).
-    let makefile = fs::read_to_string(manifest_dir().join("examples-c/Makefile")).unwrap();
-    let install = fs::read_to_string(manifest_dir().join("scripts/install.sh")).unwrap();
-    for (file, marker, text) in [
-        ("examples-c/Makefile", "NATIVE_STATIC_LIBS ?=", &makefile),
-        (
-            "scripts/install.sh",
-            "DEFAULT_NATIVE_STATIC_LIBS=",
-            &install,
-        ),
+    // The examples' Makefile, the install script (which writes the
+    // installed CMake package's list from it) and the root CMakeLists.txt
+    // (Linux branch each).
+    let read = |file: &str| fs::read_to_string(manifest_dir().join(file)).unwrap();
+    for (file, marker) in [
+        ("examples-c/Makefile", "NATIVE_STATIC_LIBS ?="),
+        ("scripts/install.sh", "DEFAULT_NATIVE_STATIC_LIBS="),
+        ("CMakeLists.txt", "set(SMOE_NATIVE_STATIC_LIBS"),
     ] {
+        let text = read(file);
         // The Linux line: the macOS one links libSystem.
         let line = text
             .lines()

@@ -103,3 +103,48 @@ fn header_declares_the_spec() {
     assert!(header.contains("const char *SMOE_NONNULL smoe_status_str(smoe_status st);"));
     assert!(header.contains("const char *SMOE_NONNULL smoe_last_error(void);"));
 }
+
+/// The version in Cargo.toml's `[package]`, read from the file itself.
+fn cargo_toml_version() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    let manifest = fs::read_to_string(&path).unwrap();
+    let package = manifest
+        .split("\n[package]\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{}: no [package]", path.display()));
+    package
+        .lines()
+        .take_while(|line| !line.starts_with('['))
+        .find_map(|line| line.strip_prefix("version = \""))
+        .and_then(|rest| rest.strip_suffix('"'))
+        .unwrap_or_else(|| panic!("{}: no version in [package]", path.display()))
+        .to_owned()
+}
+
+/// `SMOE_VERSION_MAJOR`, `_MINOR`, `_PATCH` and `_STRING` in the header and
+/// `smoe_version()` all say Cargo.toml's version.
+#[test]
+fn versions_are_cargo_tomls() {
+    let version = cargo_toml_version();
+    let numbers: Vec<&str> = version
+        .split(['-', '+'])
+        .next()
+        .unwrap()
+        .split('.')
+        .collect();
+    assert_eq!(numbers.len(), 3, "{version}");
+    let header = committed();
+    for (name, value) in [
+        ("SMOE_VERSION_MAJOR", numbers[0].to_owned()),
+        ("SMOE_VERSION_MINOR", numbers[1].to_owned()),
+        ("SMOE_VERSION_PATCH", numbers[2].to_owned()),
+        ("SMOE_VERSION_STRING", format!("\"{version}\"")),
+    ] {
+        let line = format!("#define {name} {value}\n");
+        assert!(header.contains(&line), "include/smoe.h lacks {line:?}");
+    }
+    assert!(header.contains("const char *SMOE_NONNULL smoe_version(void);"));
+    // SAFETY: smoe_version returns a static NUL-terminated string.
+    let loaded = unsafe { std::ffi::CStr::from_ptr(smoe::ffi::smoe_version()) };
+    assert_eq!(loaded.to_str().unwrap(), version);
+}

@@ -1,9 +1,10 @@
-//! The Swift wrapper (`examples-swift/Sources/SMoE/Streamer.swift`) keeps up
-//! with the header: it calls every function `include/smoe.h` declares and
-//! sets every `smoe_config` field, so a new C function or config field
-//! without a Swift counterpart fails here, on any machine. Building and
-//! running the Swift package needs a Swift toolchain: `scripts/swift-chroot.sh`
-//! (run by `.ci/run`).
+//! The Swift package at the repository root (`Package.swift`, the wrapper
+//! `swift/SMoE/Streamer.swift`) keeps up with the header: the wrapper calls
+//! every function `include/smoe.h` declares and sets every `smoe_config`
+//! field, so a new C function or config field without a Swift counterpart
+//! fails here, on any machine; and the manifest stays one that another
+//! package can depend on by URL. Building and running the Swift package needs
+//! a Swift toolchain: `scripts/swift-chroot.sh` (run by `.ci/run`).
 
 use std::fs;
 use std::path::Path;
@@ -64,7 +65,7 @@ fn config_fields(header: &str) -> Vec<String> {
 #[test]
 fn swift_wrapper_calls_every_header_function() {
     let header = read("include/smoe.h");
-    let swift = read("examples-swift/Sources/SMoE/Streamer.swift");
+    let swift = read("swift/SMoE/Streamer.swift");
     let functions = header_functions(&header);
     assert!(
         functions.len() >= 18,
@@ -91,7 +92,7 @@ fn swift_wrapper_calls_every_header_function() {
 #[test]
 fn swift_wrapper_sets_every_config_field() {
     let header = read("include/smoe.h");
-    let swift = read("examples-swift/Sources/SMoE/Streamer.swift");
+    let swift = read("swift/SMoE/Streamer.swift");
     let fields = config_fields(&header);
     assert!(
         fields.contains(&"freq_path".to_owned()),
@@ -107,21 +108,49 @@ fn swift_wrapper_sets_every_config_field() {
     );
 }
 
+/// The module map's header is the installed `smoe.h`, reached through the
+/// include path pkg-config gives.
 #[test]
 fn swift_module_map_names_the_header() {
-    let module_map = read("examples-swift/Sources/CSMoE/module.modulemap");
+    let module_map = read("swift/CSMoE/module.modulemap");
     assert!(module_map.contains("module CSMoE"));
     let header = module_map
         .lines()
         .find_map(|line| line.trim().strip_prefix("header \""))
         .and_then(|rest| rest.split('"').next())
         .expect("a header line");
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("examples-swift/Sources/CSMoE")
-        .join(header);
+    let shim = read(&format!("swift/CSMoE/{header}"));
+    assert!(shim.contains("#include <smoe.h>"), "{shim}");
+}
+
+/// SwiftPM refuses `unsafeFlags` in a package depended on by URL, and the
+/// C library must come from pkg-config (`smoe.pc`, which scripts/install.sh
+/// writes).
+#[test]
+fn swift_package_can_be_a_dependency() {
+    let manifest = read("Package.swift");
+    let code: String = manifest
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
     assert!(
-        path.is_file(),
-        "the module map's header {} does not exist",
-        path.display()
+        !code.contains("unsafeFlags"),
+        "Package.swift uses unsafeFlags"
     );
+    assert!(
+        code.contains(r#".systemLibrary(name: "CSMoE", path: "swift/CSMoE", pkgConfig: "smoe")"#),
+        "{code}"
+    );
+    assert!(
+        code.contains(r#".library(name: "SMoE", targets: ["SMoE"])"#),
+        "{code}"
+    );
+    // The example package uses it as a dependency, by path.
+    let example = read("examples-swift/Package.swift");
+    assert!(
+        example.contains(r#".package(name: "smoe", path: "..")"#),
+        "{example}"
+    );
+    assert!(!example.contains("unsafeFlags("), "{example}");
 }

@@ -8,6 +8,10 @@
 //! printed. Failures (a blob failing its checksum, a truncated vault, a vault
 //! of another model) must stop it with smoe's message and a non-zero exit.
 //!
+//! The patch's CMake option off (`scripts/llama.sh build-off`, which the
+//! last test runs), the same tree builds a `llama-simple` with nothing of
+//! smoe in it, and that binary is stock llama.cpp.
+//!
 //! Without the build the tests say why they skip, except under CI (`CI`
 //! set), where `.ci/run` builds it first and a missing build is a failure.
 
@@ -23,13 +27,17 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models")
 }
 
-/// The patched llama-simple, or None (after saying why) when it is not built.
-fn llama_simple() -> Option<PathBuf> {
-    let dir = std::env::var_os("SMOE_LLAMA_DIR")
+/// scripts/llama.sh's cache, `$SMOE_LLAMA_DIR`.
+fn llama_dir() -> PathBuf {
+    std::env::var_os("SMOE_LLAMA_DIR")
         .filter(|d| !d.is_empty())
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/smoe-llama"));
-    let bin = dir.join("build/bin/llama-simple");
+        .unwrap_or_else(|| PathBuf::from("/var/cache/smoe-llama"))
+}
+
+/// The patched llama-simple, or None (after saying why) when it is not built.
+fn llama_simple() -> Option<PathBuf> {
+    let bin = llama_dir().join("build/bin/llama-simple");
     if bin.is_file() {
         return Some(bin);
     }
@@ -613,5 +621,104 @@ fn speculation_keeps_output_identical() {
     assert!(
         err.contains("speculative prefetch of the next layer"),
         "{err}"
+    );
+}
+
+/// The files under `dir` whose name is `name`.
+fn find_named(dir: &Path, name: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().map(Result::unwrap) {
+            let path = entry.path();
+            if entry.file_type().unwrap().is_dir() {
+                pending.push(path);
+            } else if entry.file_name() == name {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// Whether `needle` occurs in `haystack`.
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// `-DLLAMA_SMOE=OFF`, the option's default, with find_package(smoe)
+/// disabled: the patched tree configures and builds llama-simple without
+/// smoe (no llama-smoe.cpp compiled, no smoe symbol linked), and it runs as
+/// stock llama.cpp: `SMOE_VAULT` changes nothing, the text and every logit
+/// are those of the smoe build without a vault.
+#[test]
+fn option_off_builds_stock_llama_simple() {
+    let Some(Setup {
+        bin,
+        gguf,
+        tmp,
+        vault,
+    }) = setup("mixtral-q8_0.gguf")
+    else {
+        return;
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/llama.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg("build-off")
+        .env("SMOE_LLAMA_DIR", llama_dir())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "scripts/llama.sh build-off: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let off = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    assert_eq!(off, llama_dir().join("build-off/bin/llama-simple"));
+
+    let build_off = llama_dir().join("build-off");
+    for object in ["llama-smoe.cpp.o", "llama-smoe.cpp.o.d"] {
+        let found = find_named(&build_off, object);
+        assert!(found.is_empty(), "option off, yet compiled: {found:?}");
+    }
+    assert!(
+        contains(&std::fs::read(&bin).unwrap(), b"smoe_open"),
+        "the smoe build links no smoe_open"
+    );
+    assert!(
+        !contains(&std::fs::read(&off).unwrap(), b"smoe_open"),
+        "{} links smoe",
+        off.display()
+    );
+
+    let stock = run(&bin, &gguf, tmp.path(), "stock", &[]);
+    let plain = run(
+        &off,
+        &gguf,
+        tmp.path(),
+        "off",
+        &[("SMOE_VAULT", vault.to_str().unwrap())],
+    );
+    for (name, r) in [("smoe build", &stock), ("option off", &plain)] {
+        assert!(
+            r.out.status.success(),
+            "{name}: {}\n{}",
+            r.out.status,
+            r.stderr()
+        );
+        assert!(!r.stderr().contains("smoe:"), "{name}:\n{}", r.stderr());
+    }
+    assert_eq!(plain.stdout(), stock.stdout());
+    assert!(
+        !stock.logits.is_empty()
+            && stock.logits.len() == plain.logits.len()
+            && stock
+                .logits
+                .iter()
+                .zip(&plain.logits)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "the option-off build's logits differ from stock"
     );
 }

@@ -49,3 +49,18 @@ ggml_tensor * llama_smoe_release(llama_smoe * s, ggml_context * ctx, ggml_tensor
 
 // True once a claim failed: graph computation must stop (the abort callback).
 bool llama_smoe_failed(const llama_smoe * s);
+
+#if !defined(LLAMA_SMOE)
+// Built without smoe (cmake -DLLAMA_SMOE=OFF, the default; src/CMakeLists.txt
+// defines LLAMA_SMOE when it is on): llama-smoe.cpp and smoe.h are not part of
+// the build, no vault is ever opened, and llama.cpp's calls into the glue are
+// these no-ops, so the patched tree builds and runs as stock llama.cpp.
+inline llama_smoe * llama_smoe_from_env() { return nullptr; }
+inline void llama_smoe_free(llama_smoe *) {}
+inline ggml_context * llama_smoe_tensor_ctx(llama_smoe *, const char *) { return nullptr; }
+inline void llama_smoe_bind(llama_smoe *) {}
+inline uint32_t llama_smoe_max_ubatch(const llama_smoe *, uint32_t n_ubatch, uint32_t) { return n_ubatch; }
+inline ggml_tensor * llama_smoe_claim(llama_smoe *, ggml_context *, ggml_tensor * selected_experts, int) { return selected_experts; }
+inline ggml_tensor * llama_smoe_release(llama_smoe *, ggml_context *, ggml_tensor * experts, int) { return experts; }
+inline bool llama_smoe_failed(const llama_smoe *) { return false; }
+#endif

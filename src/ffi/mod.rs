@@ -460,6 +460,31 @@ pub extern "C" fn smoe_abi_version() -> u32 {
     SMOE_ABI_VERSION
 }
 
+/// The crate's version (`version` in its Cargo.toml), as C sees it.
+const VERSION: &CStr =
+    match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+        Ok(version) => version,
+        Err(_) => panic!("CARGO_PKG_VERSION holds a NUL byte"),
+    };
+
+/// The version of the library actually loaded, e.g. `"0.1.0"`:
+/// `SMOE_VERSION_STRING` of the header it was built from. The header's
+/// `SMOE_VERSION_MAJOR`, `SMOE_VERSION_MINOR` and `SMOE_VERSION_PATCH` are its
+/// three numbers, all generated from the crate's version. Within one
+/// `SMOE_ABI_VERSION` a newer library keeps every older program working; the
+/// version tells which fixes and additions a program gets.
+///
+/// # Returns
+/// A static NUL-terminated string, never NULL, never to be freed:
+/// `MAJOR.MINOR.PATCH`, with a `-pre` suffix on a pre-release.
+///
+/// # Safety
+/// None: takes nothing, may be called at any time from any thread.
+#[no_mangle]
+pub extern "C" fn smoe_version() -> &'static c_char {
+    first_char(VERSION)
+}
+
 /// The name of a status, e.g. `"SMOE_ERR_IO"`.
 ///
 /// # Returns

@@ -723,6 +723,16 @@ int main(int argc, char **argv) {
 
   CHECK(smoe_abi_version() == SMOE_ABI_VERSION, "abi version %u", smoe_abi_version());
   CHECK(smoe_last_error()[0] == '\0', "last error starts non-empty");
+  {
+    /* The library's version is the header's, and the three numbers spell it. */
+    char numbers[64];
+    snprintf(numbers, sizeof numbers, "%d.%d.%d", SMOE_VERSION_MAJOR, SMOE_VERSION_MINOR,
+             SMOE_VERSION_PATCH);
+    CHECK(strcmp(smoe_version(), SMOE_VERSION_STRING) == 0, "smoe_version() %s, header %s",
+          smoe_version(), SMOE_VERSION_STRING);
+    CHECK(strncmp(SMOE_VERSION_STRING, numbers, strlen(numbers)) == 0, "%s is not %s",
+          SMOE_VERSION_STRING, numbers);
+  }
 
   test_config_init();
   test_config_init_sizes();

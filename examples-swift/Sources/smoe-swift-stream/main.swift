@@ -58,7 +58,7 @@ do {
                 let info = try streamer.expertInfo(layer: layer, expert: expert)
                 try file.seek(toOffset: info.offset)
                 let expected = try file.read(upToCount: Int(info.size)) ?? Data()
-                let same = try claim.withUnsafeBytes { $0.elementsEqual(expected) }
+                let same = claim.withUnsafeBytes { $0.elementsEqual(expected) }
                 if !same { fail("layer \(layer) expert \(expert): bytes differ from \(vaultFile)") }
                 if claim.hit { hits += 1 }
                 checked += 1

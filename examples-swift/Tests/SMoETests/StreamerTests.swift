@@ -46,6 +46,16 @@ final class StreamerTests: XCTestCase {
         return try Streamer(vault: Self.vaultDir, config: config)
     }
 
+    /// The claim, or a thrown failure when there is none (XCTUnwrap takes
+    /// only copyable values).
+    func unwrap(_ claim: consuming Claim?, file: StaticString = #filePath, line: UInt = #line) throws -> Claim {
+        guard let claim else {
+            XCTFail("no claim", file: file, line: line)
+            throw SMoEError(status: .pending, message: "no claim")
+        }
+        return claim
+    }
+
     func fileBytes(offset: UInt64, count: Int) throws -> Data {
         let file = try XCTUnwrap(FileHandle(forReadingAtPath: Self.vaultDir + "/experts.smoe"))
         defer { try? file.close() }
@@ -59,7 +69,7 @@ final class StreamerTests: XCTestCase {
         XCTAssertEqual(Int(bitPattern: ring.base) % 16384, 0)
         XCTAssertEqual(ring.slotBytes % 16384, 0)
         for expert in 0..<Self.experts {
-            let claim = try XCTUnwrap(streamer.claim(layer: 2, expert: expert, timeoutNanoseconds: 10_000_000_000))
+            let claim = try unwrap(streamer.claim(layer: 2, expert: expert, timeoutNanoseconds: 10_000_000_000))
             let info = try streamer.expertInfo(layer: 2, expert: expert)
             XCTAssertEqual(claim.layer, 2)
             XCTAssertEqual(claim.expert, expert)
@@ -67,8 +77,9 @@ final class StreamerTests: XCTestCase {
             XCTAssertFalse(claim.hit, "first claim of a fresh streamer reads")
             let expected = try fileBytes(offset: info.offset, count: Int(info.size))
             XCTAssertEqual(expected.count, claim.size)
-            try claim.withUnsafeBytes { bytes in
-                XCTAssertEqual(bytes.baseAddress, UnsafeRawPointer(ring.base + Int(claim.slotIndex) * Int(ring.slotBytes)))
+            let slotStart = UnsafeRawPointer(ring.base + Int(claim.slotIndex) * Int(ring.slotBytes))
+            claim.withUnsafeBytes { bytes in
+                XCTAssertEqual(bytes.baseAddress, slotStart)
                 XCTAssertTrue(bytes.elementsEqual(expected), "layer 2 expert \(expert): bytes differ")
             }
             try claim.release()
@@ -104,11 +115,12 @@ final class StreamerTests: XCTestCase {
     func testReclaimIsAHit() throws {
         let streamer = try open()
         try streamer.prefetch(layer: 1, expert: 5)
-        let first = try XCTUnwrap(streamer.claim(layer: 1, expert: 5, timeoutNanoseconds: 10_000_000_000))
+        let first = try unwrap(streamer.claim(layer: 1, expert: 5, timeoutNanoseconds: 10_000_000_000))
+        let firstSlot = first.slotIndex
         try first.release()
-        let again = try XCTUnwrap(streamer.claim(layer: 1, expert: 5))  // resident: no wait
+        let again = try unwrap(streamer.claim(layer: 1, expert: 5))  // resident: no wait
         XCTAssertTrue(again.hit)
-        XCTAssertEqual(again.slotIndex, first.slotIndex)
+        XCTAssertEqual(again.slotIndex, firstSlot)
         try again.release()
         let stats = try streamer.stats()
         XCTAssertEqual(stats.claims, 2)
@@ -118,18 +130,11 @@ final class StreamerTests: XCTestCase {
 
     func testStaleReleaseThrowsWithTheMessage() throws {
         let streamer = try open()
-        // The wrapper refuses a second release itself.
-        let claim = try XCTUnwrap(streamer.claim(layer: 1, expert: 0, timeoutNanoseconds: 10_000_000_000))
-        try claim.release()
-        XCTAssertThrowsError(try claim.release()) { error in
-            let error = error as? SMoEError
-            XCTAssertEqual(error?.status, .stale)
-            XCTAssertEqual(error?.message.contains("already released"), true)
-        }
-        // The library's STALE: a ticket that `deinit` already released.
+        // A second release() of one Claim does not compile (release consumes
+        // it). The library's STALE: a ticket that `deinit` already released.
         var slot = smoe_slot()
         do {
-            let dropped = try XCTUnwrap(streamer.claim(layer: 1, expert: 1, timeoutNanoseconds: 10_000_000_000))
+            let dropped = try unwrap(streamer.claim(layer: 1, expert: 1, timeoutNanoseconds: 10_000_000_000))
             slot = dropped.slot
         }
         XCTAssertThrowsError(try SMoEError.check(smoe_release(streamer.handle, &slot))) { error in
@@ -145,7 +150,8 @@ final class StreamerTests: XCTestCase {
     func testOutOfRangeExpertThrowsNotFound() throws {
         let streamer = try open()
         for (layer, expert) in [(1, Self.experts), (Self.layers, 0), (0, 0)] {  // layer 0 is dense
-            XCTAssertThrowsError(try streamer.claim(layer: layer, expert: expert)) { error in
+            // (XCTAssertThrowsError takes only copyable values: drop the claim)
+            XCTAssertThrowsError(try { _ = try streamer.claim(layer: layer, expert: expert) }()) { error in
                 let error = error as? SMoEError
                 XCTAssertEqual(error?.status, .notFound)
                 XCTAssertEqual(error?.message.isEmpty, false)
@@ -174,11 +180,52 @@ final class StreamerTests: XCTestCase {
         XCTAssertEqual(before.slot_bytes % 16384, 0)
         XCTAssertEqual(before.workers, 2)
         XCTAssertEqual(Streamer.abiVersion, UInt32(SMOE_ABI_VERSION))
-        let claim = try XCTUnwrap(streamer.claim(layer: 2, expert: 7, timeoutNanoseconds: 10_000_000_000))
+        XCTAssertEqual(Streamer.version, SMOE_VERSION_STRING)
+        let claim = try unwrap(streamer.claim(layer: 2, expert: 7, timeoutNanoseconds: 10_000_000_000))
         let after = try streamer.stats()
         XCTAssertEqual(after.claims, 1)
         XCTAssertGreaterThanOrEqual(after.bytes_read, UInt64(claim.size))
         XCTAssertGreaterThanOrEqual(after.resident, 1)
         XCTAssertTrue(streamer.metadata.hasPrefix("{"))
+    }
+
+    /// A Streamer is Sendable (checked when this compiles) and used from
+    /// several threads at once: each claims and checks its own experts.
+    func testStreamerIsSharedAcrossThreads() throws {
+        func requireSendable<T: Sendable>(_: T.Type) {}
+        requireSendable(Streamer.self)
+        let streamer = try open()
+        let failures = Failures()
+        DispatchQueue.concurrentPerform(iterations: Int(Self.experts)) { expert in
+            do {
+                guard let claim = try streamer.claim(
+                    layer: 1, expert: UInt32(expert), timeoutNanoseconds: 10_000_000_000)
+                else { return failures.add("expert \(expert): no claim") }
+                if claim.expert != UInt32(expert) { failures.add("expert \(expert): got \(claim.expert)") }
+                try claim.release()
+            } catch {
+                failures.add("expert \(expert): \(error)")
+            }
+        }
+        XCTAssertEqual(failures.all, [])
+        XCTAssertEqual(try streamer.stats().claims, UInt64(Self.experts))
+    }
+}
+
+/// Messages collected from several threads.
+final class Failures: @unchecked Sendable {
+    private let lock = NSLock()
+    private var messages: [String] = []
+
+    func add(_ message: String) {
+        lock.lock()
+        messages.append(message)
+        lock.unlock()
+    }
+
+    var all: [String] {
+        lock.lock()
+        defer { lock.unlock() }
+        return messages
     }
 }

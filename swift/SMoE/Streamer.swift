@@ -6,12 +6,13 @@
 // `UnsafePointer<UInt8>?`, the opaque `smoe_streamer *` an `OpaquePointer?`.
 // This file owns the only conversions: a failed call becomes a thrown
 // `SMoEError` carrying the status and `smoe_last_error()`; a claim becomes a
-// `Claim` object that releases itself when the last reference goes away.
+// `Claim`, a noncopyable struct (no allocation per claim) that releases
+// itself when it goes out of scope.
 import CSMoE
 
 /// A failed smoe call: its status and the library's message for it
 /// (`smoe_last_error()`, read on the calling thread right after the call).
-public struct SMoEError: Error, Equatable, CustomStringConvertible {
+public struct SMoEError: Error, Equatable, CustomStringConvertible, Sendable {
     public let status: Status
     public let message: String
 
@@ -31,7 +32,7 @@ public struct SMoEError: Error, Equatable, CustomStringConvertible {
     }
 
     /// A `smoe_status` value, with the names `smoe_status_str` gives.
-    public struct Status: RawRepresentable, Hashable, CustomStringConvertible {
+    public struct Status: RawRepresentable, Hashable, CustomStringConvertible, Sendable {
         public let rawValue: Int32
         public init(rawValue: Int32) { self.rawValue = rawValue }
         public init(_ status: smoe_status) { rawValue = numericCast(status.rawValue) }
@@ -60,12 +61,17 @@ public struct SMoEError: Error, Equatable, CustomStringConvertible {
 /// An open vault with its ring and I/O workers (`smoe_streamer`). Every
 /// method may be called from any thread; `deinit` closes it, which a `Claim`
 /// delays by holding a strong reference to its streamer.
-public final class Streamer {
+///
+/// `@unchecked Sendable`: its only stored property is the handle, never
+/// changed after `init`, and the C API allows every call on one streamer
+/// from any thread at once except `smoe_close`, which `deinit` makes after
+/// the last reference (so after every other call) is gone.
+public final class Streamer: @unchecked Sendable {
     /// Settings for `smoe_open` (`smoe_config`); zero means "default".
-    public struct Config {
-        public enum DirectIO: UInt32 { case auto = 0, require = 1, off = 2 }
+    public struct Config: Sendable {
+        public enum DirectIO: UInt32, Sendable { case auto = 0, require = 1, off = 2 }
         /// The eviction policy (docs/c-api.md, "Eviction and retention").
-        public enum Policy: UInt32 { case lru = 0, adaptive = 1 }
+        public enum Policy: UInt32, Sendable { case lru = 0, adaptive = 1 }
 
         public var ringSlots: UInt32 = 0
         public var slotMiB: UInt32 = 0
@@ -100,7 +106,7 @@ public final class Streamer {
     public typealias Stats = smoe_stats
 
     /// Where an expert lives in `experts.smoe` (`smoe_expert_info`).
-    public struct ExpertInfo: Equatable {
+    public struct ExpertInfo: Equatable, Sendable {
         public let size: UInt64
         public let paddedSize: UInt64
         public let offset: UInt64
@@ -171,7 +177,7 @@ public final class Streamer {
     }
 
     /// Claims (`layer`, `expert`) if it is resident; `nil` if its read is
-    /// still pending (the read is queued). Never blocks.
+    /// still pending (the read is queued). Never blocks, never allocates.
     public func claim(layer: UInt32, expert: UInt32) throws -> Claim? {
         var slot = smoe_slot()
         let status = smoe_claim(handle, layer, expert, &slot)
@@ -266,16 +272,25 @@ public final class Streamer {
     /// `smoe_abi_version()` of the loaded library; `SMOE_ABI_VERSION` is the
     /// header's.
     public static var abiVersion: UInt32 { smoe_abi_version() }
+
+    /// `smoe_version()` of the loaded library, e.g. "0.1.0";
+    /// `SMOE_VERSION_STRING` is the header's.
+    public static var version: String { String(cString: smoe_version()) }
 }
 
 /// One claimed expert (`smoe_slot`). Its bytes stay valid until it is
-/// released: by `release()`, or by `deinit` when the last reference goes
-/// away. It holds its streamer open. Use one `Claim` from one thread at a
-/// time (its release flag is not atomic); the streamer itself is shared.
-public final class Claim {
+/// released: by `release()`, or when it goes out of scope. It holds its
+/// streamer open.
+///
+/// Noncopyable: a claim is released exactly once, which the compiler checks
+/// (`release()` consumes it), and it costs no allocation, only the
+/// streamer's reference count.
+public struct Claim: ~Copyable {
     public let streamer: Streamer
     public let slot: smoe_slot
-    public private(set) var isReleased = false
+    /// Set by `release()`, so that the `deinit` that ends it does not release
+    /// again.
+    private var released = false
 
     init(streamer: Streamer, slot: smoe_slot) {
         self.streamer = streamer
@@ -283,7 +298,7 @@ public final class Claim {
     }
 
     deinit {
-        if !isReleased {
+        if !released {
             var slot = slot
             _ = smoe_release(streamer.handle, &slot)
         }
@@ -297,28 +312,17 @@ public final class Claim {
     public var size: Int { Int(slot.size) }
 
     /// The payload (16 KiB aligned), for reading while the claim is held.
-    /// Do not keep the buffer past `release()` or the claim's lifetime.
-    public func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) throws -> R) throws -> R {
-        guard !isReleased else { throw alreadyReleased() }
-        return try body(UnsafeRawBufferPointer(start: slot.data, count: size))
+    /// Do not keep the buffer past the claim.
+    public func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
+        try body(UnsafeRawBufferPointer(start: slot.data, count: size))
     }
 
-    /// Releases the claim now, reporting the library's error. A second
-    /// release is refused here with `.stale`, without calling the library:
-    /// two claims of one slot may carry equal tickets, so passing the ticket
-    /// again could release another holder's claim.
-    public func release() throws {
-        guard !isReleased else { throw alreadyReleased() }
+    /// Releases the claim now, reporting the library's error.
+    public consuming func release() throws {
         var slot = slot
         let status = smoe_release(streamer.handle, &slot)
-        isReleased = true
+        released = true
         try SMoEError.check(status)
-    }
-
-    private func alreadyReleased() -> SMoEError {
-        SMoEError(
-            status: .stale,
-            message: "layer \(layer) expert \(expert): ticket \(slot.ticket) already released by this Claim")
     }
 }
 
