@@ -55,7 +55,7 @@ bool llama_smoe_failed(const llama_smoe * s);
 // defines LLAMA_SMOE when it is on): llama-smoe.cpp and smoe.h are not part of
 // the build, no vault is ever opened, and llama.cpp's calls into the glue are
 // these no-ops, so the patched tree builds and runs as stock llama.cpp.
-inline llama_smoe * llama_smoe_from_env() { return nullptr; }
+inline llama_smoe * llama_smoe_from_env(uint32_t) { return nullptr; }
 inline void llama_smoe_free(llama_smoe *) {}
 inline ggml_context * llama_smoe_tensor_ctx(llama_smoe *, const char *) { return nullptr; }
 inline void llama_smoe_bind(llama_smoe *) {}
