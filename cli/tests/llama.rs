@@ -19,6 +19,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const PROMPT: &str = "Hello world";
+/// A prompt long enough (well over 32 tokens) that each layer routes to
+/// every one of a fixture's 16 experts, and that the glue's layer-ahead
+/// reads run.
+const LONG_PROMPT: &str = "the quick brown fox jumps over the lazy dog while seven wise owls \
+                           count the stars above a quiet river that winds through old green \
+                           hills and small towns where people sing songs of rain and bread and \
+                           light";
 const N_PREDICT: &str = "32";
 /// Every fixture's vocabulary (tests/fixtures/models/README.md).
 const N_VOCAB: usize = 384;
@@ -86,20 +93,33 @@ impl Run {
 
 /// llama-simple on `gguf` with `env`, its logits dumped to a file in `dir`.
 fn run(bin: &Path, gguf: &Path, dir: &Path, name: &str, env: &[(&str, &str)]) -> Run {
+    run_prompt(bin, gguf, dir, name, PROMPT, env)
+}
+
+/// [`run`] with another prompt.
+fn run_prompt(
+    bin: &Path,
+    gguf: &Path,
+    dir: &Path,
+    name: &str,
+    prompt: &str,
+    env: &[(&str, &str)],
+) -> Run {
     let dump = dir.join(format!("{name}.logits"));
     let mut cmd = Command::new(bin);
     // one thread: ggml's default (4) spins at every op's barrier, which on a
     // busy 2-core machine made these tiny models take ~1 s per token
     cmd.args(["-t", "1", "-n", N_PREDICT, "-m"])
         .arg(gguf)
-        .arg(PROMPT);
+        .arg(prompt);
     for var in [
         "SMOE_VAULT",
         "SMOE_RING_SLOTS",
         "SMOE_NO_REPACK",
         "SMOE_VERIFY",
-        "SMOE_SPECULATE",
+        "SMOE_LAYER_AHEAD",
         "SMOE_POLICY",
+        "SMOE_ELASTIC",
     ] {
         cmd.env_remove(var);
     }
@@ -125,7 +145,12 @@ fn evictions(stderr: &str) -> u64 {
         .find(|l| l.starts_with("smoe: claims "))
         .unwrap_or_else(|| panic!("no `smoe: claims` line in:\n{stderr}"));
     let rest = &line[line.find("evictions ").expect(line) + "evictions ".len()..];
-    rest.split(',').next().unwrap().trim().parse().unwrap()
+    rest.split_whitespace()
+        .next()
+        .unwrap()
+        .trim_end_matches(',')
+        .parse()
+        .unwrap()
 }
 
 /// A test's start: the patched `llama-simple` (None when it is not built,
@@ -437,9 +462,7 @@ fn elastic_ring_shrunk_under_pressure_never_hangs() {
     else {
         return;
     };
-    let prompt = "the quick brown fox jumps over the lazy dog while seven wise owls \
-                  count the stars above a quiet river that winds through old green hills \
-                  and small towns where people sing songs of rain and bread and light";
+    let prompt = LONG_PROMPT;
     let meminfo = tmp.path().join("meminfo");
     std::fs::write(
         &meminfo,
@@ -514,6 +537,13 @@ fn bad_settings_are_refused() {
         &[("SMOE_VAULT", "/nonexistent/vault")],
         "smoe_open: SMOE_ERR_IO",
     );
+    fails(
+        &bin,
+        &gguf,
+        tmp.path(),
+        &[("SMOE_VAULT", v), ("SMOE_SPECULATE", "1")],
+        "SMOE_SPECULATE is gone",
+    );
     // one slot cannot hold a token's top-2
     fails(
         &bin,
@@ -573,8 +603,13 @@ fn adaptive_policy_keeps_output_identical() {
     assert!(bad.stderr().contains("SMOE_POLICY"), "{}", bad.stderr());
 }
 
+/// Layer-ahead (prefill): while a batch of 32 tokens or more computes layer
+/// L, the glue reads layer L+1's experts as speculation. The logits stay
+/// bitwise equal to stock's, with it and without (`SMOE_LAYER_AHEAD=0`).
+/// SMOE_SPECULATE, the same-ids guess it replaces, is refused by name
+/// (`bad_settings_are_refused`).
 #[test]
-fn speculation_keeps_output_identical() {
+fn layer_ahead_reads_keep_output_identical() {
     let Some(Setup {
         bin,
         gguf,
@@ -584,44 +619,76 @@ fn speculation_keeps_output_identical() {
     else {
         return;
     };
-    let stock = run(&bin, &gguf, tmp.path(), "stock", &[("SMOE_NO_REPACK", "1")]);
-    let spec = run(
+    let stock = run_prompt(
         &bin,
         &gguf,
         tmp.path(),
-        "spec",
-        &[
+        "stock",
+        LONG_PROMPT,
+        &[("SMOE_NO_REPACK", "1")],
+    );
+    // 24 slots: a layer's 16 experts and 8 read ahead for the next.
+    let smoe_env = |ahead: &'static str| {
+        [
             ("SMOE_NO_REPACK", "1"),
             ("SMOE_VAULT", vault.to_str().unwrap()),
-            ("SMOE_RING_SLOTS", "8"),
-            ("SMOE_SPECULATE", "1"),
-        ],
+            ("SMOE_RING_SLOTS", "24"),
+            ("SMOE_LAYER_AHEAD", ahead),
+        ]
+    };
+    let ahead = run_prompt(
+        &bin,
+        &gguf,
+        tmp.path(),
+        "ahead",
+        LONG_PROMPT,
+        &smoe_env("1"),
     );
-    assert!(spec.out.status.success(), "{}", spec.stderr());
-    assert_eq!(spec.stdout(), stock.stdout());
-    assert!(!stock.logits.is_empty());
+    let plain = run_prompt(
+        &bin,
+        &gguf,
+        tmp.path(),
+        "plain",
+        LONG_PROMPT,
+        &smoe_env("0"),
+    );
+    for (name, r) in [("layer-ahead", &ahead), ("no layer-ahead", &plain)] {
+        assert!(r.out.status.success(), "{name}: {}", r.stderr());
+        assert_eq!(r.stdout(), stock.stdout(), "{name}: tokens differ");
+        assert!(
+            !stock.logits.is_empty()
+                && stock.logits.len() == r.logits.len()
+                && stock
+                    .logits
+                    .iter()
+                    .zip(&r.logits)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}: logits differ from stock"
+        );
+    }
+    // "(… N demand, M speculative, …)" and "K layer-ahead sets"
+    let counter = |r: &Run, after: &str| -> u64 {
+        let err = r.stderr();
+        let line = err
+            .lines()
+            .find(|l| l.starts_with("smoe: claims "))
+            .unwrap_or_else(|| panic!("no smoe line in {err}"))
+            .to_owned();
+        let before = &line[..line.find(after).unwrap_or_else(|| panic!("{line}"))];
+        before.rsplit(' ').next().unwrap().parse().unwrap()
+    };
     assert!(
-        stock
-            .logits
-            .iter()
-            .zip(&spec.logits)
-            .all(|(a, b)| a.to_bits() == b.to_bits())
-            && stock.logits.len() == spec.logits.len(),
-        "logits differ with speculation"
+        counter(&ahead, " layer-ahead sets") > 0,
+        "{}",
+        ahead.stderr()
     );
-    // "(… N demand, M speculative, …)": speculation read something
-    let err = spec.stderr();
-    let line = err
-        .lines()
-        .find(|l| l.starts_with("smoe: claims "))
-        .expect(&err);
-    let before = &line[..line.find(" speculative").expect(line)];
-    let n: u64 = before.rsplit(' ').next().unwrap().parse().unwrap();
-    assert!(n > 0, "no speculative read: {line}");
     assert!(
-        err.contains("speculative prefetch of the next layer"),
-        "{err}"
+        counter(&ahead, " speculative") > 0,
+        "no read ahead: {}",
+        ahead.stderr()
     );
+    assert_eq!(counter(&plain, " layer-ahead sets"), 0);
+    assert_eq!(counter(&plain, " speculative"), 0);
 }
 
 /// The files under `dir` whose name is `name`.

@@ -27,6 +27,9 @@
 
 namespace {
 
+// Batches of at least this many tokens read the next layer's experts ahead (prefill).
+constexpr int64_t LAYER_AHEAD_TOKENS = 32;
+
 std::string smoe_error(const char * call, smoe_status st) {
     return std::string("smoe: ") + call + ": " + smoe_status_str(st) + ": " + smoe_last_error();
 }
@@ -49,7 +52,14 @@ uint32_t env_u32(const char * name, uint32_t def, uint32_t max) {
 struct layer_claims {
     llama_smoe * s = nullptr;
     int il = 0;
-    std::vector<smoe_slot> held;  // this layer's claims until its expert compute is done
+    uint32_t n_expert = 0;           // this layer's experts (0: no routed experts)
+    std::vector<smoe_slot> held;     // this layer's claims until its expert compute is done
+    // Scratch of the claim op, sized once at bind (no allocation per op):
+    std::vector<uint32_t> experts;   // the batch's distinct experts, in order of first use
+    std::vector<uint32_t> left;      // those not claimed yet
+    std::vector<uint32_t> slot_of;   // expert -> ring slot, for this op's generation
+    std::vector<uint32_t> seen;      // expert -> the op generation that last saw it
+    uint32_t generation = 0;
 };
 
 } // namespace
@@ -65,8 +75,11 @@ struct llama_smoe {
     uint64_t slot_bytes = 0;
     uint32_t slots = 0;
     uint32_t max_experts = 0;        // most experts of any layer
-    bool speculate = false;          // SMOE_SPECULATE=1: prefetch layer il's experts for layer il+1
-    bool spec_warned = false;
+    // SMOE_LAYER_AHEAD (default 1): while a batch of at least LAYER_AHEAD_TOKENS tokens
+    // computes layer L, queue all of layer L+1's experts as speculation
+    bool layer_ahead = true;
+    std::vector<uint32_t> all_experts;  // 0, 1, ... max_experts - 1
+    uint64_t layer_ahead_sets = 0;
     std::vector<layer_claims> layers;
     int first_layer = -1;            // the first and last layers with experts: the pre-warm
     int last_layer = -1;             // thread pauses from the one's claims to the other's release
@@ -140,11 +153,15 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer) {
     cfg.prewarm    = env_u32("SMOE_PREWARM", 1, 1);
     cfg.policy     = env_u32("SMOE_POLICY", SMOE_POLICY_LRU, SMOE_POLICY_ADAPTIVE);
     cfg.elastic    = env_u32("SMOE_ELASTIC", 1, 1);
-    const bool speculate = env_u32("SMOE_SPECULATE", 0, 1) == 1;
+    const bool layer_ahead = env_u32("SMOE_LAYER_AHEAD", 1, 1) == 1;
+    if (std::getenv("SMOE_SPECULATE") != nullptr && *std::getenv("SMOE_SPECULATE") != '\0') {
+        throw std::runtime_error("smoe: SMOE_SPECULATE is gone (its guess, the same expert ids one layer on, "
+                                 "held for no real model); SMOE_LAYER_AHEAD=0|1 sets prefill's layer-ahead reads");
+    }
 
     std::unique_ptr<llama_smoe> s(new llama_smoe);
     s->vault = vault;
-    s->speculate = speculate;
+    s->layer_ahead = layer_ahead;
     r = smoe_open(vault, &cfg, &s->st);
     if (r != SMOE_OK) {
         throw std::runtime_error(smoe_error("smoe_open", r) + " (SMOE_VAULT=" + vault + ")");
@@ -196,13 +213,16 @@ void llama_smoe_free(llama_smoe * s) {
     if (r == SMOE_OK) {
         fprintf(stderr,
             "smoe: claims %llu, hits %llu (%.1f%%), bytes read %llu (%.2f MiB; %llu demand, %llu speculative, %llu pre-warm reads), "
-            "evictions %llu, waited %.3f s for experts, ring %llu slots x %llu bytes\n",
+            "evictions %llu (%llu of loads never claimed: wasted reads), waited %.3f s for experts in %llu claim ops, "
+            "%llu layer-ahead sets, ring %llu slots x %llu bytes\n",
             (unsigned long long) stats.claims, (unsigned long long) stats.hits,
             stats.claims ? 100.0 * (double) stats.hits / (double) stats.claims : 0.0,
             (unsigned long long) stats.bytes_read, stats.bytes_read / 1048576.0,
             (unsigned long long) stats.reads_demand, (unsigned long long) stats.reads_speculative,
             (unsigned long long) stats.reads_prewarm, (unsigned long long) stats.evictions,
-            s->wait_ns / 1e9, (unsigned long long) stats.ring_slots, (unsigned long long) stats.slot_bytes);
+            (unsigned long long) stats.evicted_unclaimed, s->wait_ns / 1e9, (unsigned long long) s->claim_ops,
+            (unsigned long long) s->layer_ahead_sets, (unsigned long long) stats.ring_slots,
+            (unsigned long long) stats.slot_bytes);
     } else {
         fprintf(stderr, "%s\n", smoe_error("smoe_get_stats", r).c_str());
     }
@@ -253,6 +273,7 @@ ggml_context * llama_smoe_tensor_ctx(llama_smoe * s, const char * name) {
 void llama_smoe_bind(llama_smoe * s) {
     const std::string where = "smoe: vault " + s->vault + ": ";
     std::map<int, std::vector<std::string>> bound;  // layer -> roles
+    std::map<int, uint32_t> layer_experts;          // layer -> its experts
     int n_layer = 0;
     std::vector<ggml_tensor *> tensors;
     for (ggml_tensor * t = ggml_get_first_tensor(s->ctx); t != nullptr; t = ggml_get_next_tensor(s->ctx, t)) {
@@ -334,6 +355,7 @@ void llama_smoe_bind(llama_smoe * s) {
             s->max_experts = (uint32_t) n_expert;
         }
         bound[il].push_back(role);
+        layer_experts[il] = (uint32_t) n_expert;
         s->first_layer = s->first_layer < 0 ? il : std::min(s->first_layer, il);
         s->last_layer = std::max(s->last_layer, il);
         n_layer = std::max(n_layer, il + 1);
@@ -367,12 +389,23 @@ void llama_smoe_bind(llama_smoe * s) {
     }
     s->layers.resize(n_layer);
     for (int il = 0; il < n_layer; il++) {
-        s->layers[il].s = s;
-        s->layers[il].il = il;
+        layer_claims & l = s->layers[il];
+        l.s = s;
+        l.il = il;
+        const auto found = layer_experts.find(il);
+        l.n_expert = found == layer_experts.end() ? 0 : found->second;
+        l.held.reserve(l.n_expert);
+        l.experts.reserve(l.n_expert);
+        l.left.reserve(l.n_expert);
+        l.slot_of.assign(l.n_expert, UINT32_MAX);
+        l.seen.assign(l.n_expert, 0);
+    }
+    for (uint32_t e = 0; e < s->max_experts; e++) {
+        s->all_experts.push_back(e);
     }
     fprintf(stderr, "smoe: vault %s: %zu expert tensors in %zu layers streamed through a ring of %u slots x %llu bytes%s\n",
             s->vault.c_str(), tensors.size(), bound.size(), s->slots, (unsigned long long) s->slot_bytes,
-            s->speculate ? ", speculative prefetch of the next layer" : "");
+            s->layer_ahead ? ", layer-ahead reads in prefill" : "");
 }
 
 uint32_t llama_smoe_max_ubatch(const llama_smoe * s, uint32_t n_ubatch, uint32_t n_expert_used) {
@@ -409,76 +442,65 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
     if (l->il == s->first_layer) {
         smoe_prewarm_pause(s->st, true);  // busy until the last layer's release
     }
-    // distinct experts in order of first use
-    std::vector<int32_t> experts;
-    std::unordered_map<int32_t, uint32_t> slot_of;
+    // the batch's working set: distinct experts in order of first use (a generation
+    // number per op marks the experts seen, so nothing is cleared or allocated)
+    if (++l->generation == 0) {
+        std::fill(l->seen.begin(), l->seen.end(), 0);
+        l->generation = 1;
+    }
+    l->experts.clear();
     for (int64_t t = 0; t < n_tokens; t++) {
         for (int64_t i = 0; i < k; i++) {
             const int32_t e = id_at(i, t);
-            if (slot_of.emplace(e, UINT32_MAX).second) {
-                experts.push_back(e);
+            if (e < 0 || (uint32_t) e >= l->n_expert) {
+                s->fail("smoe: layer " + std::to_string(l->il) + ": expert id " + std::to_string(e) + " is out of range (the layer has " +
+                        std::to_string(l->n_expert) + ")");
+                return;
+            }
+            if (l->seen[e] != l->generation) {
+                l->seen[e] = l->generation;
+                l->experts.push_back((uint32_t) e);
             }
         }
     }
     // the ring may have shrunk (elastic, under memory pressure) below what this batch needs
-    if (experts.size() > s->active_slots()) {
-        s->fail(s->too_many_experts(l->il, experts.size()));
+    if (l->experts.size() > s->active_slots()) {
+        s->fail(s->too_many_experts(l->il, l->experts.size()));
         return;
     }
-    // first pin what is resident (a plain claim never waits), which queues the others' reads,
-    // then wait for the others
-    std::vector<int32_t> missing;
-    for (int32_t e : experts) {
-        if (e < 0) {
-            s->fail("smoe: layer " + std::to_string(l->il) + ": negative expert id " + std::to_string(e));
-            break;
-        }
+    // hand the set over: resident members cost nothing, the rest are read in this order
+    smoe_status r = smoe_prefetch_set(s->st, (uint32_t) l->il, l->experts.data(), (uint32_t) l->experts.size(), false, nullptr);
+    if (r != SMOE_OK && r != SMOE_ERR_RING_FULL) {
+        s->fail(smoe_error("smoe_prefetch_set", r) + " (layer " + std::to_string(l->il) + ")");
+        return;
+    }
+    // claim resident members first, then each as its read lands; RING_FULL while the set
+    // fits means other reads (speculation) hold the rest: they land soon, never a busy retry
+    l->left.assign(l->experts.begin(), l->experts.end());
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(600);
+    auto backoff = std::chrono::microseconds(50);
+    while (!l->left.empty()) {
         smoe_slot slot;
-        const smoe_status r = smoe_claim(s->st, (uint32_t) l->il, (uint32_t) e, &slot);
+        r = smoe_claim_any(s->st, (uint32_t) l->il, l->left.data(), (uint32_t) l->left.size(), 1000000000ull, &slot);
         if (r == SMOE_OK) {
             l->held.push_back(slot);
-            slot_of[e] = slot.slot_index;
-        } else if (r == SMOE_PENDING || r == SMOE_ERR_RING_FULL) {
-            missing.push_back(e);
-        } else {
-            s->fail(smoe_error("smoe_claim", r));
-            break;
+            l->slot_of[slot.expert] = slot.slot_index;
+            l->left.erase(std::find(l->left.begin(), l->left.end(), slot.expert));
+            continue;
         }
-    }
-    for (size_t j = 0; j < missing.size() && !s->failed; j++) {
-        const int32_t e = missing[j];
-        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(600);
-        auto backoff = std::chrono::microseconds(50);
-        for (;;) {
-            smoe_slot slot;
-            const smoe_status r = smoe_claim_wait(s->st, (uint32_t) l->il, (uint32_t) e, 1000000000ull, &slot);
-            if (r == SMOE_OK) {
-                l->held.push_back(slot);
-                slot_of[e] = slot.slot_index;
+        const bool late = std::chrono::steady_clock::now() > deadline;
+        if (r == SMOE_ERR_RING_FULL && !late) {
+            if (l->experts.size() > s->active_slots()) {
+                s->fail(s->too_many_experts(l->il, l->experts.size()));
                 break;
             }
-            const std::string where = " (layer " + std::to_string(l->il) + ", expert " + std::to_string(e) + ")";
-            if (r == SMOE_ERR_RING_FULL) {
-                // every slot is held or loading: ours cannot be, once the ring has shrunk below
-                // this layer's experts; otherwise loads of other experts (speculation) hold the
-                // rest, and land soon. Never a busy retry: sleep, doubling up to 10 ms.
-                if (experts.size() > s->active_slots()) {
-                    s->fail(s->too_many_experts(l->il, experts.size()));
-                    break;
-                }
-                if (std::chrono::steady_clock::now() > deadline) {
-                    s->fail(smoe_error("smoe_claim_wait", r) + where);
-                    break;
-                }
-                std::this_thread::sleep_for(backoff);
-                backoff = std::min(backoff * 2, std::chrono::microseconds(10000));
-                continue;
-            }
-            // PENDING: still reading (claim_wait slept for a second)
-            if (r != SMOE_PENDING || std::chrono::steady_clock::now() > deadline) {
-                s->fail(smoe_error("smoe_claim_wait", r) + where);
-                break;
-            }
+            std::this_thread::sleep_for(backoff);
+            backoff = std::min(backoff * 2, std::chrono::microseconds(10000));
+            continue;
+        }
+        if (r != SMOE_PENDING || late) {  // PENDING: a second passed, still reading
+            s->fail(smoe_error("smoe_claim_any", r) + " (layer " + std::to_string(l->il) + ")");
+            break;
         }
     }
     if (s->failed) {
@@ -487,17 +509,24 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
     }
     for (int64_t t = 0; t < n_tokens; t++) {
         for (int64_t i = 0; i < k; i++) {
-            out[t * k + i] = (int32_t) slot_of[id_at(i, t)];
+            out[t * k + i] = (int32_t) l->slot_of[id_at(i, t)];
         }
     }
-    if (s->speculate && l->il + 1 < (int) s->layers.size()) {
-        for (int32_t e : experts) {
-            // a guess: a full ring or a next layer without that expert only costs the guess
-            const smoe_status r = smoe_prefetch(s->st, (uint32_t) l->il + 1, (uint32_t) e, true);
-            if (r != SMOE_OK && r != SMOE_ERR_RING_FULL && r != SMOE_ERR_NOT_FOUND && !s->spec_warned) {
-                fprintf(stderr, "%s (speculative prefetch; reported once)\n", smoe_error("smoe_prefetch", r).c_str());
-                s->spec_warned = true;
+    // layer-ahead: a big batch routes to nearly every expert of every layer, so while this
+    // layer computes, read the next one's (speculation never evicts a demand read, nor
+    // anything held)
+    if (s->layer_ahead && n_tokens >= LAYER_AHEAD_TOKENS) {
+        for (size_t next = (size_t) l->il + 1; next < s->layers.size(); next++) {
+            const layer_claims & n = s->layers[next];
+            if (n.n_expert == 0) {
+                continue;
             }
+            r = smoe_prefetch_set(s->st, (uint32_t) next, s->all_experts.data(), n.n_expert, true, nullptr);
+            if (r != SMOE_OK && r != SMOE_ERR_RING_FULL) {
+                s->fail(smoe_error("smoe_prefetch_set", r) + " (layer-ahead, layer " + std::to_string(next) + ")");
+            }
+            s->layer_ahead_sets++;
+            break;
         }
     }
     s->wait_ns += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
