@@ -348,6 +348,16 @@ fn demo_small() {
         vs[0].contains("in a memory cgroup") || vs[0].contains("uncapped and warm"),
         "{stdout}"
     );
+    // The streamer's warnings (here: a first run has no histogram yet) go to
+    // stderr as in every subcommand, not to stdout as notes.
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("smoe: warning: ") && l.contains("expert_freq.bin")),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("note: "), "{stdout}");
     // The temporary vault is gone.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 
