@@ -116,6 +116,41 @@ pub fn positive_size(text: &str) -> Result<Size, String> {
     Ok(s)
 }
 
+/// A size counted in `unit` bytes (`unit_name`): a plain number is that many
+/// units (what the flag has always taken), a size with a unit must be a
+/// whole number of them; the count must lie in `least..=most`.
+fn size_in_units(
+    text: &str,
+    unit: u64,
+    unit_name: &str,
+    least: u64,
+    most: u64,
+) -> Result<u64, String> {
+    let bytes = bytes_in(text, unit)?;
+    if bytes % unit != 0 {
+        return Err(format!(
+            "{text} is {bytes} bytes, not a whole number of {unit_name} ({unit} bytes)"
+        ));
+    }
+    let count = bytes / unit;
+    if !(least..=most).contains(&count) {
+        return Err(format!("{text} is not in {least}..={most} {unit_name}"));
+    }
+    Ok(count)
+}
+
+/// `--slot-mb`: MiB (a plain number) or a size that is a whole number of
+/// MiB, 0..=4294967295 MiB.
+pub fn mebibytes(text: &str) -> Result<u32, String> {
+    size_in_units(text, 1 << 20, "MiB", 0, u64::from(u32::MAX)).map(|n| n as u32)
+}
+
+/// `--blob-kib`: KiB (a plain number) or a size that is a whole number of
+/// KiB, 1..=1073741824 KiB (1 KiB to 1 TiB).
+pub fn kibibytes(text: &str) -> Result<u64, String> {
+    size_in_units(text, 1 << 10, "KiB", 1, 1 << 30)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,5 +194,25 @@ mod tests {
             "{e}"
         );
         assert!(positive_size("0").unwrap_err().contains("at least 1 byte"));
+    }
+
+    #[test]
+    fn sizes_in_units() {
+        assert_eq!(mebibytes("64"), Ok(64));
+        assert_eq!(mebibytes("1G"), Ok(1024));
+        assert_eq!(mebibytes("4294967295"), Ok(u32::MAX));
+        assert!(mebibytes("4294967296")
+            .unwrap_err()
+            .contains("0..=4294967295"));
+        assert!(mebibytes("1.5M")
+            .unwrap_err()
+            .contains("whole number of MiB"));
+        assert!(mebibytes("-1").unwrap_err().contains("-1"));
+        assert_eq!(kibibytes("20"), Ok(20));
+        assert_eq!(kibibytes("1M"), Ok(1024));
+        assert!(kibibytes("0").unwrap_err().contains("1..=1073741824"));
+        assert!(kibibytes("1000B")
+            .unwrap_err()
+            .contains("whole number of KiB"));
     }
 }

@@ -432,3 +432,17 @@ fn bench_replays_a_trace_and_rejects_bad_ones() {
         &["/nonexistent/trace.csv", "No such file or directory"],
     );
 }
+
+#[test]
+fn synth_blob_size_takes_units() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("v");
+    let out = synth_shape(&d, "1", "2", "1M", &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json: Value =
+        serde_json::from_slice(&smoe(&["inspect", "--json", d.to_str().unwrap()]).stdout).unwrap();
+    assert_eq!(json["meta"]["synth"]["blob_bytes"], 1 << 20);
+    let out = synth_shape(&dir.path().join("w"), "1", "2", "1000B", &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_contains(&text(&out.stderr), "whole number of KiB");
+}
