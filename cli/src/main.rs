@@ -12,6 +12,7 @@
 //!   cold scan).
 //! - `smoe demo`: writes a ~1 GB synthetic vault, reads it back, checks every
 //!   byte and reports the throughput.
+//! - `smoe completions SHELL`: a completion script for the shell.
 //!
 //! Exit codes: 0 success, 1 an invalid vault, a bad blob, an I/O error, an
 //! allocation that failed, or a flag value the vault cannot take (one line
@@ -46,7 +47,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::error::ErrorKind;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::output::Failure;
 
@@ -88,6 +89,13 @@ enum Command {
     /// "Ring sizing", in smoe's source): every input, intermediate value and
     /// source.
     Budget(budget::BudgetArgs),
+    /// Print a completion script for SHELL on stdout, e.g. `smoe completions
+    /// bash > /etc/bash_completion.d/smoe`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() -> ExitCode {
@@ -103,6 +111,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Budget(args) => budget::run(&args),
         Command::Pack(args) => pack::run(&args),
+        Command::Completions { shell } => completions(shell),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -117,6 +126,14 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `smoe completions SHELL`: the script clap_complete writes from the same
+/// definitions the parser uses, so it never goes stale.
+fn completions(shell: clap_complete::Shell) -> Result<(), Failure> {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "smoe", &mut script);
+    output::out(&String::from_utf8_lossy(&script))
 }
 
 /// A command line clap refused. A bad flag value is one `smoe: ` line (what
