@@ -630,7 +630,34 @@ fn svg_texts(svg: &str) -> (Vec<String>, resvg::usvg::Tree) {
     }
     let mut texts = Vec::new();
     walk(tree.root(), &mut texts);
+    if opt.fontdb.is_empty() {
+        // Without a font usvg drops every text: read them from the SVG.
+        println!("note: no system font; the plot's texts are read from the SVG itself");
+        texts = raw_svg_texts(svg);
+    } else {
+        // The fallback reads what the renderer reads.
+        assert_eq!(raw_svg_texts(svg), texts);
+    }
     (texts, tree)
+}
+
+/// The contents of the `<text>` elements of `svg` (plotters writes each on
+/// a line of its own), entities decoded.
+fn raw_svg_texts(svg: &str) -> Vec<String> {
+    svg.split("<text")
+        .skip(1)
+        .filter_map(|t| {
+            let body = &t[t.find('>')? + 1..t.find("</text>")?];
+            let body = body
+                .replace("&apos;", "'")
+                .replace("&#39;", "'")
+                .replace("&quot;", "\"")
+                .replace("&lt;", "<")
+                .replace("&gt;", ">")
+                .replace("&amp;", "&");
+            Some(body.trim().to_owned())
+        })
+        .collect()
 }
 
 /// Renders `tree` to a PNG at `png`; the pixels.
