@@ -40,6 +40,7 @@ pub mod streamer;
 pub mod vault;
 
 mod budget;
+mod config;
 mod error;
 pub(crate) mod json;
 mod popularity;
@@ -47,8 +48,6 @@ mod queue;
 mod router;
 mod sync;
 mod sys;
-// Under loom only its default capacity (of `Config`) is used.
-#[cfg_attr(loom, allow(dead_code))]
 mod trace;
 
 pub use budget::{PlanSources, RingPlan, SlotClamp};

@@ -37,7 +37,7 @@
 //! the claim, or drop anyway), in exchange for unlimited length. The array
 //! is allocated zeroed (`calloc`, so the OS commits its pages only as claims
 //! reach them): a trace costs 4 bytes per claim recorded, and the capacity,
-//! [`DEFAULT_TRACE_CAPACITY`] claims, is reserved address space, not memory.
+//! [`DEFAULT_TRACE_CAPACITY`](crate::config::DEFAULT_TRACE_CAPACITY) claims, is reserved address space, not memory.
 
 use std::alloc::Layout;
 use std::fs::File;
@@ -54,12 +54,6 @@ use crate::popularity::{
 };
 use crate::sys::OpenRegularError;
 use crate::vault::Vault;
-
-/// Claims a trace records before it stops recording (and only counts them):
-/// 2^24, 64 MiB of address space, committed 4 bytes per claim as used. That
-/// is 262,144 tokens of a 32-layer top-2 model, 22,310 of a 94-layer top-8
-/// one.
-pub const DEFAULT_TRACE_CAPACITY: usize = 1 << 24;
 
 /// Bytes of an existing file read to judge its first line: a header of
 /// more ranks than this shows is judged on the part it shows.

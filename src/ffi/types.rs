@@ -8,7 +8,7 @@
 //!
 //! `smoe_config` and `smoe_stats` are written out here because cbindgen
 //! reads them (it does not expand macros); the Rust side of their fields is
-//! declared once, in `src/streamer/schema.rs`. The conversions below are
+//! declared once, in `src/config.rs`. The conversions below are
 //! generated from that schema field by field: each C field converts through
 //! its Rust type's [`CValue`], struct literals name every field of both
 //! sides, and a constant check keeps the C fields in the schema's order, so
@@ -609,7 +609,7 @@ macro_rules! config_conversions {
     };
 }
 
-crate::streamer::config_schema!(config_conversions);
+crate::config::config_schema!(config_conversions);
 
 /// Generates, from `stats_schema!`, the conversion from [`Stats`] to
 /// `smoe_stats` (see the module doc).
@@ -676,7 +676,7 @@ macro_rules! stats_conversions {
     };
 }
 
-crate::streamer::stats_schema!(stats_conversions);
+crate::config::stats_schema!(stats_conversions);
 
 /// The C value of a direct-I/O policy.
 fn direct_io_value(policy: DirectIo) -> u32 {

@@ -10,18 +10,13 @@ pub(crate) mod elastic;
 #[cfg(not(loom))]
 mod prewarm;
 mod ring;
-mod schema;
 pub(crate) mod slots;
 #[cfg(not(loom))]
 mod worker;
 
+pub use crate::config::{Config, Policy, Stats};
 #[cfg(not(loom))]
 pub use imp::*;
-#[cfg(not(loom))]
-pub(crate) use schema::stats_schema;
-pub(crate) use schema::{config_schema, select_budget};
-pub use schema::{Config, Stats};
-pub use slots::Policy;
 #[cfg(not(loom))]
 #[doc(hidden)]
 pub use worker::{BlobReader, FileReader};
@@ -70,7 +65,7 @@ mod imp {
     pub const DEFAULT_WORKERS: u32 = 16;
     /// Most I/O workers a streamer runs.
     pub const MAX_WORKERS: u32 = 64;
-    pub use crate::trace::DEFAULT_TRACE_CAPACITY;
+    pub use crate::config::DEFAULT_TRACE_CAPACITY;
 
     /// How urgently an expert is wanted.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -55,8 +55,8 @@ mod loom;
 #[cfg(all(test, not(loom)))]
 mod tests;
 
+use crate::config::Policy;
 pub(crate) use pins::MAX_PINS;
-pub use victim::Policy;
 pub(crate) use victim::{Shape, Spare};
 pub(crate) use word::{split_ticket, Origin, CONSUMED, MAX_REFS, MAX_SLOTS, OFFLINE, READY};
 

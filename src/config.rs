@@ -1,12 +1,14 @@
-//! The streamer's settings and counters, each declared once.
+//! The streamer's settings and counters, each declared once: a leaf that
+//! the streamer, the ring sizing (`budget`) and the C API import, and that
+//! imports none of them.
 //!
 //! A setting is one entry of [`config_schema!`] (its doc, name, Rust type and
 //! default), a counter one entry of [`stats_schema!`] (its doc and name; every
 //! counter is a `u64`). Every Rust view is generated from those entries:
-//! [`Config`] and its `Default`, the ring sizing's
-//! [`BudgetConfig`](crate::budget::BudgetConfig) (the settings marked
-//! `[budget]`) and [`Config::budget`], and [`Stats`]. The C API converts to
-//! and from its structs with the same entries (`src/ffi/types.rs`).
+//! [`Config`] and its `Default` and [`Stats`] here; the ring sizing's
+//! `BudgetConfig` (the settings marked `[budget]`) and `Config::budget` in
+//! `src/budget.rs`. The C API converts to and from its structs with the same
+//! entries (`src/ffi/types.rs`).
 //!
 //! The C structs `smoe_config` and `smoe_stats` themselves stay written out
 //! in `src/ffi/types.rs`, with their C types and C docs: cbindgen reads
@@ -20,7 +22,28 @@
 //! the end of [`stats_schema!`], its `uint64_t` at the end of `smoe_stats`,
 //! and its value in `Streamer::stats`.
 //!
-//! This module holds declarations only; it must never decide anything.
+//! This module holds declarations only; it must never decide anything. The
+//! types of its settings live here or below it (`sys`'s `DirectIo`), so it
+//! never imports a module that imports it.
+
+/// How eviction chooses among idle slots (C `smoe_config.policy`; the
+/// discriminants are the C values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Policy {
+    /// Least recently used first (the default).
+    #[default]
+    Lru = 0,
+    /// Layer-aware: experts not used in their layer's latest visit first,
+    /// the least claimed first; then the one whose layer the decode loop
+    /// reaches last. See docs/c-api.md, "The adaptive policy".
+    Adaptive = 1,
+}
+
+/// Claims a trace records before it stops recording (and only counts them):
+/// 2^24, 64 MiB of address space, committed 4 bytes per claim as used. That
+/// is 262,144 tokens of a 32-layer top-2 model, 22,310 of a 94-layer top-8
+/// one. The default of [`Config`]'s `trace_capacity`.
+pub const DEFAULT_TRACE_CAPACITY: usize = 1 << 24;
 
 /// Calls `$then! { $($prefix)* <entries> }` with every streamer setting, in
 /// `smoe_config`'s order. An entry is
@@ -32,7 +55,7 @@ macro_rules! config_schema {
             $($prefix)*
             [budget]
             /// Number of slots; 0 sizes the ring from the memory the OS can
-            /// spare (docs/c-api.md, "Ring sizing", [`crate::budget::plan_ring`]). Either way
+            /// spare (docs/c-api.md, "Ring sizing"). Either way
             /// there are never more slots than the vault has entries.
             ring_slots: u32 = 0,
             [budget]
@@ -62,8 +85,8 @@ macro_rules! config_schema {
             scout_bytes: Option<u64> = None,
             [budget]
             /// Memory the engine needs besides the ring and the scout; 0 =
-            /// [`DEFAULT_ENGINE_OVERHEAD_BYTES`](crate::budget::DEFAULT_ENGINE_OVERHEAD_BYTES)
-            /// (2 GiB).
+            /// the ring sizing's default, 2 GiB (docs/c-api.md, "Ring
+            /// sizing").
             engine_overhead_bytes: u64 = 0,
             []
             /// Histogram file; `None` = `<vault>/expert_freq.bin`, empty = do
@@ -79,7 +102,7 @@ macro_rules! config_schema {
             /// Eviction policy: [`Policy::Lru`](crate::Policy::Lru) (the
             /// default) or the layer-aware
             /// [`Policy::Adaptive`](crate::Policy::Adaptive).
-            policy: $crate::streamer::Policy = $crate::streamer::Policy::Lru,
+            policy: $crate::config::Policy = $crate::config::Policy::Lru,
             []
             /// Pre-fault the ring's pages in the background after open (a
             /// thread asks the OS to commit them slot by slot, never
@@ -210,8 +233,7 @@ macro_rules! define_config {
             #[doc(hidden)]
             pub count_claims: bool,
             /// Test hook: claims a trace records before it only counts
-            /// them (default
-            /// [`DEFAULT_TRACE_CAPACITY`](crate::streamer::DEFAULT_TRACE_CAPACITY)).
+            /// them (default [`DEFAULT_TRACE_CAPACITY`]).
             /// Not a setting of the C API.
             #[doc(hidden)]
             pub trace_capacity: usize,
@@ -235,7 +257,7 @@ macro_rules! define_config {
                 Config {
                     $($name: $default,)*
                     count_claims: true,
-                    trace_capacity: crate::trace::DEFAULT_TRACE_CAPACITY,
+                    trace_capacity: DEFAULT_TRACE_CAPACITY,
                     pressure_root: None,
                     huge_pages: true,
                 }
@@ -245,22 +267,6 @@ macro_rules! define_config {
 }
 
 config_schema!(define_config);
-
-macro_rules! define_budget_of {
-    ($($(#[$doc:meta])* $name:ident : $ty:ty = $default:expr,)*) => {
-        impl Config {
-            /// The settings the ring sizing reads
-            /// ([`crate::budget::plan_for`]).
-            pub fn budget(&self) -> crate::budget::BudgetConfig {
-                crate::budget::BudgetConfig {
-                    $($name: self.$name,)*
-                }
-            }
-        }
-    };
-}
-
-config_schema!(select_budget define_budget_of);
 
 macro_rules! define_stats {
     ($($(#[$doc:meta])* $name:ident,)*) => {
@@ -273,33 +279,3 @@ macro_rules! define_stats {
 }
 
 stats_schema!(define_stats);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::budget::BudgetConfig;
-
-    #[test]
-    fn budget_defaults_are_the_configs() {
-        assert_eq!(Config::default().budget(), BudgetConfig::default());
-        let config = Config {
-            ring_slots: 7,
-            slot_mb: 3,
-            scout_bytes: Some(5),
-            engine_overhead_bytes: 9,
-            elastic: false,
-            workers: 2,
-            ..Config::default()
-        };
-        assert_eq!(
-            config.budget(),
-            BudgetConfig {
-                ring_slots: 7,
-                slot_mb: 3,
-                scout_bytes: Some(5),
-                engine_overhead_bytes: 9,
-                elastic: false,
-            }
-        );
-    }
-}
