@@ -42,6 +42,7 @@ pub mod vault;
 mod budget;
 mod config;
 mod error;
+mod fs_safe;
 pub(crate) mod json;
 mod popularity;
 mod queue;
@@ -85,22 +86,21 @@ pub mod internals {
     /// The claim histogram and its file (docs/format.md §4).
     pub mod popularity {
         pub use crate::popularity::{
-            encode, file_bytes, is_temp_file_name, load, save, Histogram, LoadOutcome, Persistence,
+            encode, file_bytes, load, save, Histogram, LoadOutcome, Persistence,
         };
     }
 
     /// Replacing only one's own file, as the histogram and the trace do
     /// (judge what is at the path, save atomically, remove killed writers'
-    /// temporary files), and opening only a regular file, never blocking:
-    /// for the files the tool reads and writes itself (`smoe bench --plot`,
-    /// the mmap baseline).
+    /// temporary files; `src/fs_safe.rs`), and opening only a regular file,
+    /// never blocking: for the files the tool reads and writes itself
+    /// (`smoe bench --plot`, the mmap baseline).
     pub mod files {
-        pub use crate::popularity::{
-            examine_file, file_id, judge_target, remove_leftover_temp_files, save_checked,
-            vault_file_key, FileId, Found, Target,
+        pub use crate::fs_safe::{
+            examine_file, file_id, judge_target, remove_leftover_temp_files, same_file,
+            save_checked, sync_dir, vault_file_key, FileId, Found, Target,
         };
         pub use crate::sys::{open_regular, FileKind, OpenRegularError};
-        pub use crate::trace::same_file;
     }
 
     /// The synthetic router of `smoe demo`/`smoe bench`, and (also under

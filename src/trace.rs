@@ -22,7 +22,7 @@
 //!   histogram's file) turns capture off with a warning at open, and is
 //!   checked again just before the rename at close. The judging, the atomic
 //!   save and the cleanup of killed writers' temporary files are
-//!   [`crate::popularity`]'s, shared.
+//!   [`crate::fs_safe`]'s, shared.
 //!
 //! What it must never do:
 //! - allocate, lock or wait on the claim path: [`TraceRecorder::record`] is
@@ -48,9 +48,9 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use crossbeam_utils::CachePadded;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::popularity::{
-    examine_file, file_id, judge_target, remove_leftover_temp_files, save_checked, vault_file_key,
-    FileId, Found, Target,
+use crate::fs_safe::{
+    examine_file, file_id, judge_target, remove_leftover_temp_files, same_file, save_checked,
+    vault_file_key, FileId, Found, Target,
 };
 use crate::sys::OpenRegularError;
 use crate::vault::Vault;
@@ -264,22 +264,6 @@ fn zeroed_events(capacity: usize) -> Option<Box<[AtomicU32]>> {
     // of `[AtomicU32; capacity]`, which is how `Box<[AtomicU32]>` frees it;
     // all-zero bytes are a valid `AtomicU32`.
     Some(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(events, capacity)) })
-}
-
-/// Whether `a` and `b` name the same file: the same inode when both exist
-/// (links followed), else the same canonical directory and name.
-pub fn same_file(a: &Path, b: &Path) -> bool {
-    if let (Ok(ma), Ok(mb)) = (std::fs::metadata(a), std::fs::metadata(b)) {
-        return file_id(&ma) == file_id(&mb);
-    }
-    let canonical = |p: &Path| {
-        let dir = match p.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        Some(std::fs::canonicalize(dir).ok()?.join(p.file_name()?))
-    };
-    matches!((canonical(a), canonical(b)), (Some(x), Some(y)) if x == y)
 }
 
 /// [`examine_file`] with the trace rule: a regular file whose first line is

@@ -456,7 +456,7 @@ fn open_gguf(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
         let meta = file
             .metadata()
             .map_err(|e| Error::io("cannot stat", path, &e))?;
-        inputs.push(crate::popularity::file_id(&meta));
+        inputs.push(crate::fs_safe::file_id(&meta));
     }
     let mut tensors = Vec::new();
     for (i, g) in files.iter().enumerate() {
@@ -1045,7 +1045,7 @@ pub(crate) type FileId = (u64, u64);
 fn file_id(path: &Path) -> Option<FileId> {
     std::fs::metadata(path)
         .ok()
-        .map(|m| crate::popularity::file_id(&m))
+        .map(|m| crate::fs_safe::file_id(&m))
 }
 
 /// Whether a vault directory may hold a file of this name: the vault, its
@@ -1054,7 +1054,7 @@ fn is_vault_file_name(name: &str) -> bool {
     name == EXPERTS_FILE
         || name.starts_with("scout.")
         || name == FREQ_FILE
-        || crate::popularity::is_temp_file_name(name, FREQ_FILE)
+        || crate::fs_safe::is_temp_file_name(name, FREQ_FILE)
 }
 
 /// Whether `out_dir` may become the vault: it must not exist, or, with
@@ -1095,7 +1095,7 @@ fn check_out_dir(out_dir: &Path, force: bool, inputs: &[FileId]) -> Result<()> {
         let shown = name.to_string_lossy();
         let lmeta =
             std::fs::symlink_metadata(&path).map_err(|e| Error::io("cannot stat", &path, &e))?;
-        let id = crate::popularity::file_id(&lmeta);
+        let id = crate::fs_safe::file_id(&lmeta);
         if inputs.contains(&id) || file_id(&path).is_some_and(|i| inputs.contains(&i)) {
             return refuse(format!("holds {shown}, which is the model being packed"));
         }
@@ -1288,7 +1288,7 @@ fn pack_cancellable(
     let scout_size = std::fs::metadata(&scout_path)
         .map_err(|e| Error::io("cannot stat", &scout_path, &e))?
         .len();
-    crate::popularity::sync_dir(&tmp)?;
+    crate::fs_safe::sync_dir(&tmp)?;
     if cancelled() {
         return Err(interrupted());
     }
@@ -1311,7 +1311,7 @@ fn pack_cancellable(
     }
     guard.0 = None;
     if let Some(parent) = out_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        let _ = crate::popularity::sync_dir(parent);
+        let _ = crate::fs_safe::sync_dir(parent);
     }
 
     let mut dtypes: Vec<(String, Vec<String>)> = Vec::new();

@@ -213,7 +213,7 @@ impl Checkpoint {
         let shards = match (&index, single) {
             (Some(index), _) => {
                 let (v, meta) = read_json(index, cancel)?;
-                inputs.push(crate::popularity::file_id(&meta));
+                inputs.push(crate::fs_safe::file_id(&meta));
                 shard_files(&v, index, &dir)?
             }
             (None, Some(single)) => {
@@ -233,7 +233,7 @@ impl Checkpoint {
             let meta = file
                 .metadata()
                 .map_err(|e| Error::io("cannot stat", &path, &e))?;
-            inputs.push(crate::popularity::file_id(&meta));
+            inputs.push(crate::fs_safe::file_id(&meta));
             // Moved, not copied: the checkpoint keeps only each file's path
             // and metadata.
             let list = std::mem::take(&mut h.tensors);
@@ -276,7 +276,7 @@ impl Checkpoint {
                         v.kind()
                     )));
                 }
-                inputs.push(crate::popularity::file_id(&meta));
+                inputs.push(crate::fs_safe::file_id(&meta));
                 Some(v)
             }
         };
