@@ -18,8 +18,9 @@ mod popularity {
     use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
 
+    use smoe::internals::files::is_temp_file_name;
     use smoe::internals::popularity::{
-        encode, file_bytes, is_temp_file_name, load, save, Histogram, LoadOutcome, Persistence,
+        encode, file_bytes, load, save, Histogram, LoadOutcome, Persistence,
     };
 
     const VAULT_ID: [u8; 16] = *b"0123456789abcdef";

@@ -479,7 +479,7 @@ fn summary_and_inspect_show_the_layout() {
     assert!(stdout.contains("layout"), "{stdout}");
     // Every layer's items, with dtype, shape and bytes.
     let vault = smoe::vault::Vault::open(&out_dir).unwrap();
-    let layouts = vault.layouts().unwrap().unwrap();
+    let layouts = smoe_pack::layout::BlobLayouts::of(&vault).unwrap().unwrap();
     for (_, items) in &layouts.layers {
         for i in items {
             let shape = i.shape_text();

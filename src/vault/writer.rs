@@ -347,8 +347,11 @@ impl Drop for VaultWriter {
     }
 }
 
-/// 16 random bytes from the OS, for a vault id.
-pub(crate) fn random_id() -> [u8; 16] {
+/// 16 random bytes from the OS, for a vault id: what [`VaultWriter`] uses
+/// when [`WriterOptions::vault_id`] is `None`. A writer that must know the
+/// id before the vault is finished (to put it in the scout, as the packer
+/// does) draws one here and passes it in.
+pub fn random_id() -> [u8; 16] {
     let mut id = [0u8; 16];
     let from_os = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut id));
     if from_os.is_err() {

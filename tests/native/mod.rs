@@ -11,8 +11,13 @@ use std::process::{Command, Stdio};
 /// The warnings every C/C++ compile here turns on, as errors.
 pub const WARNINGS: [&str; 4] = ["-Wall", "-Wextra", "-Wpedantic", "-Werror"];
 
+/// The repository's root, the library's manifest directory: also when this
+/// file is a module of another workspace member's test (`pack/tests/`).
 pub fn manifest_dir() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    here.ancestors()
+        .find(|dir| dir.join("include/smoe.h").is_file())
+        .unwrap_or(here)
 }
 
 /// The directory holding `smoe.h`.

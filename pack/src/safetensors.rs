@@ -14,10 +14,11 @@ use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use smoe::internals::files::{self, FileId, OpenRegularError};
+use smoe::{Error, Result};
+
 use super::{open_input, read_json, Cancel, Tensor};
-use crate::error::{Error, Result};
 use crate::json::{self, MembersError, Value};
-use crate::sys::{self, OpenRegularError};
 
 /// Largest header this reader accepts (the format's own writers cap it at
 /// 100 MB).
@@ -175,7 +176,7 @@ pub struct Checkpoint {
     pub handles: Vec<File>,
     /// The identity of every file read: the index, the shards,
     /// `config.json`.
-    pub inputs: Vec<super::FileId>,
+    pub inputs: Vec<FileId>,
 }
 
 impl Checkpoint {
@@ -213,7 +214,7 @@ impl Checkpoint {
         let shards = match (&index, single) {
             (Some(index), _) => {
                 let (v, meta) = read_json(index, cancel)?;
-                inputs.push(crate::fs_safe::file_id(&meta));
+                inputs.push(files::file_id(&meta));
                 shard_files(&v, index, &dir)?
             }
             (None, Some(single)) => {
@@ -233,7 +234,7 @@ impl Checkpoint {
             let meta = file
                 .metadata()
                 .map_err(|e| Error::io("cannot stat", &path, &e))?;
-            inputs.push(crate::fs_safe::file_id(&meta));
+            inputs.push(files::file_id(&meta));
             // Moved, not copied: the checkpoint keeps only each file's path
             // and metadata.
             let list = std::mem::take(&mut h.tensors);
@@ -276,7 +277,7 @@ impl Checkpoint {
                         v.kind()
                     )));
                 }
-                inputs.push(crate::fs_safe::file_id(&meta));
+                inputs.push(files::file_id(&meta));
                 Some(v)
             }
         };
@@ -326,7 +327,7 @@ fn shard_files(v: &Value, index: &Path, dir: &Path) -> Result<Vec<(PathBuf, File
         .into_iter()
         .map(|n| {
             let p = dir.join(n);
-            match sys::open_regular(&p) {
+            match files::open_regular(&p) {
                 Ok((file, _)) => Ok((p, file)),
                 Err(OpenRegularError::Os(e)) if e.kind() == std::io::ErrorKind::NotFound => {
                     Err(bad(format!(

@@ -1,4 +1,4 @@
-//! `smoe::pack` on real model files written by other people's writers
+//! `smoe_pack::pack` on real model files written by other people's writers
 //! (`tests/fixtures/models/`: transformers' safetensors, llama.cpp's GGUF
 //! converter, the `gguf` package): every blob slice equals the source
 //! slice byte for byte, the scout holds exactly the other tensors and every
@@ -8,6 +8,7 @@
 //! The source files are read by this file's own parsers (below), not the
 //! packer's, so a bug in the packer's reading cannot hide itself.
 
+#[path = "../../tests/native/mod.rs"]
 mod native;
 
 use std::collections::BTreeMap;
@@ -15,9 +16,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use smoe::pack::{pack, PackOptions};
-use smoe::vault::layout::BlobLayouts;
 use smoe::vault::Vault;
+use smoe_pack::layout::BlobLayouts;
+use smoe_pack::{pack, PackOptions};
 
 fn fixtures() -> PathBuf {
     native::manifest_dir().join("tests/fixtures/models")
@@ -549,7 +550,7 @@ fn expert_ffn_matches_a_reference_from_the_source() {
         let Some(down) = find("down") else { continue };
         let (n_embd, n_ff) = (down.shape[0] as usize, down.shape[1] as usize);
         let expert = vault.n_experts() - 1;
-        let mut slice = |item: &smoe::vault::layout::LayoutItem| {
+        let mut slice = |item: &smoe_pack::layout::LayoutItem| {
             let name = item.tensor.replace("{expert}", &expert.to_string());
             let t = &source.tensors[&name];
             let bytes = t.read();
@@ -635,7 +636,7 @@ fn blobs_and_expert_ffn_match_the_python_readers() {
         pack(&src, &vault_dir, &PackOptions::default(), &mut |_, _| {})
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let vault = Vault::open(&vault_dir).unwrap();
-        let layouts = vault.layouts().unwrap().unwrap();
+        let layouts = BlobLayouts::of(&vault).unwrap().unwrap();
         let experts_file = std::fs::read(vault.path()).unwrap();
         for s in fx["expert_slices"].as_array().unwrap() {
             let (layer, expert) = (
@@ -917,8 +918,8 @@ fn big_indexes_headers_and_scouts_take_linear_time() {
 }
 
 /// The targets, on a quiet machine: under 2 s each, and twice the
-/// input at most 2.5 times the time. `cargo test --release --test pack --
-/// --ignored linear_time_targets --nocapture`.
+/// input at most 2.5 times the time. `cargo test --release -p smoe-pack
+/// --test models -- --ignored linear_time_targets --nocapture`.
 #[test]
 #[ignore = "timing on a quiet machine"]
 fn linear_time_targets() {

@@ -1,9 +1,16 @@
-//! What is inside each blob: the `layer_blob_layouts` metadata key a packer
-//! writes (see `docs/format.md`, "Metadata"). Every expert of one layer has
-//! the same layout, so an engine maps an item to its kernels once per layer
-//! and reads expert `e`'s slice at `slot + item.offset`.
+//! What is inside each blob: the `layer_blob_layouts` metadata key the
+//! packer writes (see `docs/format.md`, "Metadata"), and its reader. Every
+//! expert of one layer has the same layout, so an engine maps an item to its
+//! kernels once per layer and reads expert `e`'s slice at
+//! `slot + item.offset`.
+//!
+//! The library (`smoe`) never reads layouts: a C host parses
+//! `smoe_vault_metadata`, a Rust host or the tool calls
+//! [`BlobLayouts::of`].
 
-use crate::error::{Error, Result};
+use smoe::vault::Vault;
+use smoe::{Error, Result};
+
 use crate::json::{self, Value};
 
 /// Items start at multiples of this many bytes inside a blob.
@@ -36,6 +43,43 @@ pub struct BlobLayouts {
 }
 
 impl BlobLayouts {
+    /// What is inside each blob of `vault`, by layer: its metadata's
+    /// `layer_blob_layouts`, as `smoe pack` writes it. `Ok(None)` when the
+    /// metadata has none (a synthetic vault); an error naming the layer and
+    /// item when it is malformed, or when an item runs past a blob of its
+    /// layer.
+    pub fn of(vault: &Vault) -> Result<Option<BlobLayouts>> {
+        let Some(layouts) = BlobLayouts::from_metadata(vault.meta())? else {
+            return Ok(None);
+        };
+        for e in vault.entries() {
+            let end = layouts
+                .layer(e.layer)
+                .and_then(|items| items.iter().map(LayoutItem::end).max());
+            match end {
+                Some(end) if end <= e.size => {}
+                Some(end) => {
+                    return Err(Error::format(format!(
+                        "the layout ends at byte {end}, the blob has {}",
+                        e.size
+                    ))
+                    .with_path(vault.path())
+                    .with_expert(e.layer, e.expert)
+                    .with_field("layer_blob_layouts"))
+                }
+                None => {
+                    return Err(Error::format(format!(
+                        "layer {} has blobs but no entry in layer_blob_layouts",
+                        e.layer
+                    ))
+                    .with_path(vault.path())
+                    .with_field("layer_blob_layouts"))
+                }
+            }
+        }
+        Ok(Some(layouts))
+    }
+
     /// The items of `layer`'s blobs.
     pub fn layer(&self, layer: u32) -> Option<&[LayoutItem]> {
         self.layers
@@ -123,7 +167,7 @@ impl BlobLayouts {
     }
 
     /// The JSON value of `layer_blob_layouts`.
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         Value::Object(
             self.layers
                 .iter()

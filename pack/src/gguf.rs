@@ -19,7 +19,7 @@ use std::io::{BufReader, Read, Write};
 use std::path::Path;
 
 use super::Cancel;
-use crate::error::{Error, Result};
+use smoe::{Error, Result};
 
 /// The four bytes every GGUF file starts with.
 pub const MAGIC: [u8; 4] = *b"GGUF";
@@ -553,7 +553,7 @@ pub fn write(
         copy(i, &mut counted)?;
         if counted.written != t.bytes {
             return Err(Error::new(
-                crate::ErrorKind::Internal,
+                smoe::ErrorKind::Internal,
                 format!(
                     "tensor {}: copied {} bytes, expected {}",
                     t.name, counted.written, t.bytes

@@ -1,5 +1,11 @@
-//! The packer: turns a GGUF or safetensors model into a vault (the format
-//! is in `docs/format.md`).
+//! The packer (`smoe pack`): turns a GGUF or safetensors model into a vault
+//! (the format is in `docs/format.md`), and reads back the blob layouts it
+//! writes ([`layout`]).
+//!
+//! A crate of its own, apart from the library (`smoe`), so that a host
+//! linking the C library never compiles a model reader or a JSON parser.
+//! It writes vaults with the library's [`VaultWriter`] and follows the
+//! library's file-safety rules (`smoe::internals::files`).
 //!
 //! It finds the expert tensors by name, gives every layer one blob layout
 //! (each expert's slices in the order gate, up or gate_up, down, then
@@ -18,7 +24,11 @@
 //!   valid vault's files, or any file the model is read from (by identity,
 //!   whatever its name there).
 
+#![warn(missing_docs)]
+
 pub(crate) mod gguf;
+mod json;
+pub mod layout;
 pub(crate) mod safetensors;
 
 use std::collections::BTreeMap;
@@ -28,11 +38,12 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::error::{Error, ErrorKind, Result};
+use smoe::internals::files::{self, FileId, FileKind, OpenRegularError};
+use smoe::vault::{hex, VaultWriter, WriterOptions, EXPERTS_FILE, FREQ_FILE};
+use smoe::{Error, ErrorKind, Result};
+
 use crate::json::Value;
-use crate::sys::OpenRegularError;
-use crate::vault::layout::{BlobLayouts, LayoutItem, ITEM_ALIGNMENT};
-use crate::vault::{hex, VaultWriter, WriterOptions, EXPERTS_FILE, FREQ_FILE};
+use crate::layout::{BlobLayouts, LayoutItem, ITEM_ALIGNMENT};
 
 /// The kind of model file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,7 +181,7 @@ pub const MAX_JSON_BYTES: u64 = 64 << 20;
 /// Opens an input file read-only without blocking (a FIFO does not wait
 /// for a writer): it must be a regular file, else an error naming it.
 pub(crate) fn open_input(path: &Path) -> Result<(File, std::fs::Metadata)> {
-    crate::sys::open_regular(path).map_err(|e| match e {
+    files::open_regular(path).map_err(|e| match e {
         OpenRegularError::Os(e) => Error::io("cannot open", path, &e),
         OpenRegularError::NotRegular(kind) => Error::path_is(
             ErrorKind::Argument,
@@ -388,7 +399,7 @@ fn gguf_parts(path: &Path) -> Result<Vec<(PathBuf, File)>> {
     (1..=count)
         .map(|i| {
             let p = dir.join(format!("{base}-{i:05}-of-{count:05}.gguf"));
-            match crate::sys::open_regular(&p) {
+            match files::open_regular(&p) {
                 Ok((file, _)) => Ok((p, file)),
                 Err(OpenRegularError::Os(e)) if e.kind() == std::io::ErrorKind::NotFound => {
                     Err(Error::new(
@@ -456,7 +467,7 @@ fn open_gguf(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
         let meta = file
             .metadata()
             .map_err(|e| Error::io("cannot stat", path, &e))?;
-        inputs.push(crate::fs_safe::file_id(&meta));
+        inputs.push(files::file_id(&meta));
     }
     let mut tensors = Vec::new();
     for (i, g) in files.iter().enumerate() {
@@ -619,10 +630,10 @@ fn bytes_needed(
 ) -> u128 {
     // experts.smoe: page 0, the table's region and the metadata, then
     // every blob padded to the alignment (as VaultWriter lays it out).
-    let a = u64::from(crate::vault::DEFAULT_ALIGNMENT);
+    let a = u64::from(smoe::vault::DEFAULT_ALIGNMENT);
     let ids = u64::from(n_layers) * u64::from(n_experts);
     let mut needed = u128::from(a)
-        + u128::from((ids * crate::vault::ENTRY_BYTES as u64 + meta_bytes).next_multiple_of(a));
+        + u128::from((ids * smoe::vault::ENTRY_BYTES as u64 + meta_bytes).next_multiple_of(a));
     for p in plans {
         needed += u128::from(p.blob_bytes.next_multiple_of(a)) * u128::from(n_experts);
     }
@@ -652,7 +663,7 @@ fn bytes_needed(
 /// free space of the filesystem that is to hold `out_dir`: it would fail
 /// after filling the disk.
 fn check_free_space(out_dir: &Path, needed: u128) -> Result<()> {
-    let Some(free) = crate::sys::free_bytes(out_dir) else {
+    let Some(free) = smoe::internals::sys::free_bytes(out_dir) else {
         return Ok(()); // not knowable here: the writes will say
     };
     if needed > u128::from(free) {
@@ -783,7 +794,7 @@ fn plan(model: &Model) -> Result<(u32, u32, Vec<LayerPlan>)> {
 
     // Before anything is sized by them: a config.json, a header or a
     // tensor's name may claim any count.
-    let max_ids = crate::vault::MAX_EXPERT_IDS;
+    let max_ids = smoe::vault::MAX_EXPERT_IDS;
     let ids = n_layers.saturating_mul(u64::from(n_experts));
     if ids > max_ids {
         let top = &model.tensors[top.tensor];
@@ -1031,21 +1042,17 @@ fn remove_stale_temp_dirs(out_dir: &Path) {
             continue;
         };
         let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-        if is_dir && pid != std::process::id() && !crate::sys::process_exists(pid) {
+        if is_dir && pid != std::process::id() && !smoe::internals::sys::process_exists(pid) {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }
 }
 
-/// A file's identity, `(st_dev, st_ino)`: the same file reached by another
-/// name (a hard link, a symbolic link, `dir/../dir/`) has the same one.
-pub(crate) type FileId = (u64, u64);
-
-/// The identity of the file `path` names (links followed), if it exists.
+/// The identity of the file `path` names (links followed), if it exists:
+/// the same file reached by another name (a hard link, a symbolic link,
+/// `dir/../dir/`) has the same one.
 fn file_id(path: &Path) -> Option<FileId> {
-    std::fs::metadata(path)
-        .ok()
-        .map(|m| crate::fs_safe::file_id(&m))
+    std::fs::metadata(path).ok().map(|m| files::file_id(&m))
 }
 
 /// Whether a vault directory may hold a file of this name: the vault, its
@@ -1054,7 +1061,7 @@ fn is_vault_file_name(name: &str) -> bool {
     name == EXPERTS_FILE
         || name.starts_with("scout.")
         || name == FREQ_FILE
-        || crate::fs_safe::is_temp_file_name(name, FREQ_FILE)
+        || files::is_temp_file_name(name, FREQ_FILE)
 }
 
 /// Whether `out_dir` may become the vault: it must not exist, or, with
@@ -1081,7 +1088,7 @@ fn check_out_dir(out_dir: &Path, force: bool, inputs: &[FileId]) -> Result<()> {
         )))
     };
     if !meta.is_dir() {
-        let kind = crate::sys::FileKind::of(meta.file_type());
+        let kind = FileKind::of(meta.file_type());
         return refuse(format!("is {kind}, not a vault directory"));
     }
     let inputs: std::collections::HashSet<&FileId> = inputs.iter().collect();
@@ -1095,7 +1102,7 @@ fn check_out_dir(out_dir: &Path, force: bool, inputs: &[FileId]) -> Result<()> {
         let shown = name.to_string_lossy();
         let lmeta =
             std::fs::symlink_metadata(&path).map_err(|e| Error::io("cannot stat", &path, &e))?;
-        let id = crate::fs_safe::file_id(&lmeta);
+        let id = files::file_id(&lmeta);
         if inputs.contains(&id) || file_id(&path).is_some_and(|i| inputs.contains(&i)) {
             return refuse(format!("holds {shown}, which is the model being packed"));
         }
@@ -1103,7 +1110,7 @@ fn check_out_dir(out_dir: &Path, force: bool, inputs: &[FileId]) -> Result<()> {
             return refuse(format!("holds {shown}, which is not a vault's file"));
         }
         if !lmeta.is_file() {
-            let kind = crate::sys::FileKind::of(lmeta.file_type());
+            let kind = FileKind::of(lmeta.file_type());
             return refuse(format!(
                 "holds {shown}, which is {kind}, not a vault's file"
             ));
@@ -1112,7 +1119,7 @@ fn check_out_dir(out_dir: &Path, force: bool, inputs: &[FileId]) -> Result<()> {
     if empty {
         return Ok(());
     }
-    match crate::vault::Vault::open(out_dir) {
+    match smoe::vault::Vault::open(out_dir) {
         Ok(_) => Ok(()),
         Err(e) => refuse(format!("does not hold a valid vault ({e})")),
     }
@@ -1178,7 +1185,7 @@ fn pack_cancellable(
         return Err(interrupted());
     }
 
-    let vault_id = crate::vault::random_id();
+    let vault_id = smoe::vault::random_id();
     let layouts = BlobLayouts {
         layers: plans.iter().map(|p| (p.layer, p.items.clone())).collect(),
     };
@@ -1288,7 +1295,7 @@ fn pack_cancellable(
     let scout_size = std::fs::metadata(&scout_path)
         .map_err(|e| Error::io("cannot stat", &scout_path, &e))?
         .len();
-    crate::fs_safe::sync_dir(&tmp)?;
+    files::sync_dir(&tmp)?;
     if cancelled() {
         return Err(interrupted());
     }
@@ -1311,7 +1318,7 @@ fn pack_cancellable(
     }
     guard.0 = None;
     if let Some(parent) = out_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        let _ = crate::fs_safe::sync_dir(parent);
+        let _ = files::sync_dir(parent);
     }
 
     let mut dtypes: Vec<(String, Vec<String>)> = Vec::new();
