@@ -1,7 +1,7 @@
 //! How long does `claim_wait` take over a busy poll of `claim`?
 //! (run: `cargo bench --bench claim_wait`)
 //!
-//! The setup of issue 12's measurement: 2 MiB blobs in a vault on tmpfs
+//! The setup: 2 MiB blobs in a vault on tmpfs
 //! (`/dev/shm`, so reads run at memory speed and the wake-up is what is
 //! measured), an 8-slot ring, 2 workers, 320 prefetch-then-claim pairs per
 //! way, alternating rounds. For each pair we prefetch an expert that is not

@@ -1,4 +1,4 @@
-//! Working sets (SPEC §3.2): wake-up, cost, and the prefill pattern.
+//! Working sets (docs/c-api.md "Working sets"): wake-up, cost, and the prefill pattern.
 //! (run: `cargo bench --bench working_set`; one part: `-- wake`, `-- cost`,
 //! `-- prefill`)
 //!

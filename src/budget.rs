@@ -130,14 +130,14 @@ crate::config::config_schema!(select_budget define_budget_of);
 pub enum SlotClamp {
     /// The count is what the budget (or `ring_slots`) gave.
     None,
-    /// Raised to [`MIN_AUTO_SLOTS`].
+    /// Raised to the automatic minimum, 64 slots.
     Min,
-    /// Lowered to [`MAX_AUTO_SLOTS`].
+    /// Lowered to the automatic maximum, 4096 slots.
     Max,
     /// Lowered to the number of entries.
     Entries,
     /// Lowered to what the available memory holds: fewer slots than the
-    /// automatic minimum of [`MIN_AUTO_SLOTS`] fit.
+    /// automatic minimum of 64 fit.
     Fit,
 }
 

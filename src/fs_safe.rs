@@ -158,10 +158,10 @@ fn target_name(path: &Path) -> String {
 /// - no process `pid` exists (`kill(pid, 0)`): a live writer elsewhere is
 ///   between its create and its rename. A pid reused by an unrelated
 ///   process only delays the removal until that process ends;
-/// - it has not been modified for [`LEFTOVER_MIN_AGE`]: a writer in another
-///   pid namespace (a container sharing the directory) is invisible to
-///   `kill`, and a save writes, fsyncs and renames its file within seconds,
-///   so a temporary file a minute old has no writer left.
+/// - it has not been modified for a minute (`LEFTOVER_MIN_AGE`): a writer
+///   in another pid namespace (a container sharing the directory) is
+///   invisible to `kill`, and a save writes, fsyncs and renames its file
+///   within seconds, so a temporary file a minute old has no writer left.
 ///
 /// `O_EXCL` keeps a new writer from ever reusing a leftover's name, so a
 /// file that passed these checks cannot become someone's file meanwhile.

@@ -1,4 +1,4 @@
-//! Working sets (SPEC §3.2, docs/c-api.md "Working sets") through the Rust
+//! Working sets (docs/c-api.md "Working sets") through the Rust
 //! API: `prefetch_set` hands a layer's set over once, `claim_any` claims
 //! whatever member is ready first. Every claimed byte is checked against
 //! the synthetic generator.

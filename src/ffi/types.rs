@@ -191,8 +191,9 @@ pub struct smoe_stats {
     pub shrinks: u64,
     /// Added after version 1's list: times the elastic ring grew back.
     pub grows: u64,
-    /// Added in wave 3: slots a claim holds now (refcount above 0); an
-    /// engine sizes a wave of claims as `slots_active − slots_held`.
+    /// Added after version 1's list: slots a claim holds now (refcount
+    /// above 0); an engine sizes a wave of claims as
+    /// `slots_active − slots_held`.
     pub slots_held: u64,
 }
 

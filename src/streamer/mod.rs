@@ -687,8 +687,8 @@ mod imp {
             Ok(claimed)
         }
 
-        /// Queues the reads of a layer's working set (SPEC §3.2,
-        /// docs/c-api.md "Working sets"), in the order given: a member that
+        /// Queues the reads of a layer's working set (docs/c-api.md
+        /// "Working sets"), in the order given: a member that
         /// is resident or in flight costs nothing and takes no slot; later
         /// members never evict earlier ones that wait unclaimed. Never
         /// waits. Returns how many members (duplicates counted) are now
@@ -767,9 +767,9 @@ mod imp {
             Ok(present)
         }
 
-        /// Claims one member of a layer's working set (SPEC §3.2): a
-        /// resident one if any (a retained hit or a finished load, in the
-        /// set's order), else the first whose read completes, waiting up to
+        /// Claims one member of a layer's working set (docs/c-api.md
+        /// "Working sets"): a resident one if any (a retained hit or a
+        /// finished load, in the set's order), else the first whose read completes, waiting up to
         /// `timeout` (`Duration::ZERO`: never wait). Members that are
         /// neither resident nor in flight get demand reads as slots free
         /// up; a read in flight is marked demand. The claim's

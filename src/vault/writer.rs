@@ -30,7 +30,7 @@ pub struct WriterOptions {
     /// Store each payload's xxh3 (header flag bit 0).
     pub checksums: bool,
     /// Metadata JSON object (docs/format.md §3), or None. At most
-    /// [`MAX_META_BYTES`](super::MAX_META_BYTES) bytes and no NUL byte, as
+    /// [`MAX_META_BYTES`] bytes and no NUL byte, as
     /// every reader requires; [`VaultWriter::create`] refuses other text.
     pub meta: Option<String>,
     /// The vault id; None draws a random one.

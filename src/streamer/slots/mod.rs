@@ -872,7 +872,7 @@ impl SlotTable {
         }
     }
 
-    /// One pass of a working-set claim (SPEC §3.2, `Streamer::claim_any`)
+    /// One pass of a working-set claim (`Streamer::claim_any`)
     /// over the `n` members whose dense ids `id(k)` gives (checked lazily,
     /// as the pass reaches each): the first resident member, claimed; then,
     /// if the pass went past members that are not resident (or found none),

@@ -28,7 +28,7 @@ pub(crate) struct Shape {
 /// Slots a take must not evict, by the id they hold: the pre-warm
 /// thread's warm set, or the members of one working set, so that loading a
 /// set's later members never evicts its earlier ones while they wait
-/// unclaimed (SPEC §3.2: a burst keeps its head).
+/// unclaimed (a burst keeps its head: docs/c-api.md "Working sets").
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Spare<'a> {
     /// Every idle slot may be taken.
