@@ -373,6 +373,11 @@ typedef struct smoe_stats {
    * `slots_active − slots_held`.
    */
   uint64_t slots_held;
+  /**
+   * Added in wave 3: evictions of loads that no claim had taken (reads
+   * wasted, most often speculation that did not come true).
+   */
+  uint64_t evicted_unclaimed;
 } smoe_stats;
 
 #ifdef __cplusplus

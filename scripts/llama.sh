@@ -6,8 +6,9 @@
 #   scripts/llama.sh build      installs smoe into $SMOE_LLAMA_DIR/smoe
 #                               (scripts/install.sh), configures with
 #                               -DLLAMA_SMOE=ON -Dsmoe_DIR=that prefix's CMake
-#                               package, and leaves
-#                               $SMOE_LLAMA_DIR/build/bin/llama-simple
+#                               package, and leaves llama-simple, llama-cli,
+#                               llama-server and llama-bench in
+#                               $SMOE_LLAMA_DIR/build/bin/
 #   scripts/llama.sh build-off  the same patched tree with the option off
 #                               (LLAMA_SMOE=OFF, the patch's default; smoe is
 #                               neither built nor looked for), leaving
@@ -137,13 +138,15 @@ prepare_tree() {
   done
 }
 
-# configure_and_build BUILD_DIR OPTION...: configures llama.cpp (CPU, Release,
-# static, no CURL) into BUILD_DIR with OPTION... on top, once (a tree
-# configured by another cmake or generator is made again, a configured one is
-# only given OPTION... again), and builds llama-simple.
+# configure_and_build BUILD_DIR "TARGET..." OPTION...: configures llama.cpp
+# (CPU, Release, static, no CURL) into BUILD_DIR with OPTION... on top, once
+# (a tree configured by another cmake or generator is made again, a
+# configured one is only given OPTION... again), and builds the TARGETs, the
+# first of which is printed.
 configure_and_build() {
   local build=$1
-  shift
+  local targets=($2)
+  shift 2
   local generator=()
   command -v ninja >/dev/null && generator=(-G Ninja)
   local stamp
@@ -162,11 +165,14 @@ configure_and_build() {
   else
     cmake "$build" "$@" >/dev/null || die "cmake reconfigure failed"
   fi
-  say "building llama-simple in $build ($JOBS jobs; a few minutes the first time)"
-  cmake --build "$build" --target llama-simple -j "$JOBS" >&2 || die "building llama-simple failed"
-  [ -x "$build/bin/llama-simple" ] || die "$build/bin/llama-simple was not built"
-  say "built $build/bin/llama-simple"
-  echo "$build/bin/llama-simple"
+  say "building ${targets[*]} in $build ($JOBS jobs; several minutes the first time)"
+  cmake --build "$build" --target "${targets[@]}" -j "$JOBS" >&2 || die "building ${targets[*]} failed"
+  local t
+  for t in "${targets[@]}"; do
+    [ -x "$build/bin/$t" ] || die "$build/bin/$t was not built"
+  done
+  say "built ${targets[*]} in $build/bin"
+  echo "$build/bin/${targets[0]}"
 }
 
 build() {
@@ -175,7 +181,8 @@ build() {
   (cd "$ROOT" && cargo build --release -p smoe --lib) >&2 || die "cargo build failed"
   SMOE_SKIP_BUILD=1 SMOE_LIB_DIR="$TARGET_DIR/release" bash "$ROOT/scripts/install.sh" "$DIR/smoe" >&2 ||
     die "scripts/install.sh $DIR/smoe failed"
-  configure_and_build "$DIR/build" -DLLAMA_SMOE=ON -Dsmoe_DIR="$DIR/smoe/lib/cmake/smoe"
+  configure_and_build "$DIR/build" "llama-simple llama-cli llama-server llama-bench" \
+    -DLLAMA_SMOE=ON -Dsmoe_DIR="$DIR/smoe/lib/cmake/smoe" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON
 }
 
 # Without smoe: the option off, and find_package(smoe) disabled, so nothing of
@@ -183,7 +190,7 @@ build() {
 # the project never uses that variable: that is the point).
 build_off() {
   prepare_tree
-  configure_and_build "$DIR/build-off" --no-warn-unused-cli -DLLAMA_SMOE=OFF \
+  configure_and_build "$DIR/build-off" llama-simple --no-warn-unused-cli -DLLAMA_SMOE=OFF \
     -DCMAKE_DISABLE_FIND_PACKAGE_smoe=ON
 }
 

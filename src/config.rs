@@ -212,6 +212,9 @@ macro_rules! stats_schema {
             /// Slots a claim holds now (refcount above 0): an engine sizes a
             /// wave of claims as `slots_active − slots_held`.
             slots_held,
+            /// Evictions of loads that no claim had taken: reads wasted,
+            /// most often speculation that did not come true.
+            evicted_unclaimed,
         }
     };
 }

@@ -297,6 +297,14 @@ fn speculation_never_evicts_unclaimed_demand_loads() {
         s.prefetch_set(1, &[0, 1], Priority::Speculative).unwrap(),
         2
     );
+    let deadline = Instant::now() + WAIT;
+    while s.stats().reads_speculative < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Speculation that does not come true: evicted unclaimed, counted.
+    assert_eq!(s.stats().evicted_unclaimed, 0);
+    assert_eq!(drain(&v, &s, 1, &[4, 5, 6, 7]).len(), 4);
+    assert_eq!(s.stats().evicted_unclaimed, 2, "{:?}", s.stats());
 }
 
 /// The elastic ring shrinking in the middle of a set (fake memory pressure

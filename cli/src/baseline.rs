@@ -12,7 +12,7 @@ use smoe::internals::router::TraceTokens;
 use smoe::vault::Vault;
 
 use crate::output::Failure;
-use crate::stream::sum_bytes;
+use crate::replay::sum_bytes;
 
 /// A read-only mapping of a whole file, unmapped on drop.
 struct Mapping {
@@ -76,8 +76,12 @@ pub struct MmapReport {
 
 /// Replays `tokens` on a read-only mmap of the vault: per (token, layer),
 /// reads every byte of each routed expert, timing per token the time spent
-/// getting and reading them.
-pub fn mmap_replay(vault: &Vault, tokens: &TraceTokens) -> Result<MmapReport, Failure> {
+/// getting and reading them. `on_token` is called after each token.
+pub fn mmap_replay(
+    vault: &Vault,
+    tokens: &TraceTokens,
+    on_token: &mut dyn FnMut(u32),
+) -> Result<MmapReport, Failure> {
     let path = vault.path();
     // Opened again by path, so judged again: a file put there since the
     // vault was read (a FIFO would block the open) is refused at once.
@@ -119,6 +123,7 @@ pub fn mmap_replay(vault: &Vault, tokens: &TraceTokens) -> Result<MmapReport, Fa
             }
         }
         waits.push(wait);
+        on_token(t as u32);
     }
     Ok(MmapReport {
         seconds: start.elapsed().as_secs_f64(),
@@ -311,7 +316,7 @@ mod tests {
         let (done, wait) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let tokens = vec![vec![(0, vec![1])]];
-            let _ = done.send(mmap_replay(&vault, &tokens).map(|_| ()));
+            let _ = done.send(mmap_replay(&vault, &tokens, &mut |_| {}).map(|_| ()));
         });
         let result = wait
             .recv_timeout(Duration::from_secs(5))

@@ -12,8 +12,11 @@ use smoe::internals::router::{RouterConfig, SyntheticRouter};
 use smoe::vault::synth::SynthSpec;
 use smoe::vault::Vault;
 
-use crate::output::{gb_per_s, human_bytes, out, Failure};
+use crate::bench::TraceResult;
+use crate::flags::{policy_name, PolicyArg};
+use crate::output::{gb_per_s, human_bytes, out, warning_line, Failure};
 use crate::progress;
+use crate::replay::moe_layers;
 use crate::stream::{decode, DecodeOptions};
 use crate::synth::write_with_progress;
 
@@ -40,13 +43,13 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 1000, hide = true, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub size_mb: u64,
-    /// Tokens to decode through the streamer (1..=4294967295).
+    /// Tokens to decode through the streamer, at least 1.
     #[arg(long, default_value_t = 64, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub tokens: u32,
     /// Eviction policy of the streamer.
-    #[arg(long, value_enum, default_value_t = crate::bench::PolicyArg::Lru)]
-    pub policy: crate::bench::PolicyArg,
+    #[arg(long, value_enum, default_value_t = PolicyArg::Lru)]
+    pub policy: PolicyArg,
 }
 
 /// Removes the demo directory when dropped, unless it is to be kept; so an
@@ -135,14 +138,14 @@ pub fn run(args: &DemoArgs) -> Result<(), Failure> {
         capture: None,
         elastic: true,
     };
-    let bar = progress::count_bar(u64::from(args.tokens), "decode");
-    let report = decode(vault, &opts, &mut |_| bar.inc(1))?;
+    let bar = progress::count_bar(u64::from(args.tokens), "decode", false);
+    // The streamer's warnings go to stderr as they are said, as in every
+    // subcommand.
+    let report = decode(vault, &opts, &mut warning_line, &mut |_| bar.inc(1));
     bar.finish_and_clear();
+    let report = report?;
     let st = &report.stats;
     let (mean, p99) = report.wait_mean_p99();
-    for w in &report.warnings {
-        out(&format!("note: {w}\n"))?;
-    }
     out(&format!(
         "stream: {} tokens × {} MoE layers × top-{TOP_K} through a ring of {} slots × {} \
          (40% of the experts), {} workers, {}\n\
@@ -197,9 +200,7 @@ fn compare_with_mmap(
     report: &crate::stream::DecodeReport,
 ) -> Result<String, Failure> {
     let vault = Vault::open(vault_path)?;
-    let layers: Vec<u32> = (0..vault.n_layers())
-        .filter(|&l| (0..vault.n_experts()).any(|e| vault.entry(l, e).is_some()))
-        .collect();
+    let layers = moe_layers(&vault);
     let mut router = SyntheticRouter::new(RouterConfig {
         layers,
         n_experts: vault.n_experts(),
@@ -244,7 +245,7 @@ fn compare_with_mmap(
         .args(["--ring-slots", &ring.to_string()])
         .args(["--mem-cap", &cap.to_string()])
         .args(["--baseline", "mmap", "--json"])
-        .args(["--policy", crate::bench::policy_name(opts.policy)]);
+        .args(["--policy", policy_name(opts.policy)]);
     if !isolated {
         cmd.arg("--no-isolation");
     }
@@ -262,10 +263,13 @@ fn compare_with_mmap(
             o.status
         )));
     }
-    let j: serde_json::Value = serde_json::from_slice(&o.stdout)
-        .map_err(|e| Failure::Message(format!("the mmap comparison printed no JSON: {e}")))?;
-    let smoe_ms = j["wait_mean_ms"].as_f64().unwrap_or(0.0);
-    let mmap_ms = j["baseline"]["wait_mean_ms"].as_f64().unwrap_or(0.0);
+    let result: TraceResult = serde_json::from_slice(&o.stdout)
+        .map_err(|e| Failure::Message(format!("the mmap comparison printed no result: {e}")))?;
+    let smoe_ms = result.decode.wait_mean_ms;
+    let mmap_ms = result
+        .baseline
+        .map(|b| b.wait_mean_ms)
+        .ok_or_else(|| Failure::Message("the mmap comparison printed no baseline".to_owned()))?;
     let how = if isolated {
         format!(
             "each side capped at {} in a memory cgroup ({why}), page cache dropped first",

@@ -1,5 +1,6 @@
-//! `smoe bench --plot FILE.svg`: (a) simulated hit rate against ring size
-//! for LRU, Belady and the policy in use, with the measured point marked;
+//! `smoe bench --plot FILE.svg`: (a) simulated hit rate against ring size,
+//! exact LRU and Belady's optimum (the limit no policy passes), with one
+//! token's working set marked and this run's measured points labelled;
 //! (b) per-token wait, smoe against mmap, when the baseline ran.
 //!
 //! The plot never replaces a file that is not one: [`PlotTarget::judge`]
@@ -19,7 +20,8 @@ use smoe::internals::files::{
     FileId, Found, Target,
 };
 
-use crate::output::Failure;
+use crate::output::{human_bytes, Failure};
+use crate::replay::WorkingSet;
 
 /// Bytes of an existing file read to tell whether it is an SVG.
 const HEAD_BYTES: usize = 4096;
@@ -120,33 +122,51 @@ fn is_svg(head: &[u8]) -> bool {
     prolog && head.windows(4).any(|w| w == b"<svg")
 }
 
-/// Draws a chart's legend in its upper left corner (the same for both
-/// panels).
-macro_rules! draw_legend {
-    ($chart:expr) => {
-        $chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?
-    };
+/// One point measured by this run: a policy's coverage at a ring size.
+#[derive(Clone, Debug)]
+pub struct Measured {
+    /// The policy's name.
+    pub policy: String,
+    /// Ring slots.
+    pub slots: u32,
+    /// Coverage, 0..=1.
+    pub rate: f64,
+}
+
+/// Per-token waits of a comparison, in ms.
+pub struct Waits<'a> {
+    /// smoe's.
+    pub smoe: &'a [f64],
+    /// mmap's.
+    pub mmap: &'a [f64],
+    /// What memory each side had, in words.
+    pub memory: String,
 }
 
 /// What to draw.
 pub struct PlotData<'a> {
+    /// The trace's file name.
+    pub trace_name: &'a str,
+    /// The vault's directory name.
+    pub vault_name: &'a str,
+    /// Tokens of the trace.
+    pub tokens: u64,
+    /// Demand claims simulated.
+    pub claims: u64,
     /// Experts in the vault (the sweep's 100%).
     pub entries: u32,
+    /// Bytes per ring slot (the second axis' unit).
+    pub slot_bytes: u64,
+    /// The top-k and where it came from, in words.
+    pub top_k: String,
+    /// One token's working set: where LRU falls off its cliff.
+    pub working_set: WorkingSet,
     /// Per ring size: (slots, LRU rate, Belady rate), rates in 0..=1.
-    pub sweep: &'a [(u32, f64, f64)],
-    /// The policy in use; its simulated curve is drawn for LRU only (the
-    /// adaptive policy has no simulator: its measured point is shown).
-    pub policy: &'a str,
-    /// The measured run: (ring slots, coverage in 0..=1).
-    pub measured: Option<(u32, f64)>,
-    /// Per-token waits in ms: smoe's and mmap's.
-    pub waits: Option<(&'a [f64], &'a [f64])>,
+    pub sweep: Vec<(u32, f64, f64)>,
+    /// This run's measured points (none for a sweep).
+    pub measured: Vec<Measured>,
+    /// Per-token waits, when the baseline ran.
+    pub waits: Option<Waits<'a>>,
 }
 
 fn err(e: impl std::fmt::Display) -> Failure {
@@ -178,109 +198,291 @@ pub fn write(target: &PlotTarget, d: &PlotData) -> Result<(), Failure> {
     }
 }
 
-/// Draws the SVG into `svg`.
+/// The colours: muted, distinguishable, printable in grey.
+const LRU_COLOUR: RGBColor = RGBColor(76, 114, 176);
+const BELADY_COLOUR: RGBColor = RGBColor(64, 64, 64);
+const MEASURED_COLOUR: RGBColor = RGBColor(196, 78, 82);
+const WORKING_SET_COLOUR: RGBColor = RGBColor(85, 168, 104);
+const MMAP_COLOUR: RGBColor = RGBColor(221, 132, 82);
+/// The font of every text.
+const FONT: &str = "sans-serif";
+
+/// A tick label as people write numbers: `100`, not `100.0`; `0.25`, not
+/// `0.250`.
+pub fn tick(v: f64) -> String {
+    if (v - v.round()).abs() < 1e-9 * v.abs().max(1.0) {
+        return format!("{:.0}", v.round());
+    }
+    let fixed = if v.abs() >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.4}")
+    };
+    fixed.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
+/// A legend label, padded with an em space: plotters sizes the legend box
+/// from a crude estimate of the text's width (the SVG backend cannot know
+/// the viewer's font), which a wide sans face such as DejaVu Sans passes,
+/// so the box would clip the label's last letters.
+fn legend_label(text: impl std::fmt::Display) -> String {
+    format!("{text}\u{2003}")
+}
+
+/// A legend's line sample.
+fn line_sample(colour: RGBColor, width: u32) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
+    move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(width))
+}
+
+/// The hit-rate panel's legend and the waits panel's: a white box where
+/// the curves leave room.
+macro_rules! draw_legend {
+    ($chart:expr, $position:expr) => {
+        $chart
+            .configure_series_labels()
+            .position($position)
+            .label_font((FONT, 14))
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK.mix(0.3))
+            .draw()
+            .map_err(err)?
+    };
+}
+
+/// Draws the SVG into `svg`: the hit rate against ring size (titled with
+/// the trace and the vault), and below it, when the baseline ran, the wait
+/// per token of both sides.
 fn draw(svg: &mut String, d: &PlotData) -> Result<(), Failure> {
-    let height = if d.waits.is_some() { 960 } else { 480 };
-    let root = SVGBackend::with_string(svg, (900, height)).into_drawing_area();
+    let (width, top_height) = (960u32, 560u32);
+    let height = if d.waits.is_some() {
+        top_height + 420
+    } else {
+        top_height
+    };
+    let root = SVGBackend::with_string(svg, (width, height)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let (top, bottom) = if d.waits.is_some() {
-        let (a, b) = root.split_vertically(480);
+        let (a, b) = root.split_vertically(top_height);
         (a, Some(b))
     } else {
         (root.clone(), None)
     };
-    let pct = |slots: u32| 100.0 * f64::from(slots) / f64::from(d.entries.max(1));
-    {
-        let mut chart = ChartBuilder::on(&top)
-            .caption(
-                "Hit rate against ring size (simulated, demand claims)",
-                ("sans-serif", 20),
-            )
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(50)
-            .build_cartesian_2d(0f64..100f64, 0f64..100f64)
-            .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_desc("ring size, % of the experts")
-            .y_desc("hit rate, %")
-            .draw()
-            .map_err(err)?;
-        let lru: Vec<(f64, f64)> = d
-            .sweep
-            .iter()
-            .map(|&(s, l, _)| (pct(s), l * 100.0))
-            .collect();
-        let bel: Vec<(f64, f64)> = d
-            .sweep
-            .iter()
-            .map(|&(s, _, b)| (pct(s), b * 100.0))
-            .collect();
-        chart
-            .draw_series(LineSeries::new(lru.clone(), BLUE.stroke_width(2)))
-            .map_err(err)?
-            .label("LRU")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
-        chart
-            .draw_series(LineSeries::new(bel, GREEN.stroke_width(2)))
-            .map_err(err)?
-            .label("Belady (optimal)")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], GREEN));
-        if d.policy == "lru" {
-            chart
-                .draw_series(LineSeries::new(lru, MAGENTA.stroke_width(1)))
-                .map_err(err)?
-                .label(format!("policy in use ({})", d.policy))
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], MAGENTA));
-        }
-        if let Some((slots, coverage)) = d.measured {
-            chart
-                .draw_series(std::iter::once(Circle::new(
-                    (pct(slots), coverage * 100.0),
-                    6,
-                    RED.filled(),
-                )))
-                .map_err(err)?
-                .label(format!("measured: {slots} slots, {:.1}%", coverage * 100.0))
-                .legend(|(x, y)| Circle::new((x + 10, y), 5, RED.filled()));
-        }
-        draw_legend!(chart);
-    }
-    if let (Some(area), Some((smoe, mmap))) = (bottom, d.waits) {
-        let n = smoe.len().max(mmap.len()).max(1);
-        let max = smoe
-            .iter()
-            .chain(mmap)
-            .fold(0f64, |a, &b| a.max(b))
-            .max(1e-3)
-            * 1.05;
-        let mut chart = ChartBuilder::on(&area)
-            .caption("Wait per token: smoe against mmap", ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0f64..n as f64, 0f64..max)
-            .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_desc("token")
-            .y_desc("ms")
-            .draw()
-            .map_err(err)?;
-        for (waits, color, label) in [(smoe, BLUE, "smoe"), (mmap, RED, "mmap")] {
-            chart
-                .draw_series(LineSeries::new(
-                    waits.iter().enumerate().map(|(i, &w)| (i as f64, w)),
-                    color.stroke_width(2),
-                ))
-                .map_err(err)?
-                .label(label)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        }
-        draw_legend!(chart);
+    let (header, body) = top.split_vertically(58);
+    header
+        .draw(&Text::new(
+            format!(
+                "Hit rate against ring size: trace {}, vault {}",
+                d.trace_name, d.vault_name
+            ),
+            (16, 10),
+            (FONT, 20).into_font().style(FontStyle::Bold),
+        ))
+        .map_err(err)?;
+    header
+        .draw(&Text::new(
+            format!(
+                "{} tokens, {} demand claims, {}; curves simulated over one ring shared by all {} experts",
+                d.tokens, d.claims, d.top_k, d.entries
+            ),
+            (16, 36),
+            (FONT, 14).into_font().color(&BLACK.mix(0.7)),
+        ))
+        .map_err(err)?;
+    draw_hit_rates(&body, d)?;
+    if let (Some(area), Some(waits)) = (bottom, &d.waits) {
+        let slots = d.measured.first().map_or(0, |m| m.slots);
+        draw_waits(&area, waits, slots)?;
     }
     root.present().map_err(err)?;
+    Ok(())
+}
+
+/// The hit-rate panel: x in % of the experts (slots on the top axis), LRU
+/// and Belady's curves, the region above Belady shaded as out of reach, a
+/// dashed line at one token's working set, the measured points labelled.
+fn draw_hit_rates<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    d: &PlotData,
+) -> Result<(), Failure>
+where
+    DB::ErrorType: 'static,
+{
+    let entries = f64::from(d.entries.max(1));
+    let pct = |slots: u32| 100.0 * f64::from(slots) / entries;
+    let mut chart = ChartBuilder::on(area)
+        .margin_left(12)
+        .margin_right(28)
+        .margin_bottom(8)
+        .x_label_area_size(44)
+        .top_x_label_area_size(44)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0f64..100f64, 0f64..100f64)
+        .map_err(err)?
+        .set_secondary_coord(0f64..entries, 0f64..100f64);
+    chart
+        .configure_mesh()
+        .light_line_style(TRANSPARENT)
+        .bold_line_style(BLACK.mix(0.08))
+        .axis_style(BLACK.mix(0.5))
+        .label_style((FONT, 13))
+        .axis_desc_style((FONT, 14))
+        .x_labels(11)
+        .y_labels(11)
+        .x_label_formatter(&|v| tick(*v))
+        .y_label_formatter(&|v| tick(*v))
+        .x_desc(format!("ring size, % of the vault's {} experts", d.entries))
+        .y_desc("hit rate, % of demand claims")
+        .draw()
+        .map_err(err)?;
+    chart
+        .configure_secondary_axes()
+        .axis_style(BLACK.mix(0.5))
+        .label_style((FONT, 13))
+        .axis_desc_style((FONT, 14))
+        .x_labels(9)
+        .x_label_formatter(&|v| tick(*v))
+        .x_desc(format!(
+            "ring slots of {} ({} for all {})",
+            human_bytes(d.slot_bytes),
+            human_bytes(d.slot_bytes * u64::from(d.entries)),
+            d.entries
+        ))
+        .draw()
+        .map_err(err)?;
+    // Both curves start at the origin: a ring of no slots hits nothing.
+    let curve = |rate: fn(&(u32, f64, f64)) -> f64| -> Vec<(f64, f64)> {
+        std::iter::once((0.0, 0.0))
+            .chain(d.sweep.iter().map(|p| (pct(p.0), rate(p) * 100.0)))
+            .collect()
+    };
+    let belady = curve(|p| p.2);
+    let lru = curve(|p| p.1);
+    // Out of reach: above Belady's optimum.
+    if let Some(last) = belady.last() {
+        let mut region = vec![(0.0, 100.0), (last.0, 100.0)];
+        region.extend(belady.iter().rev().copied());
+        let shade = BLACK.mix(0.06);
+        chart
+            .draw_series(std::iter::once(Polygon::new(region, shade.filled())))
+            .map_err(err)?
+            .label(legend_label("above Belady: out of any policy's reach"))
+            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 20, y + 6)], shade.filled()));
+    }
+    chart
+        .draw_series(LineSeries::new(belady, BELADY_COLOUR.stroke_width(2)))
+        .map_err(err)?
+        .label(legend_label("Belady's optimum (the limit)"))
+        .legend(line_sample(BELADY_COLOUR, 2));
+    chart
+        .draw_series(LineSeries::new(lru, LRU_COLOUR.stroke_width(2)))
+        .map_err(err)?
+        .label(legend_label("LRU"))
+        .legend(line_sample(LRU_COLOUR, 2));
+    let ws = d.working_set.experts();
+    if ws > 0 && ws <= u64::from(d.entries) {
+        let x = pct(ws as u32);
+        let style = WORKING_SET_COLOUR.stroke_width(2);
+        chart
+            .draw_series(DashedLineSeries::new([(x, 0.0), (x, 100.0)], 6, 4, style))
+            .map_err(err)?
+            .label(legend_label(format_args!(
+                "one token's working set: {}",
+                d.working_set
+            )))
+            .legend(move |(x, y)| {
+                plotters::element::DashedPathElement::new(vec![(x, y), (x + 20, y)], 6, 4, style)
+            });
+    }
+    if !d.measured.is_empty() {
+        let policies: Vec<&str> = d.measured.iter().map(|m| m.policy.as_str()).collect();
+        chart
+            .draw_series(d.measured.iter().map(|m| {
+                let at = (pct(m.slots), m.rate * 100.0);
+                EmptyElement::at(at)
+                    + Circle::new((0, 0), 6, MEASURED_COLOUR.filled())
+                    + Text::new(
+                        format!("{} slots: {:.1}%", m.slots, m.rate * 100.0),
+                        (14, -24),
+                        (FONT, 14).into_font().color(&MEASURED_COLOUR),
+                    )
+            }))
+            .map_err(err)?
+            .label(legend_label(format_args!(
+                "measured by this run ({})",
+                policies.join(", ")
+            )))
+            .legend(|(x, y)| Circle::new((x + 10, y), 5, MEASURED_COLOUR.filled()));
+    }
+    draw_legend!(chart, SeriesLabelPosition::LowerRight);
+    Ok(())
+}
+
+/// The waits panel: per token, smoe's wait and mmap's, on a log scale (an
+/// uncapped mmap waits microseconds, a cold one hundreds of ms).
+fn draw_waits<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    w: &Waits,
+    slots: u32,
+) -> Result<(), Failure>
+where
+    DB::ErrorType: 'static,
+{
+    let n = w.smoe.len().max(w.mmap.len()).max(1);
+    let positive = w.smoe.iter().chain(w.mmap).copied().filter(|&x| x > 0.0);
+    let lo = positive.clone().fold(f64::INFINITY, f64::min);
+    let hi = positive.fold(0f64, f64::max);
+    let (lo, hi) = if lo.is_finite() && hi > lo {
+        (lo / 1.5, hi * 1.5)
+    } else {
+        (1e-3, 1.0)
+    };
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            format!(
+                "Wait per token: smoe ({slots} slots) against mmap ({})",
+                w.memory
+            ),
+            (FONT, 18),
+        )
+        .margin_left(12)
+        .margin_right(28)
+        .margin_bottom(8)
+        .x_label_area_size(44)
+        .y_label_area_size(64)
+        .build_cartesian_2d(0f64..n as f64, (lo..hi).log_scale())
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .light_line_style(TRANSPARENT)
+        .bold_line_style(BLACK.mix(0.08))
+        .axis_style(BLACK.mix(0.5))
+        .label_style((FONT, 13))
+        .axis_desc_style((FONT, 14))
+        .x_label_formatter(&|v| tick(*v))
+        .y_label_formatter(&|v| tick(*v))
+        .x_desc("token")
+        .y_desc("wait, ms (log scale)")
+        .draw()
+        .map_err(err)?;
+    let smoe_label = format!("smoe, {slots} slots");
+    let mmap_label = "mmap, page cache".to_owned();
+    for (waits, colour, label) in [
+        (w.smoe, LRU_COLOUR, smoe_label),
+        (w.mmap, MMAP_COLOUR, mmap_label),
+    ] {
+        chart
+            .draw_series(LineSeries::new(
+                waits
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &ms)| (i as f64, ms.max(lo))),
+                colour.stroke_width(1),
+            ))
+            .map_err(err)?
+            .label(legend_label(label))
+            .legend(line_sample(colour, 2));
+    }
+    draw_legend!(chart, SeriesLabelPosition::UpperRight);
     Ok(())
 }
 
@@ -290,12 +492,37 @@ mod tests {
 
     fn data() -> PlotData<'static> {
         PlotData {
+            trace_name: "t.csv",
+            vault_name: "v",
+            tokens: 2,
+            claims: 8,
             entries: 8,
-            sweep: &[(2, 0.25, 0.5), (8, 0.75, 0.75)],
-            policy: "lru",
-            measured: Some((2, 0.25)),
+            slot_bytes: 16384,
+            top_k: "top-2 (from --top-k)".to_owned(),
+            working_set: WorkingSet {
+                layers: 2,
+                top_k: 2,
+            },
+            sweep: vec![(2, 0.25, 0.5), (8, 0.75, 0.75)],
+            measured: vec![Measured {
+                policy: "lru".to_owned(),
+                slots: 2,
+                rate: 0.25,
+            }],
             waits: None,
         }
+    }
+
+    #[test]
+    fn ticks_have_no_pointless_decimals() {
+        assert_eq!(tick(100.0), "100");
+        assert_eq!(tick(0.0), "0");
+        assert_eq!(tick(300.0), "300");
+        assert_eq!(tick(12.5), "12.5");
+        assert_eq!(tick(0.25), "0.25");
+        assert_eq!(tick(0.001), "0.001");
+        assert_eq!(tick(1e-5), "0");
+        assert_eq!(tick(2.999999999999), "3");
     }
 
     fn names(dir: &Path) -> Vec<String> {

@@ -1,6 +1,6 @@
 //! Streaming through the library: the decode loop of the demo and of
-//! `smoe bench`, and the cold sequential scan that `scripts/bench-io.sh`
-//! compares with fio.
+//! `smoe bench` (the smoe side of a replay), and the cold sequential scan
+//! that `scripts/bench-io.sh` compares with fio.
 
 use std::time::{Duration, Instant};
 
@@ -10,6 +10,7 @@ use smoe::vault::Vault;
 use smoe::{Config, DirectIo, Priority, Stats, Streamer};
 
 use crate::output::Failure;
+use crate::replay::{check_trace, moe_layers, sum_bytes};
 
 /// How to run a synthetic decode.
 #[derive(Clone, Debug)]
@@ -48,23 +49,6 @@ pub struct DecodeOptions {
     pub elastic: bool,
 }
 
-/// Sums every byte of `bytes` (as little-endian u64 words, then the tail):
-/// reading an expert once, so that neither side of a comparison is timed
-/// without touching what it fetched.
-pub fn sum_bytes(bytes: &[u8]) -> u64 {
-    let mut words = bytes.chunks_exact(8);
-    let mut sum = 0u64;
-    for w in &mut words {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(w);
-        sum = sum.wrapping_add(u64::from_le_bytes(a));
-    }
-    for &b in words.remainder() {
-        sum = sum.wrapping_add(u64::from(b));
-    }
-    sum
-}
-
 /// What a decode measured.
 #[derive(Clone, Debug)]
 pub struct DecodeReport {
@@ -81,8 +65,6 @@ pub struct DecodeReport {
     pub stats: Stats,
     /// Bytes whose payload was checked against the generator.
     pub bytes_checked: u64,
-    /// Open-time warnings of the streamer.
-    pub warnings: Vec<String>,
 }
 
 impl DecodeReport {
@@ -99,22 +81,13 @@ impl DecodeReport {
     }
 }
 
-/// Decodes `opts.tokens` tokens of synthetic routing through a streamer on
+/// Decodes `opts.tokens` tokens (or the trace's) through a streamer on
 /// `vault`: per layer, demand-prefetch the routed experts, optionally bet on
-/// the next layer, claim each (waiting), check its bytes, release. The
-/// streamer's warnings are in the report.
+/// the next layer, claim each (waiting), check its bytes, release. Each of
+/// the streamer's open-time warnings goes to `on_warning` as soon as it is
+/// open: before the run, so that a run that fails later has still said
+/// them. `on_token` is called after each token.
 pub fn decode(
-    vault: Vault,
-    opts: &DecodeOptions,
-    on_token: &mut dyn FnMut(u32),
-) -> Result<DecodeReport, Failure> {
-    decode_noting(vault, opts, &mut |_| {}, on_token)
-}
-
-/// [`decode`], handing each of the streamer's open-time warnings to
-/// `on_warning` as soon as it is open: before the run, so that a run that
-/// fails later has still said them.
-pub fn decode_noting(
     vault: Vault,
     opts: &DecodeOptions,
     on_warning: &mut dyn FnMut(&str),
@@ -134,9 +107,7 @@ pub fn decode_noting(
     )?;
     s.warnings().iter().for_each(|w| on_warning(w));
     let v = s.vault();
-    let layers: Vec<u32> = (0..v.n_layers())
-        .filter(|&l| (0..v.n_experts()).any(|e| v.entry(l, e).is_some()))
-        .collect();
+    let layers = moe_layers(v);
     let n_layers = layers.len() as u32;
     let mut router = SyntheticRouter::new(RouterConfig {
         layers,
@@ -147,7 +118,7 @@ pub fn decode_noting(
         seed: opts.router_seed,
     })?;
     if let Some(trace) = &opts.trace {
-        crate::bench::check_trace(v, trace)?;
+        check_trace(v, trace)?;
     }
     let tokens = opts
         .trace
@@ -218,7 +189,6 @@ pub fn decode_noting(
         waits,
         stats: s.stats(),
         bytes_checked,
-        warnings: s.warnings().to_vec(),
     })
 }
 
@@ -235,13 +205,15 @@ pub struct ScanReport {
 
 /// Streams every blob once, in file order, keeping `2 × workers` reads in
 /// flight: the library's cold-read throughput on this drive. Each of the
-/// streamer's open-time warnings goes to `on_warning` once it is open.
+/// streamer's open-time warnings goes to `on_warning` once it is open;
+/// `on_blob` gets each blob's size once it is claimed.
 pub fn scan(
     vault: Vault,
     ring_slots: u32,
     workers: u32,
     direct_io: DirectIo,
     on_warning: &mut dyn FnMut(&str),
+    on_blob: &mut dyn FnMut(u64),
 ) -> Result<ScanReport, Failure> {
     let s = Streamer::with_vault(
         vault,
@@ -278,6 +250,7 @@ pub fn scan(
                 Failure::Message(format!("layer {l} expert {e}: not read within 30 s"))
             })?;
         std::hint::black_box(c.first());
+        on_blob(c.len() as u64);
     }
     let seconds = start.elapsed().as_secs_f64();
     let stats = s.stats();

@@ -28,9 +28,11 @@ pub struct SynthArgs {
     #[arg(long, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u32).range(1..=MAX_EXPERT_IDS as i64))]
     pub experts: u32,
-    /// Nominal blob size in KiB (each blob is up to 4095 bytes shorter).
-    #[arg(long, allow_negative_numbers = true,
-          value_parser = clap::value_parser!(u64).range(1..=(1 << 30)))]
+    /// Nominal blob size in KiB, or a size with a unit that is a whole
+    /// number of KiB (4M); 1 KiB to 1 TiB. Each blob is up to 4095 bytes
+    /// shorter.
+    #[arg(long, value_name = "KIB", allow_negative_numbers = true,
+          value_parser = flags::kibibytes)]
     pub blob_kib: u64,
     /// Dense layers (no experts), comma-separated, e.g. 0,1; each below --layers.
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true,
@@ -40,8 +42,9 @@ pub struct SynthArgs {
     #[arg(long, default_value_t = 0, allow_negative_numbers = true,
           value_parser = flags::whole_u64)]
     pub seed: u64,
-    /// Active experts per token per layer, recorded in the metadata:
-    /// 1..=--experts [default: 8, or --experts when fewer].
+    /// Active experts per token per layer, recorded in the metadata (where
+    /// `smoe bench` takes its top-k from),
+    /// from 1 to --experts [default: 8, or --experts when fewer].
     #[arg(long, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub top_k: Option<u32>,

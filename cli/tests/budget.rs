@@ -62,19 +62,62 @@ mod budget_cli {
     /// The exact key set, and every value consistent with docs/c-api.md, "Ring sizing".
     fn check_json(v: &Value, vault: &Vault) {
         let keys: BTreeSet<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        // Every fact the text prints (see cli_json_holds_every_fact_of_the_text).
         let want: BTreeSet<&str> = [
+            "vault",
+            "entries",
             "avail_bytes",
             "ram_bytes",
             "scout_bytes",
             "engine_overhead_bytes",
             "floor_bytes",
+            "floor_rule",
+            "cgroup_limited",
+            "subtractive_budget_bytes",
+            "quarter_avail_bytes",
             "budget_bytes",
+            "budget_from",
             "slot_bytes",
+            "budget_slots",
             "slots",
+            "slot_clamp",
+            "ring_bytes",
+            "elastic",
+            "under_pressure",
+            "warning",
             "sources",
         ]
         .into();
         assert_eq!(keys, want);
+        assert_eq!(u64_of(v, "entries"), vault.entries().len() as u64);
+        assert_eq!(
+            u64_of(v, "ring_bytes"),
+            u64_of(v, "slots") * u64_of(v, "slot_bytes")
+        );
+        assert_eq!(
+            u64_of(v, "budget_slots"),
+            u64_of(v, "budget_bytes") / u64_of(v, "slot_bytes")
+        );
+        let elastic = &v["elastic"];
+        if !elastic.is_null() {
+            let keys: BTreeSet<&str> = elastic
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(String::as_str)
+                .collect();
+            let want: BTreeSet<&str> = [
+                "low_watermark_bytes",
+                "high_watermark_bytes",
+                "min_active_slots",
+            ]
+            .into();
+            assert_eq!(keys, want);
+            assert!(
+                u64_of(elastic, "low_watermark_bytes") < u64_of(elastic, "high_watermark_bytes")
+            );
+            assert!(u64_of(elastic, "min_active_slots") <= u64_of(v, "slots"));
+        }
         let sources = v["sources"].as_object().unwrap();
         let source_keys: BTreeSet<&str> = sources.keys().map(String::as_str).collect();
         let want_sources: BTreeSet<&str> =
@@ -105,8 +148,16 @@ mod budget_cli {
             .saturating_sub(scout)
             .saturating_sub(overhead)
             .saturating_sub(u64_of(v, "floor_bytes"));
+        assert_eq!(u64_of(v, "subtractive_budget_bytes"), subtractive);
+        assert_eq!(u64_of(v, "quarter_avail_bytes"), avail / 4);
         let budget = u64_of(v, "budget_bytes");
         assert_eq!(budget, subtractive.max(avail / 4));
+        let from = if subtractive >= avail / 4 {
+            "subtractive"
+        } else {
+            "avail / 4"
+        };
+        assert_eq!(v["budget_from"], from);
         assert!(slot >= vault.max_padded_size() && slot % SLOT_ALIGN == 0);
         let n_entries = vault.entries().len() as u64;
         assert_eq!(slots, (budget / slot).clamp(64, 4096).min(n_entries), "{v}");
@@ -199,6 +250,100 @@ mod budget_cli {
         }
     }
 
+    /// Each value the text prints is in the JSON, and the text is made of
+    /// them: the elastic plan, the floor rule, the warning.
+    #[test]
+    fn cli_json_holds_every_fact_of_the_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = synth(dir.path(), "6", "20");
+        let p = path.to_str().unwrap();
+        for extra in [&[][..], &["--no-elastic"]] {
+            let mut args = vec![p];
+            args.extend_from_slice(extra);
+            let human = smoe(&[&["budget"][..], &args].concat());
+            assert!(human.status.success(), "{}", text(&human.stderr));
+            let human = text(&human.stdout);
+            let v = budget_json(&args);
+            let line = |key: &str| -> String {
+                human
+                    .lines()
+                    .find(|l| l.starts_with(&format!("{key:<18}")))
+                    .unwrap_or_else(|| panic!("no {key} line in\n{human}"))[18..]
+                    .to_owned()
+            };
+            assert_eq!(line("vault"), v["vault"].as_str().unwrap());
+            assert_eq!(line("entries"), v["entries"].to_string());
+            assert_eq!(
+                line("under pressure"),
+                v["under_pressure"].as_str().unwrap()
+            );
+            assert!(line("floor").ends_with(v["floor_rule"].as_str().unwrap()));
+            // The two runs probe memory apart, so what follows from the
+            // available memory may differ between them: only its presence
+            // is compared.
+            for (key, field, stable) in [
+                ("avail", "avail_bytes", false),
+                ("ram", "ram_bytes", true),
+                ("scout", "scout_bytes", true),
+                ("engine overhead", "engine_overhead_bytes", true),
+                ("floor", "floor_bytes", true),
+                ("subtractive", "subtractive_budget_bytes", false),
+                ("avail / 4", "quarter_avail_bytes", false),
+                ("budget", "budget_bytes", false),
+                ("slot", "slot_bytes", true),
+                ("budget / slot", "budget_slots", false),
+                ("slots", "slots", true),
+                ("ring", "ring_bytes", true),
+            ] {
+                let first = line(key).split(' ').next().unwrap().to_owned();
+                assert!(v[field].is_u64(), "{field}: {v}");
+                if stable {
+                    assert_eq!(first, v[field].to_string(), "{key}");
+                } else {
+                    assert!(first.parse::<u64>().is_ok(), "{key}: {first}");
+                }
+            }
+            if extra.is_empty() {
+                let e = &v["elastic"];
+                assert!(line("under pressure").starts_with("elastic: "));
+                assert_eq!(e["min_active_slots"], 8, "{v}");
+            } else {
+                assert!(v["elastic"].is_null(), "{v}");
+                assert!(line("under pressure").starts_with("fixed ring"));
+            }
+            assert!(v["warning"].is_null(), "{v}");
+        }
+    }
+
+    #[test]
+    fn cli_sizes_take_units() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = synth(dir.path(), "6", "20");
+        let p = path.to_str().unwrap();
+        let v = budget_json(&[
+            p,
+            "--overhead-bytes",
+            "1536MiB",
+            "--scout-bytes",
+            "1.5G",
+            "--slot-mb",
+            "1G",
+        ]);
+        assert_eq!(u64_of(&v, "engine_overhead_bytes"), 1536 * MIB);
+        assert_eq!(u64_of(&v, "scout_bytes"), 3 * GIB / 2);
+        assert_eq!(u64_of(&v, "slot_bytes"), GIB);
+        let v = budget_json(&[p, "--overhead-bytes", "2GB", "--slot-mb", "64"]);
+        assert_eq!(u64_of(&v, "engine_overhead_bytes"), 2_000_000_000);
+        assert_eq!(u64_of(&v, "slot_bytes"), 64 * MIB);
+        for (flag, bad) in [("--slot-mb", "1.5M"), ("--overhead-bytes", "2 parsecs")] {
+            let out = smoe(&["budget", p, flag, bad]);
+            let stderr = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{stderr}");
+            assert_eq!(stderr.lines().count(), 1, "{stderr}");
+            assert!(stderr.contains(flag) && stderr.contains(bad), "{stderr}");
+        }
+    }
+
     #[test]
     fn cli_slot_mb_too_small_names_the_blob() {
         let dir = tempfile::tempdir().unwrap();
@@ -241,6 +386,9 @@ mod budget_cli {
         let slots = u64_of(&big, "slots");
         let slot = u64_of(&big, "slot_bytes");
         assert!((1..64).contains(&slots), "{big}");
+        // The warning is in the JSON too, word for word.
+        let warning = big["warning"].as_str().unwrap();
+        assert_eq!(stderr.trim_end(), format!("smoe: warning: {warning}"));
         assert!(slots * slot <= u64_of(&big, "ram_bytes"), "{big}");
         assert!(
             stderr.starts_with("smoe: warning: the ring has ")

@@ -348,6 +348,16 @@ fn demo_small() {
         vs[0].contains("in a memory cgroup") || vs[0].contains("uncapped and warm"),
         "{stdout}"
     );
+    // The streamer's warnings (here: a first run has no histogram yet) go to
+    // stderr as in every subcommand, not to stdout as notes.
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("smoe: warning: ") && l.contains("expert_freq.bin")),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("note: "), "{stdout}");
     // The temporary vault is gone.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 
@@ -421,4 +431,129 @@ fn bench_replays_a_trace_and_rejects_bad_ones() {
         &missing,
         &["/nonexistent/trace.csv", "No such file or directory"],
     );
+}
+
+/// `--help` of every subcommand: ranges as people read them, never Rust's
+/// `0..=18446744073709551615`, and a pointer into docs/ says where the docs
+/// are; `bench --help` groups its flags under headings.
+#[test]
+fn help_reads_as_people_write() {
+    let commands = [
+        "inspect",
+        "verify",
+        "synth",
+        "demo",
+        "bench",
+        "pack",
+        "budget",
+        "completions",
+    ];
+    let mut all = vec![text(&smoe(&["--help"]).stdout)];
+    for c in commands {
+        let out = smoe(&[c, "--help"]);
+        assert!(out.status.success(), "{c}: {}", text(&out.stderr));
+        all.push(text(&out.stdout));
+    }
+    for help in &all {
+        for bad in ["..=", "18446744073709551615", "4294967295"] {
+            assert!(!help.contains(bad), "{bad:?} in\n{help}");
+        }
+        for (at, _) in help.match_indices("docs/") {
+            let rest = &help[at..help.len().min(at + 80)];
+            let sentence = rest.split(['\n']).next().unwrap();
+            assert!(
+                sentence.contains("smoe's source"),
+                "a docs/ path without where to find it: {sentence:?}"
+            );
+        }
+    }
+    let bench = text(&smoe(&["bench", "--help"]).stdout);
+    let section = |heading: &str| -> String {
+        let start = bench
+            .find(&format!("\n{heading}:\n"))
+            .unwrap_or_else(|| panic!("no heading {heading:?} in\n{bench}"));
+        let rest = &bench[start + heading.len() + 3..];
+        let end = rest.find("\n\n\n").unwrap_or(rest.len());
+        // The next heading ends the section.
+        let end = ["\nTrace replay:", "\nComparison:", "\nRing:", "\nOutput:"]
+            .iter()
+            .filter_map(|h| rest.find(h))
+            .min()
+            .unwrap_or(end);
+        rest[..end].to_owned()
+    };
+    for (heading, flags) in [
+        (
+            "Trace replay",
+            &["--trace", "--max-tokens", "--capture"][..],
+        ),
+        (
+            "Comparison",
+            &["--sweep", "--baseline", "--mem-cap", "--no-isolation"],
+        ),
+        (
+            "Ring",
+            &["--ring-slots", "--workers", "--direct", "--policy"],
+        ),
+        ("Output", &["--plot", "--json"]),
+    ] {
+        let s = section(heading);
+        for flag in flags {
+            assert!(
+                s.contains(&format!("      {flag} ")) || s.contains(&format!("      {flag}\n")),
+                "{flag} not under {heading}:\n{s}"
+            );
+        }
+    }
+}
+
+#[test]
+fn completions_for_each_shell() {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = smoe(&["completions", shell]);
+        assert!(out.status.success(), "{shell}: {}", text(&out.stderr));
+        let script = text(&out.stdout);
+        for word in ["bench", "budget", "mem-cap", "ring-slots", "completions"] {
+            assert!(script.contains(word), "{shell}: {word} missing");
+        }
+    }
+    let out = smoe(&["completions", "tcsh"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("smoe: ") && stderr.contains("tcsh"),
+        "{stderr}"
+    );
+    // bash can load what it prints.
+    if std::process::Command::new("bash")
+        .arg("--version")
+        .output()
+        .is_ok()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("smoe.bash");
+        std::fs::write(&file, smoe(&["completions", "bash"]).stdout).unwrap();
+        let check = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("source '{}' && complete -p smoe", file.display()))
+            .output()
+            .unwrap();
+        assert!(check.status.success(), "{}", text(&check.stderr));
+        assert_contains(&text(&check.stdout), "smoe");
+    }
+}
+
+#[test]
+fn synth_blob_size_takes_units() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("v");
+    let out = synth_shape(&d, "1", "2", "1M", &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json: Value =
+        serde_json::from_slice(&smoe(&["inspect", "--json", d.to_str().unwrap()]).stdout).unwrap();
+    assert_eq!(json["meta"]["synth"]["blob_bytes"], 1 << 20);
+    let out = synth_shape(&dir.path().join("w"), "1", "2", "1000B", &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_contains(&text(&out.stderr), "whole number of KiB");
 }

@@ -19,6 +19,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const PROMPT: &str = "Hello world";
+/// A prompt long enough (well over 32 tokens) that each layer routes to
+/// every one of a fixture's 16 experts, and that the glue's layer-ahead
+/// reads run.
+const LONG_PROMPT: &str = "the quick brown fox jumps over the lazy dog while seven wise owls \
+                           count the stars above a quiet river that winds through old green \
+                           hills and small towns where people sing songs of rain and bread and \
+                           light";
 const N_PREDICT: &str = "32";
 /// Every fixture's vocabulary (tests/fixtures/models/README.md).
 const N_VOCAB: usize = 384;
@@ -86,20 +93,33 @@ impl Run {
 
 /// llama-simple on `gguf` with `env`, its logits dumped to a file in `dir`.
 fn run(bin: &Path, gguf: &Path, dir: &Path, name: &str, env: &[(&str, &str)]) -> Run {
+    run_prompt(bin, gguf, dir, name, PROMPT, env)
+}
+
+/// [`run`] with another prompt.
+fn run_prompt(
+    bin: &Path,
+    gguf: &Path,
+    dir: &Path,
+    name: &str,
+    prompt: &str,
+    env: &[(&str, &str)],
+) -> Run {
     let dump = dir.join(format!("{name}.logits"));
     let mut cmd = Command::new(bin);
     // one thread: ggml's default (4) spins at every op's barrier, which on a
     // busy 2-core machine made these tiny models take ~1 s per token
     cmd.args(["-t", "1", "-n", N_PREDICT, "-m"])
         .arg(gguf)
-        .arg(PROMPT);
+        .arg(prompt);
     for var in [
         "SMOE_VAULT",
         "SMOE_RING_SLOTS",
         "SMOE_NO_REPACK",
         "SMOE_VERIFY",
-        "SMOE_SPECULATE",
+        "SMOE_LAYER_AHEAD",
         "SMOE_POLICY",
+        "SMOE_ELASTIC",
     ] {
         cmd.env_remove(var);
     }
@@ -118,6 +138,16 @@ fn run(bin: &Path, gguf: &Path, dir: &Path, name: &str, env: &[(&str, &str)]) ->
     Run { out, logits }
 }
 
+/// The `smoe:` statistics line's `W waves per layer`.
+fn waves_per_layer(stderr: &str) -> f64 {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("smoe: claims "))
+        .unwrap_or_else(|| panic!("no `smoe: claims` line in:\n{stderr}"));
+    let before = &line[..line.find(" waves per layer").expect(line)];
+    before.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
 /// The `smoe:` statistics line's `evictions N`.
 fn evictions(stderr: &str) -> u64 {
     let line = stderr
@@ -125,7 +155,12 @@ fn evictions(stderr: &str) -> u64 {
         .find(|l| l.starts_with("smoe: claims "))
         .unwrap_or_else(|| panic!("no `smoe: claims` line in:\n{stderr}"));
     let rest = &line[line.find("evictions ").expect(line) + "evictions ".len()..];
-    rest.split(',').next().unwrap().trim().parse().unwrap()
+    rest.split_whitespace()
+        .next()
+        .unwrap()
+        .trim_end_matches(',')
+        .parse()
+        .unwrap()
 }
 
 /// A test's start: the patched `llama-simple` (None when it is not built,
@@ -155,6 +190,11 @@ fn setup(fixture: &str) -> Option<Setup> {
 /// same text, bitwise equal logits against the first; returns the largest
 /// difference against the third.
 fn identical(fixture: &str, slots: u32) -> f32 {
+    identical_with(fixture, slots, PROMPT)
+}
+
+/// [`identical`] with another prompt.
+fn identical_with(fixture: &str, slots: u32, prompt: &str) -> f32 {
     let Some(Setup {
         bin,
         gguf,
@@ -165,6 +205,9 @@ fn identical(fixture: &str, slots: u32) -> f32 {
         return 0.0;
     };
     let slots = slots.to_string();
+    let run = |bin: &Path, gguf: &Path, dir: &Path, name: &str, env: &[(&str, &str)]| {
+        run_prompt(bin, gguf, dir, name, prompt, env)
+    };
     let stock = run(&bin, &gguf, tmp.path(), "stock", &[("SMOE_NO_REPACK", "1")]);
     let smoe = run(
         &bin,
@@ -202,13 +245,18 @@ fn identical(fixture: &str, slots: u32) -> f32 {
         smoe.stderr()
     );
     assert!(
+        waves_per_layer(&smoe.stderr()) >= 1.0,
+        "{fixture}: no waves in:\n{}",
+        smoe.stderr()
+    );
+    assert!(
         evictions(&smoe.stderr()) > 0,
         "{fixture}: a ring of {slots} slots evicted nothing:\n{}",
         smoe.stderr()
     );
     let text = stock.stdout();
     assert!(
-        text.len() > PROMPT.len() + 10,
+        text.len() > prompt.len() + 10,
         "{fixture}: stock generated too little: {text:?}"
     );
     assert_eq!(smoe.stdout(), text, "{fixture}: smoe's tokens differ");
@@ -274,6 +322,23 @@ fn qwen3moe_q8_0_identical() {
 #[test]
 fn qwen3moe_bf16_identical() {
     identical("qwen3moe-bf16.gguf", 8);
+}
+
+/// The waves and what they compute: the long prompt routes each layer of
+/// qwen3moe to all 16 experts, through a ring of 8 slots (half a layer),
+/// so prefill runs every layer in waves (it once shrank n_ubatch to 4
+/// tokens instead and read each expert once per 4 tokens); the logits of
+/// every step are stock's, bit for bit, and the statistics say waves ran.
+#[test]
+fn qwen3moe_half_a_layer_prefill_in_waves_identical() {
+    identical_with("qwen3moe-q8_0.gguf", 8, LONG_PROMPT);
+}
+
+/// One slot, fewer than a token's top-2: decode runs in waves of one
+/// expert (it once stopped: "distinct experts but the ring has 1 slots").
+#[test]
+fn mixtral_one_slot_in_waves_identical() {
+    identical("mixtral-q8_0.gguf", 1);
 }
 
 /// A run that must fail: non-zero exit, `expect` in stderr, and no token
@@ -422,7 +487,8 @@ fn root_tests(name: &str) -> bool {
 /// active slots, fewer than the 16 distinct experts a long prompt routes
 /// each layer to. The glue sized its batches from the reserved 16 slots,
 /// and its claims answered RING_FULL, retried in a tight loop for 600 s.
-/// Now it sizes them from the active slots: same text as stock, at once.
+/// Now it runs each layer in waves that fit the active slots: same text as
+/// stock, at once.
 #[test]
 fn elastic_ring_shrunk_under_pressure_never_hangs() {
     if !root_tests("elastic_ring_shrunk_under_pressure_never_hangs") {
@@ -437,9 +503,7 @@ fn elastic_ring_shrunk_under_pressure_never_hangs() {
     else {
         return;
     };
-    let prompt = "the quick brown fox jumps over the lazy dog while seven wise owls \
-                  count the stars above a quiet river that winds through old green hills \
-                  and small towns where people sing songs of rain and bread and light";
+    let prompt = LONG_PROMPT;
     let meminfo = tmp.path().join("meminfo");
     std::fs::write(
         &meminfo,
@@ -477,9 +541,10 @@ fn elastic_ring_shrunk_under_pressure_never_hangs() {
         smoe.status.code(),
         t0.elapsed()
     );
+    // 16 experts through 8 active slots: prefill ran its layers in waves.
     assert!(
-        stderr.contains("a ring of 8 active slots"),
-        "the ring did not shrink first:\n{stderr}"
+        waves_per_layer(&stderr) > 1.0,
+        "no waves, so the ring did not shrink first:\n{stderr}"
     );
     assert_eq!(
         String::from_utf8_lossy(&smoe.stdout),
@@ -514,13 +579,12 @@ fn bad_settings_are_refused() {
         &[("SMOE_VAULT", "/nonexistent/vault")],
         "smoe_open: SMOE_ERR_IO",
     );
-    // one slot cannot hold a token's top-2
     fails(
         &bin,
         &gguf,
         tmp.path(),
-        &[("SMOE_VAULT", v), ("SMOE_RING_SLOTS", "1")],
-        "distinct experts but the ring has 1 active slots",
+        &[("SMOE_VAULT", v), ("SMOE_SPECULATE", "1")],
+        "SMOE_SPECULATE is gone",
     );
 }
 
@@ -573,8 +637,13 @@ fn adaptive_policy_keeps_output_identical() {
     assert!(bad.stderr().contains("SMOE_POLICY"), "{}", bad.stderr());
 }
 
+/// Layer-ahead (prefill): while a batch of 32 tokens or more computes layer
+/// L, the glue reads layer L+1's experts as speculation. The logits stay
+/// bitwise equal to stock's, with it and without (`SMOE_LAYER_AHEAD=0`).
+/// SMOE_SPECULATE, the same-ids guess it replaces, is refused by name
+/// (`bad_settings_are_refused`).
 #[test]
-fn speculation_keeps_output_identical() {
+fn layer_ahead_reads_keep_output_identical() {
     let Some(Setup {
         bin,
         gguf,
@@ -584,44 +653,76 @@ fn speculation_keeps_output_identical() {
     else {
         return;
     };
-    let stock = run(&bin, &gguf, tmp.path(), "stock", &[("SMOE_NO_REPACK", "1")]);
-    let spec = run(
+    let stock = run_prompt(
         &bin,
         &gguf,
         tmp.path(),
-        "spec",
-        &[
+        "stock",
+        LONG_PROMPT,
+        &[("SMOE_NO_REPACK", "1")],
+    );
+    // 24 slots: a layer's 16 experts and 8 read ahead for the next.
+    let smoe_env = |ahead: &'static str| {
+        [
             ("SMOE_NO_REPACK", "1"),
             ("SMOE_VAULT", vault.to_str().unwrap()),
-            ("SMOE_RING_SLOTS", "8"),
-            ("SMOE_SPECULATE", "1"),
-        ],
+            ("SMOE_RING_SLOTS", "24"),
+            ("SMOE_LAYER_AHEAD", ahead),
+        ]
+    };
+    let ahead = run_prompt(
+        &bin,
+        &gguf,
+        tmp.path(),
+        "ahead",
+        LONG_PROMPT,
+        &smoe_env("1"),
     );
-    assert!(spec.out.status.success(), "{}", spec.stderr());
-    assert_eq!(spec.stdout(), stock.stdout());
-    assert!(!stock.logits.is_empty());
+    let plain = run_prompt(
+        &bin,
+        &gguf,
+        tmp.path(),
+        "plain",
+        LONG_PROMPT,
+        &smoe_env("0"),
+    );
+    for (name, r) in [("layer-ahead", &ahead), ("no layer-ahead", &plain)] {
+        assert!(r.out.status.success(), "{name}: {}", r.stderr());
+        assert_eq!(r.stdout(), stock.stdout(), "{name}: tokens differ");
+        assert!(
+            !stock.logits.is_empty()
+                && stock.logits.len() == r.logits.len()
+                && stock
+                    .logits
+                    .iter()
+                    .zip(&r.logits)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}: logits differ from stock"
+        );
+    }
+    // "(… N demand, M speculative, …)" and "K layer-ahead sets"
+    let counter = |r: &Run, after: &str| -> u64 {
+        let err = r.stderr();
+        let line = err
+            .lines()
+            .find(|l| l.starts_with("smoe: claims "))
+            .unwrap_or_else(|| panic!("no smoe line in {err}"))
+            .to_owned();
+        let before = &line[..line.find(after).unwrap_or_else(|| panic!("{line}"))];
+        before.rsplit(' ').next().unwrap().parse().unwrap()
+    };
     assert!(
-        stock
-            .logits
-            .iter()
-            .zip(&spec.logits)
-            .all(|(a, b)| a.to_bits() == b.to_bits())
-            && stock.logits.len() == spec.logits.len(),
-        "logits differ with speculation"
+        counter(&ahead, " layer-ahead sets") > 0,
+        "{}",
+        ahead.stderr()
     );
-    // "(… N demand, M speculative, …)": speculation read something
-    let err = spec.stderr();
-    let line = err
-        .lines()
-        .find(|l| l.starts_with("smoe: claims "))
-        .expect(&err);
-    let before = &line[..line.find(" speculative").expect(line)];
-    let n: u64 = before.rsplit(' ').next().unwrap().parse().unwrap();
-    assert!(n > 0, "no speculative read: {line}");
     assert!(
-        err.contains("speculative prefetch of the next layer"),
-        "{err}"
+        counter(&ahead, " speculative") > 0,
+        "no read ahead: {}",
+        ahead.stderr()
     );
+    assert_eq!(counter(&plain, " layer-ahead sets"), 0);
+    assert_eq!(counter(&plain, " speculative"), 0);
 }
 
 /// The files under `dir` whose name is `name`.
@@ -721,4 +822,288 @@ fn option_off_builds_stock_llama_simple() {
                 .all(|(a, b)| a.to_bits() == b.to_bits()),
         "the option-off build's logits differ from stock"
     );
+}
+
+/// `NAME` beside llama-simple (scripts/llama.sh builds llama-cli,
+/// llama-server and llama-bench too).
+fn tool(bin: &Path, name: &str) -> PathBuf {
+    let path = bin.with_file_name(name);
+    assert!(
+        path.is_file(),
+        "{} is not built: run scripts/llama.sh build",
+        path.display()
+    );
+    path
+}
+
+/// One HTTP/1.1 request to 127.0.0.1:`port` (the connection closed after
+/// it): the status code and the body.
+fn http(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(120)))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut reply = Vec::new();
+    s.read_to_end(&mut reply)?;
+    let text = String::from_utf8_lossy(&reply).into_owned();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    // A chunked body: the chunks' bytes, without their sizes.
+    let body = if text
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut out = String::new();
+        let mut rest = body;
+        while let Some((size, after)) = rest.split_once("\r\n") {
+            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            if n == 0 || after.len() < n {
+                break;
+            }
+            out.push_str(&after[..n]);
+            rest = after[n..].trim_start_matches("\r\n");
+        }
+        out
+    } else {
+        body.to_owned()
+    };
+    Ok((code, body))
+}
+
+/// A llama-server on `gguf` with 4 parallel slots, `env` set; stopped (and
+/// its stderr returned) by [`Server::stop`].
+struct Server {
+    child: std::process::Child,
+    port: u16,
+    err: PathBuf,
+}
+
+impl Server {
+    fn start(bin: &Path, gguf: &Path, dir: &Path, name: &str, env: &[(&str, &str)]) -> Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let err = dir.join(format!("{name}.err"));
+        let mut cmd = Command::new(tool(bin, "llama-server"));
+        cmd.args(["-m"])
+            .arg(gguf)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["-np", "4", "-c", "2048", "-t", "1", "--no-webui"])
+            .env("SMOE_NO_REPACK", "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&err).unwrap());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().unwrap();
+        let mut s = Server { child, port, err };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            if let Ok((200, _)) = http(port, "GET", "/health", "") {
+                return s;
+            }
+            if let Ok(Some(status)) = s.child.try_wait() {
+                panic!("{name}: llama-server exited {status}:\n{}", s.stderr());
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name}: not up in 60 s:\n{}",
+                s.stderr()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+
+    /// Four `/completion` requests at once (temperature 0): their texts.
+    fn complete_all(&self, prompts: &[&str]) -> Vec<String> {
+        let port = self.port;
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = prompts
+                .iter()
+                .map(|p| {
+                    scope.spawn(move || {
+                        let body = serde_json::json!({
+                            "prompt": p, "n_predict": 16, "temperature": 0.0,
+                            "cache_prompt": false, "seed": 1,
+                        })
+                        .to_string();
+                        let (code, reply) = http(port, "POST", "/completion", &body).unwrap();
+                        assert_eq!(code, 200, "{reply}");
+                        let v: serde_json::Value = serde_json::from_str(&reply).unwrap();
+                        v["content"].as_str().unwrap().to_owned()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// SIGTERM, then its stderr once it has exited.
+    fn stop(mut self) -> String {
+        // SAFETY: kill has no memory preconditions; the pid is our child's.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while self.child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("llama-server did not stop on SIGTERM:\n{}", self.stderr());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        self.stderr()
+    }
+}
+
+/// llama-server with 4 parallel slots and 4 concurrent `/completion`
+/// requests (temperature 0): each completion equals stock llama-server's,
+/// and the `smoe:` statistics line is printed at shutdown.
+#[test]
+fn llama_server_serves_four_slots_as_stock_does() {
+    let Some(Setup {
+        bin,
+        gguf,
+        tmp,
+        vault,
+    }) = setup("qwen3moe-q8_0.gguf")
+    else {
+        return;
+    };
+    let prompts = [
+        "Hello world",
+        "the quick brown fox",
+        LONG_PROMPT,
+        "seven wise owls count",
+    ];
+    let stock = Server::start(&bin, &gguf, tmp.path(), "stock", &[]);
+    let want = stock.complete_all(&prompts);
+    stock.stop();
+    let smoe = Server::start(
+        &bin,
+        &gguf,
+        tmp.path(),
+        "smoe",
+        &[
+            ("SMOE_VAULT", vault.to_str().unwrap()),
+            ("SMOE_RING_SLOTS", "12"),
+        ],
+    );
+    let got = smoe.complete_all(&prompts);
+    let err = smoe.stop();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "prompt {i} ({:?}): completion differs", prompts[i]);
+    }
+    assert!(want.iter().all(|w| !w.is_empty()), "{want:?}");
+    assert!(
+        err.lines().any(|l| l.starts_with("smoe: claims ")),
+        "no smoe statistics at shutdown:\n{err}"
+    );
+}
+
+/// `llama-bench -p 512 -n 64` with SMOE_VAULT set: both tests run, and the
+/// smoe statistics line is printed.
+#[test]
+fn llama_bench_runs_with_smoe() {
+    // `tmp` holds the vault: it must outlive the run
+    let Some(Setup {
+        bin,
+        gguf,
+        vault,
+        tmp: _tmp,
+    }) = setup("qwen3moe-q8_0.gguf")
+    else {
+        return;
+    };
+    let out = Command::new(tool(&bin, "llama-bench"))
+        .arg("-m")
+        .arg(&gguf)
+        .args(["-p", "512", "-n", "64", "-t", "1", "-r", "1", "-o", "csv"])
+        .env("SMOE_VAULT", &vault)
+        .env("SMOE_NO_REPACK", "1")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    // csv rows: n_prompt,n_gen,...; pp512 has n_prompt 512, tg64 n_gen 64
+    let rows: Vec<&str> = stdout.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    assert!(stderr.contains("smoe: claims "), "{stderr}");
+}
+
+/// llama-cli, one turn (`-st`, plain I/O), replies as stock does.
+#[test]
+fn llama_cli_prints_stocks_text() {
+    let Some(Setup {
+        bin,
+        gguf,
+        vault,
+        tmp: _tmp,
+    }) = setup("mixtral-q8_0.gguf")
+    else {
+        return;
+    };
+    let cli = |smoe: bool| {
+        let mut cmd = Command::new(tool(&bin, "llama-cli"));
+        cmd.arg("-m")
+            .arg(&gguf)
+            .args([
+                "-p",
+                PROMPT,
+                "-n",
+                "24",
+                "-t",
+                "1",
+                "--temp",
+                "0",
+                "-st",
+                "--simple-io",
+            ])
+            .env("SMOE_NO_REPACK", "1")
+            .stdin(std::process::Stdio::null());
+        if smoe {
+            cmd.env("SMOE_VAULT", &vault).env("SMOE_RING_SLOTS", "3");
+        }
+        cmd.output().unwrap()
+    };
+    // The reply: what it prints after echoing the prompt, up to its timings.
+    let reply = |out: &Output| {
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let start = text
+            .find(&format!("> {PROMPT}"))
+            .unwrap_or_else(|| panic!("no prompt echo in {text:?}"));
+        let rest = &text[start..];
+        rest[..rest.find("[ Prompt:").unwrap_or(rest.len())].to_owned()
+    };
+    let (stock, smoe) = (cli(false), cli(true));
+    assert!(
+        stock.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stock.stderr)
+    );
+    assert!(
+        smoe.status.success(),
+        "{}",
+        String::from_utf8_lossy(&smoe.stderr)
+    );
+    let want = reply(&stock);
+    assert!(want.len() > PROMPT.len() + 4, "no reply: {want:?}");
+    assert_eq!(reply(&smoe), want);
+    assert!(String::from_utf8_lossy(&smoe.stderr).contains("smoe: claims "));
 }

@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -26,6 +27,9 @@
 #include <vector>
 
 namespace {
+
+// Batches of at least this many tokens read the next layer's experts ahead (prefill).
+constexpr int64_t LAYER_AHEAD_TOKENS = 32;
 
 std::string smoe_error(const char * call, smoe_status st) {
     return std::string("smoe: ") + call + ": " + smoe_status_str(st) + ": " + smoe_last_error();
@@ -49,7 +53,22 @@ uint32_t env_u32(const char * name, uint32_t def, uint32_t max) {
 struct layer_claims {
     llama_smoe * s = nullptr;
     int il = 0;
-    std::vector<smoe_slot> held;  // this layer's claims until its expert compute is done
+    uint32_t n_expert = 0;           // this layer's experts (0: no routed experts)
+    std::vector<smoe_slot> held;     // this layer's claims until its expert compute is done
+    // Scratch of the claim op, sized once at bind (no allocation per op):
+    std::vector<uint32_t> experts;   // the batch's distinct experts, in order of first use
+    std::vector<uint32_t> left;      // those not claimed yet
+    std::vector<uint32_t> slot_of;   // expert -> ring slot, while its wave holds it
+    std::vector<uint32_t> seen;      // expert -> the batch generation that last saw it
+    std::vector<uint32_t> wave_of;   // expert -> 1 + the wave that claimed it, this batch
+    uint32_t generation = 0;
+    int waves = 1;                   // this batch's waves (the graph's)
+};
+
+// What a wave op works on: its layer and which wave it is.
+struct wave_op {
+    layer_claims * l;
+    int wave;
 };
 
 } // namespace
@@ -65,9 +84,16 @@ struct llama_smoe {
     uint64_t slot_bytes = 0;
     uint32_t slots = 0;
     uint32_t max_experts = 0;        // most experts of any layer
-    bool speculate = false;          // SMOE_SPECULATE=1: prefetch layer il's experts for layer il+1
-    bool spec_warned = false;
+    // SMOE_LAYER_AHEAD (default 1): while a batch of at least LAYER_AHEAD_TOKENS tokens
+    // computes layer L, queue all of layer L+1's experts as speculation
+    bool layer_ahead = true;
+    std::vector<uint32_t> all_experts;  // 0, 1, ... max_experts - 1
+    uint64_t layer_ahead_sets = 0;
+    uint64_t entries = 0;            // experts in the vault: a ring of as many holds the model
+    uint64_t waves_run = 0;          // waves that claimed at least one expert
+    uint64_t layer_batches = 0;      // (layer, batch) pairs: waves_run / this = waves per layer
     std::vector<layer_claims> layers;
+    std::vector<std::vector<std::unique_ptr<wave_op>>> wave_ops;  // per layer, per wave
     int first_layer = -1;            // the first and last layers with experts: the pre-warm
     int last_layer = -1;             // thread pauses from the one's claims to the other's release
     std::atomic<bool> failed{false};
@@ -105,14 +131,24 @@ struct llama_smoe {
         return smoe_get_stats(st, &stats) == SMOE_OK ? stats.slots_active : slots;
     }
 
-    // Why a batch routing to `n` distinct experts of layer il cannot be computed now.
+    // Slots a wave may claim now: the active ones no claim holds (at least 1).
+    uint64_t free_slots() const {
+        smoe_stats stats = {};
+        stats.struct_size = sizeof(stats);
+        if (smoe_get_stats(st, &stats) != SMOE_OK) {
+            return 1;
+        }
+        return std::max<uint64_t>(1, stats.slots_active > stats.slots_held ? stats.slots_active - stats.slots_held : 0);
+    }
+
+    // Why the last wave of layer il cannot hold the `n` experts left for it.
     std::string too_many_experts(int il, size_t n) const {
         const uint64_t active = active_slots();
-        std::string why = "smoe: layer " + std::to_string(il) + ": this batch routes to " + std::to_string(n) +
-                          " distinct experts but the ring has " + std::to_string(active) + " active slots";
+        std::string why = "smoe: layer " + std::to_string(il) + ": the last wave needs " + std::to_string(n) +
+                          " slots but the ring has " + std::to_string(free_slots()) + " free of " + std::to_string(active) + " active";
         if (active < slots) {
             why += " (" + std::to_string(slots) + " reserved; the elastic ring took " + std::to_string(slots - active) +
-                   " offline under memory pressure: free memory, or set SMOE_ELASTIC=0 for a fixed ring)";
+                   " offline under memory pressure during the layer: free memory, or set SMOE_ELASTIC=0 for a fixed ring)";
         }
         return why + "; raise SMOE_RING_SLOTS or lower n_ubatch";
     }
@@ -140,11 +176,15 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer) {
     cfg.prewarm    = env_u32("SMOE_PREWARM", 1, 1);
     cfg.policy     = env_u32("SMOE_POLICY", SMOE_POLICY_LRU, SMOE_POLICY_ADAPTIVE);
     cfg.elastic    = env_u32("SMOE_ELASTIC", 1, 1);
-    const bool speculate = env_u32("SMOE_SPECULATE", 0, 1) == 1;
+    const bool layer_ahead = env_u32("SMOE_LAYER_AHEAD", 1, 1) == 1;
+    if (std::getenv("SMOE_SPECULATE") != nullptr && *std::getenv("SMOE_SPECULATE") != '\0') {
+        throw std::runtime_error("smoe: SMOE_SPECULATE is gone (its guess, the same expert ids one layer on, "
+                                 "held for no real model); SMOE_LAYER_AHEAD=0|1 sets prefill's layer-ahead reads");
+    }
 
     std::unique_ptr<llama_smoe> s(new llama_smoe);
     s->vault = vault;
-    s->speculate = speculate;
+    s->layer_ahead = layer_ahead;
     r = smoe_open(vault, &cfg, &s->st);
     if (r != SMOE_OK) {
         throw std::runtime_error(smoe_error("smoe_open", r) + " (SMOE_VAULT=" + vault + ")");
@@ -196,13 +236,17 @@ void llama_smoe_free(llama_smoe * s) {
     if (r == SMOE_OK) {
         fprintf(stderr,
             "smoe: claims %llu, hits %llu (%.1f%%), bytes read %llu (%.2f MiB; %llu demand, %llu speculative, %llu pre-warm reads), "
-            "evictions %llu, waited %.3f s for experts, ring %llu slots x %llu bytes\n",
+            "evictions %llu (%llu of loads never claimed: wasted reads), waited %.3f s for experts in %llu claim ops, "
+            "%.2f waves per layer, %llu layer-ahead sets, ring %llu slots x %llu bytes\n",
             (unsigned long long) stats.claims, (unsigned long long) stats.hits,
             stats.claims ? 100.0 * (double) stats.hits / (double) stats.claims : 0.0,
             (unsigned long long) stats.bytes_read, stats.bytes_read / 1048576.0,
             (unsigned long long) stats.reads_demand, (unsigned long long) stats.reads_speculative,
             (unsigned long long) stats.reads_prewarm, (unsigned long long) stats.evictions,
-            s->wait_ns / 1e9, (unsigned long long) stats.ring_slots, (unsigned long long) stats.slot_bytes);
+            (unsigned long long) stats.evicted_unclaimed, s->wait_ns / 1e9, (unsigned long long) s->claim_ops,
+            s->layer_batches ? (double) s->waves_run / (double) s->layer_batches : 0.0,
+            (unsigned long long) s->layer_ahead_sets, (unsigned long long) stats.ring_slots,
+            (unsigned long long) stats.slot_bytes);
     } else {
         fprintf(stderr, "%s\n", smoe_error("smoe_get_stats", r).c_str());
     }
@@ -253,6 +297,7 @@ ggml_context * llama_smoe_tensor_ctx(llama_smoe * s, const char * name) {
 void llama_smoe_bind(llama_smoe * s) {
     const std::string where = "smoe: vault " + s->vault + ": ";
     std::map<int, std::vector<std::string>> bound;  // layer -> roles
+    std::map<int, uint32_t> layer_experts;          // layer -> its experts
     int n_layer = 0;
     std::vector<ggml_tensor *> tensors;
     for (ggml_tensor * t = ggml_get_first_tensor(s->ctx); t != nullptr; t = ggml_get_next_tensor(s->ctx, t)) {
@@ -334,6 +379,7 @@ void llama_smoe_bind(llama_smoe * s) {
             s->max_experts = (uint32_t) n_expert;
         }
         bound[il].push_back(role);
+        layer_experts[il] = (uint32_t) n_expert;
         s->first_layer = s->first_layer < 0 ? il : std::min(s->first_layer, il);
         s->last_layer = std::max(s->last_layer, il);
         n_layer = std::max(n_layer, il + 1);
@@ -366,27 +412,100 @@ void llama_smoe_bind(llama_smoe * s) {
         t->buffer = s->ring;
     }
     s->layers.resize(n_layer);
+    s->wave_ops.resize(n_layer);
     for (int il = 0; il < n_layer; il++) {
-        s->layers[il].s = s;
-        s->layers[il].il = il;
+        layer_claims & l = s->layers[il];
+        l.s = s;
+        l.il = il;
+        const auto found = layer_experts.find(il);
+        l.n_expert = found == layer_experts.end() ? 0 : found->second;
+        l.held.reserve(l.n_expert);
+        l.experts.reserve(l.n_expert);
+        l.left.reserve(l.n_expert);
+        l.slot_of.assign(l.n_expert, UINT32_MAX);
+        l.seen.assign(l.n_expert, 0);
+        l.wave_of.assign(l.n_expert, 0);
+        s->entries += l.n_expert;
+    }
+    for (uint32_t e = 0; e < s->max_experts; e++) {
+        s->all_experts.push_back(e);
     }
     fprintf(stderr, "smoe: vault %s: %zu expert tensors in %zu layers streamed through a ring of %u slots x %llu bytes%s\n",
             s->vault.c_str(), tensors.size(), bound.size(), s->slots, (unsigned long long) s->slot_bytes,
-            s->speculate ? ", speculative prefetch of the next layer" : "");
+            s->layer_ahead ? ", layer-ahead reads in prefill" : "");
 }
 
-uint32_t llama_smoe_max_ubatch(const llama_smoe * s, uint32_t n_ubatch, uint32_t n_expert_used) {
-    const uint64_t active = s->active_slots();
-    if (active >= s->max_experts || n_expert_used == 0) {
-        return n_ubatch;  // a whole layer fits
+// The first wave's setup of a batch: the working set (distinct experts in order of first
+// use, marked with a new generation so nothing is cleared or allocated), handed to smoe,
+// and layer-ahead reads of the next layer for big batches.
+static bool start_batch(layer_claims * l, const ggml_tensor * a) {
+    llama_smoe * s = l->s;
+    const int64_t k = a->ne[0];
+    const int64_t n_tokens = a->ne[1];
+    if (++l->generation == 0) {
+        std::fill(l->seen.begin(), l->seen.end(), 0);
+        l->generation = 1;
     }
-    const uint32_t fit = std::max<uint32_t>(1, (uint32_t) (active / n_expert_used));
-    if (fit < n_ubatch) {
-        fprintf(stderr, "smoe: n_ubatch %u -> %u: a ring of %llu active slots holds the top-%u experts of %u tokens at once\n",
-                n_ubatch, fit, (unsigned long long) active, n_expert_used, fit);
-        return fit;
+    std::fill(l->wave_of.begin(), l->wave_of.end(), 0);
+    l->experts.clear();
+    for (int64_t t = 0; t < n_tokens; t++) {
+        for (int64_t i = 0; i < k; i++) {
+            const int32_t e = *(const int32_t *) ((const char *) a->data + i * a->nb[0] + t * a->nb[1]);
+            if (e < 0 || (uint32_t) e >= l->n_expert) {
+                s->fail("smoe: layer " + std::to_string(l->il) + ": expert id " + std::to_string(e) + " is out of range (the layer has " +
+                        std::to_string(l->n_expert) + ")");
+                return false;
+            }
+            if (l->seen[e] != l->generation) {
+                l->seen[e] = l->generation;
+                l->experts.push_back((uint32_t) e);
+            }
+        }
     }
-    return n_ubatch;
+    l->left.assign(l->experts.begin(), l->experts.end());
+    s->layer_batches++;
+    // hand the set over: resident members cost nothing, the rest are read in this order
+    smoe_status r = smoe_prefetch_set(s->st, (uint32_t) l->il, l->experts.data(), (uint32_t) l->experts.size(), false, nullptr);
+    if (r != SMOE_OK && r != SMOE_ERR_RING_FULL) {
+        s->fail(smoe_error("smoe_prefetch_set", r) + " (layer " + std::to_string(l->il) + ")");
+        return false;
+    }
+    // layer-ahead: a big batch routes to nearly every expert of every layer, so while this
+    // layer computes, read the next one's (speculation never evicts a demand read, nor
+    // anything held)
+    if (s->layer_ahead && n_tokens >= LAYER_AHEAD_TOKENS) {
+        for (size_t next = (size_t) l->il + 1; next < s->layers.size(); next++) {
+            const layer_claims & n = s->layers[next];
+            if (n.n_expert == 0) {
+                continue;
+            }
+            r = smoe_prefetch_set(s->st, (uint32_t) next, s->all_experts.data(), n.n_expert, true, nullptr);
+            if (r != SMOE_OK && r != SMOE_ERR_RING_FULL) {
+                s->fail(smoe_error("smoe_prefetch_set", r) + " (layer-ahead, layer " + std::to_string(next) + ")");
+                return false;
+            }
+            s->layer_ahead_sets++;
+            break;
+        }
+    }
+    return true;
+}
+
+// Claims one member of the layer's left set for wave `wave` (waiting up to timeout_ns):
+// SMOE_OK (claimed), SMOE_PENDING, or an error (reported: the op stops).
+static smoe_status claim_one(layer_claims * l, int wave, uint64_t timeout_ns) {
+    llama_smoe * s = l->s;
+    smoe_slot slot;
+    const smoe_status r = smoe_claim_any(s->st, (uint32_t) l->il, l->left.data(), (uint32_t) l->left.size(), timeout_ns, &slot);
+    if (r == SMOE_OK) {
+        l->held.push_back(slot);
+        l->slot_of[slot.expert] = slot.slot_index;
+        l->wave_of[slot.expert] = (uint32_t) wave + 1;
+        l->left.erase(std::find(l->left.begin(), l->left.end(), slot.expert));
+    } else if (r != SMOE_PENDING && r != SMOE_ERR_RING_FULL) {
+        s->fail(smoe_error("smoe_claim_any", r) + " (layer " + std::to_string(l->il) + ", wave " + std::to_string(wave) + ")");
+    }
+    return r;
 }
 
 static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int nth, void * userdata) {
@@ -394,109 +513,78 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
     if (ith != 0) {
         return;
     }
-    auto * l = (layer_claims *) userdata;
+    const auto * op = (const wave_op *) userdata;
+    layer_claims * l = op->l;
+    const int wave = op->wave;
     llama_smoe * s = l->s;
     s->release_all(*l);  // left over by a graph that was aborted
     const int64_t k = a->ne[0];
     const int64_t n_tokens = a->ne[1];
-    auto id_at = [&](int64_t i, int64_t t) { return *(const int32_t *) ((const char *) a->data + i * a->nb[0] + t * a->nb[1]); };
     int32_t * out = (int32_t *) dst->data;
-    std::fill(out, out + k * n_tokens, 0);
+    std::fill(out, out + k * n_tokens, -1);
     if (s->failed) {
         return;
     }
     const auto t0 = std::chrono::steady_clock::now();
-    if (l->il == s->first_layer) {
-        smoe_prewarm_pause(s->st, true);  // busy until the last layer's release
-    }
-    // distinct experts in order of first use
-    std::vector<int32_t> experts;
-    std::unordered_map<int32_t, uint32_t> slot_of;
-    for (int64_t t = 0; t < n_tokens; t++) {
-        for (int64_t i = 0; i < k; i++) {
-            const int32_t e = id_at(i, t);
-            if (slot_of.emplace(e, UINT32_MAX).second) {
-                experts.push_back(e);
-            }
+    if (wave == 0) {
+        if (l->il == s->first_layer) {
+            smoe_prewarm_pause(s->st, true);  // busy until the last layer's release
+        }
+        if (!start_batch(l, a)) {
+            return;
         }
     }
-    // the ring may have shrunk (elastic, under memory pressure) below what this batch needs
-    if (experts.size() > s->active_slots()) {
-        s->fail(s->too_many_experts(l->il, experts.size()));
+    // this wave's capacity: the active slots no claim holds (the earlier waves released
+    // theirs); it must take enough that the waves after it can hold the rest
+    const uint64_t cap = s->free_slots();
+    const uint64_t waves_after = (uint64_t) (l->waves - wave - 1);
+    const uint64_t left = l->left.size();
+    const uint64_t need = left > waves_after * cap ? left - waves_after * cap : 0;
+    if (need > cap) {
+        s->fail(s->too_many_experts(l->il, left));
         return;
     }
-    // first pin what is resident (a plain claim never waits), which queues the others' reads,
-    // then wait for the others
-    std::vector<int32_t> missing;
-    for (int32_t e : experts) {
-        if (e < 0) {
-            s->fail("smoe: layer " + std::to_string(l->il) + ": negative expert id " + std::to_string(e));
+    // first what is resident now (hits first), then wait for what must come, then take
+    // whatever else has landed meanwhile; RING_FULL while slots are loading for other
+    // experts (speculation) is waited out with sleeps, never a busy retry
+    uint64_t got = 0;
+    while (got < cap && !l->left.empty() && claim_one(l, wave, 0) == SMOE_OK) {
+        got++;
+    }
+    const uint64_t must = std::max<uint64_t>(need, got == 0 && !l->left.empty() ? 1 : 0);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(600);
+    auto backoff = std::chrono::microseconds(50);
+    while (got < must && !s->failed) {
+        const smoe_status r = claim_one(l, wave, 1000000000ull);
+        if (r == SMOE_OK) {
+            got++;
+            continue;
+        }
+        if (std::chrono::steady_clock::now() > deadline) {
+            s->fail(smoe_error("smoe_claim_any", r) + " (layer " + std::to_string(l->il) + ", wave " + std::to_string(wave) +
+                    ": nothing arrived in 600 s)");
             break;
         }
-        smoe_slot slot;
-        const smoe_status r = smoe_claim(s->st, (uint32_t) l->il, (uint32_t) e, &slot);
-        if (r == SMOE_OK) {
-            l->held.push_back(slot);
-            slot_of[e] = slot.slot_index;
-        } else if (r == SMOE_PENDING || r == SMOE_ERR_RING_FULL) {
-            missing.push_back(e);
-        } else {
-            s->fail(smoe_error("smoe_claim", r));
-            break;
+        if (r == SMOE_ERR_RING_FULL) {
+            std::this_thread::sleep_for(backoff);
+            backoff = std::min(backoff * 2, std::chrono::microseconds(10000));
         }
     }
-    for (size_t j = 0; j < missing.size() && !s->failed; j++) {
-        const int32_t e = missing[j];
-        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(600);
-        auto backoff = std::chrono::microseconds(50);
-        for (;;) {
-            smoe_slot slot;
-            const smoe_status r = smoe_claim_wait(s->st, (uint32_t) l->il, (uint32_t) e, 1000000000ull, &slot);
-            if (r == SMOE_OK) {
-                l->held.push_back(slot);
-                slot_of[e] = slot.slot_index;
-                break;
-            }
-            const std::string where = " (layer " + std::to_string(l->il) + ", expert " + std::to_string(e) + ")";
-            if (r == SMOE_ERR_RING_FULL) {
-                // every slot is held or loading: ours cannot be, once the ring has shrunk below
-                // this layer's experts; otherwise loads of other experts (speculation) hold the
-                // rest, and land soon. Never a busy retry: sleep, doubling up to 10 ms.
-                if (experts.size() > s->active_slots()) {
-                    s->fail(s->too_many_experts(l->il, experts.size()));
-                    break;
-                }
-                if (std::chrono::steady_clock::now() > deadline) {
-                    s->fail(smoe_error("smoe_claim_wait", r) + where);
-                    break;
-                }
-                std::this_thread::sleep_for(backoff);
-                backoff = std::min(backoff * 2, std::chrono::microseconds(10000));
-                continue;
-            }
-            // PENDING: still reading (claim_wait slept for a second)
-            if (r != SMOE_PENDING || std::chrono::steady_clock::now() > deadline) {
-                s->fail(smoe_error("smoe_claim_wait", r) + where);
-                break;
-            }
-        }
+    while (!s->failed && got < cap && !l->left.empty() && claim_one(l, wave, 0) == SMOE_OK) {
+        got++;
     }
     if (s->failed) {
         s->release_all(*l);
         return;
     }
+    if (got > 0) {
+        s->waves_run++;
+    }
     for (int64_t t = 0; t < n_tokens; t++) {
         for (int64_t i = 0; i < k; i++) {
-            out[t * k + i] = (int32_t) slot_of[id_at(i, t)];
-        }
-    }
-    if (s->speculate && l->il + 1 < (int) s->layers.size()) {
-        for (int32_t e : experts) {
-            // a guess: a full ring or a next layer without that expert only costs the guess
-            const smoe_status r = smoe_prefetch(s->st, (uint32_t) l->il + 1, (uint32_t) e, true);
-            if (r != SMOE_OK && r != SMOE_ERR_RING_FULL && r != SMOE_ERR_NOT_FOUND && !s->spec_warned) {
-                fprintf(stderr, "%s (speculative prefetch; reported once)\n", smoe_error("smoe_prefetch", r).c_str());
-                s->spec_warned = true;
+            const int32_t e = *(const int32_t *) ((const char *) a->data + i * a->nb[0] + t * a->nb[1]);
+            if (l->wave_of[e] == (uint32_t) wave + 1) {
+                out[t * k + i] = (int32_t) l->slot_of[e];
             }
         }
     }
@@ -504,27 +592,55 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
     s->claim_ops++;
 }
 
+// A wave op with two sources (the ids, and the previous waves' sum it must follow):
+// the same op.
+static void smoe_claim_after_op(ggml_tensor * dst, const ggml_tensor * a, const ggml_tensor * after, int ith, int nth, void * userdata) {
+    (void) after;
+    smoe_claim_op(dst, a, ith, nth, userdata);
+}
+
 static void smoe_release_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int nth, void * userdata) {
     (void) dst;
     (void) a;
     (void) nth;
     if (ith == 0) {
-        auto * l = (layer_claims *) userdata;
+        const auto * op = (const wave_op *) userdata;
+        layer_claims * l = op->l;
         l->s->release_all(*l);
-        if (l->il == l->s->last_layer) {
+        if (l->il == l->s->last_layer && op->wave == l->waves - 1) {
             smoe_prewarm_pause(l->s->st, false);  // idle between graphs: pre-warm may read
         }
     }
 }
 
-ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, int il) {
+int llama_smoe_waves(llama_smoe * s, int il, int64_t n_tokens, int64_t n_expert_used) {
     GGML_ASSERT(il >= 0 && il < (int) s->layers.size());
-    return ggml_map_custom1(ctx, selected_experts, smoe_claim_op, 1, &s->layers[il]);
+    layer_claims & l = s->layers[il];
+    const uint64_t set = std::min<uint64_t>((uint64_t) std::max<int64_t>(1, n_expert_used * n_tokens), std::max<uint32_t>(1, l.n_expert));
+    const uint64_t cap = s->free_slots();
+    // a ring that holds the whole model has no misses past the first pass: one wave
+    const bool spare = s->slots < s->entries;
+    l.waves = (int) ((set + cap - 1) / cap + (spare ? 1 : 0));
+    // every wave's op data, made once per layer (the graph keeps pointers to it)
+    while (s->wave_ops[il].size() < (size_t) l.waves) {
+        s->wave_ops[il].push_back(std::make_unique<wave_op>(wave_op{&l, (int) s->wave_ops[il].size()}));
+    }
+    return l.waves;
 }
 
-ggml_tensor * llama_smoe_release(llama_smoe * s, ggml_context * ctx, ggml_tensor * experts, int il) {
-    GGML_ASSERT(il >= 0 && il < (int) s->layers.size());
-    return ggml_map_custom1_inplace(ctx, experts, smoe_release_op, 1, &s->layers[il]);
+ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * after, int il,
+                               int wave, int waves) {
+    GGML_ASSERT(il >= 0 && il < (int) s->layers.size() && wave >= 0 && wave < waves && waves == s->layers[il].waves);
+    void * op = s->wave_ops[il][wave].get();
+    if (after == nullptr) {
+        return ggml_map_custom1(ctx, selected_experts, smoe_claim_op, 1, op);
+    }
+    return ggml_map_custom2(ctx, selected_experts, after, smoe_claim_after_op, 1, op);
+}
+
+ggml_tensor * llama_smoe_release(llama_smoe * s, ggml_context * ctx, ggml_tensor * experts, int il, int wave) {
+    GGML_ASSERT(il >= 0 && il < (int) s->layers.size() && wave >= 0 && wave < s->layers[il].waves);
+    return ggml_map_custom1_inplace(ctx, experts, smoe_release_op, 1, s->wave_ops[il][wave].get());
 }
 
 bool llama_smoe_failed(const llama_smoe * s) {

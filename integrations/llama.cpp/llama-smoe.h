@@ -36,16 +36,22 @@ ggml_context * llama_smoe_tensor_ctx(llama_smoe * s, const char * name);
 // vault's layout and turns it into a view over the ring. Throws std::runtime_error.
 void llama_smoe_bind(llama_smoe * s);
 
-// The largest n_ubatch (at most `n_ubatch`) whose distinct experts per layer
-// always fit in the ring; at least 1.
-uint32_t llama_smoe_max_ubatch(const llama_smoe * s, uint32_t n_ubatch, uint32_t n_expert_used);
+// The waves layer il's expert FFN runs in for a batch of n_tokens: enough that the
+// batch's distinct experts fit the ring's free slots a wave at a time, plus one, so
+// that the first wave computes what is resident while the rest is read (and a ring
+// that shrinks mid-layer has a wave to spare). One when the ring holds the model.
+int llama_smoe_waves(llama_smoe * s, int il, int64_t n_tokens, int64_t n_expert_used);
 
-// Graph ops, both run by one thread. claim: prefetches and claims the experts in
-// `selected_experts` ([n_expert_used, n_tokens], I32) for layer il; returns their
-// slot indices (same shape), for ggml_mul_mat_id. release: returns `experts`
-// unchanged (in place) and releases layer il's claims once it is computed.
-ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, int il);
-ggml_tensor * llama_smoe_release(llama_smoe * s, ggml_context * ctx, ggml_tensor * experts, int il);
+// Graph ops, run by one thread. claim: wave `wave` of `waves` of layer il, after
+// `after` (the previous waves' sum, so it runs once they are computed and released;
+// nullptr for the first): the first wave hands the batch's working set
+// (`selected_experts`, [n_expert_used, n_tokens], I32) to smoe; each wave claims
+// what it can hold (resident experts first) and returns their slot indices (same
+// shape), -1 for pairs of the other waves, for ggml_mul_mat_id. release: returns
+// `experts` unchanged (in place) and releases the wave's claims once it is computed.
+ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * after, int il,
+                               int wave, int waves);
+ggml_tensor * llama_smoe_release(llama_smoe * s, ggml_context * ctx, ggml_tensor * experts, int il, int wave);
 
 // True once a claim failed: graph computation must stop (the abort callback).
 bool llama_smoe_failed(const llama_smoe * s);
@@ -59,8 +65,10 @@ inline llama_smoe * llama_smoe_from_env(uint32_t) { return nullptr; }
 inline void llama_smoe_free(llama_smoe *) {}
 inline ggml_context * llama_smoe_tensor_ctx(llama_smoe *, const char *) { return nullptr; }
 inline void llama_smoe_bind(llama_smoe *) {}
-inline uint32_t llama_smoe_max_ubatch(const llama_smoe *, uint32_t n_ubatch, uint32_t) { return n_ubatch; }
-inline ggml_tensor * llama_smoe_claim(llama_smoe *, ggml_context *, ggml_tensor * selected_experts, int) { return selected_experts; }
-inline ggml_tensor * llama_smoe_release(llama_smoe *, ggml_context *, ggml_tensor * experts, int) { return experts; }
+inline int llama_smoe_waves(llama_smoe *, int, int64_t, int64_t) { return 1; }
+inline ggml_tensor * llama_smoe_claim(llama_smoe *, ggml_context *, ggml_tensor * selected_experts, ggml_tensor *, int, int, int) {
+    return selected_experts;
+}
+inline ggml_tensor * llama_smoe_release(llama_smoe *, ggml_context *, ggml_tensor * experts, int, int) { return experts; }
 inline bool llama_smoe_failed(const llama_smoe *) { return false; }
 #endif

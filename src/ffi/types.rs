@@ -195,6 +195,9 @@ pub struct smoe_stats {
     /// above 0); an engine sizes a wave of claims as
     /// `slots_active − slots_held`.
     pub slots_held: u64,
+    /// Added in wave 3: evictions of loads that no claim had taken (reads
+    /// wasted, most often speculation that did not come true).
+    pub evicted_unclaimed: u64,
 }
 
 /// An open streamer (opaque). Made by `smoe_open`, freed by `smoe_close`;

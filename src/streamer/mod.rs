@@ -985,6 +985,7 @@ mod imp {
                 shrinks: self.shared.elastic.shrinks.load(Ordering::Relaxed),
                 grows: self.shared.elastic.grows.load(Ordering::Relaxed),
                 slots_held: u64::from(self.shared.table.occupancy().held),
+                evicted_unclaimed: self.shared.table.evicted_unclaimed(),
             }
         }
 

@@ -217,6 +217,9 @@ pub(crate) struct SlotTable {
     speculative: Queue<Item>,
     /// Loads that replaced another expert (a statistic).
     evictions: CachePadded<AtomicU64>,
+    /// Evictions of loads no claim ever took (READY): reads wasted, most
+    /// often speculation that did not come true (a statistic).
+    evicted_unclaimed: CachePadded<AtomicU64>,
     shape: Shape,
     /// Adaptive policy: per layer, the load clock when the engine last
     /// started loading that layer's experts (a load of that layer right
@@ -271,6 +274,7 @@ impl SlotTable {
             demand: Queue::with_capacity(cap),
             speculative: Queue::with_capacity(cap),
             evictions: CachePadded::new(AtomicU64::new(0)),
+            evicted_unclaimed: CachePadded::new(AtomicU64::new(0)),
             shape: Shape {
                 policy: Policy::Lru,
                 experts_per_layer: ids.max(1),
@@ -311,6 +315,11 @@ impl SlotTable {
     /// Loads so far that replaced another expert.
     pub(crate) fn evictions(&self) -> u64 {
         self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// Evictions of loads no claim had taken.
+    pub(crate) fn evicted_unclaimed(&self) -> u64 {
+        self.evicted_unclaimed.load(Ordering::Relaxed)
     }
 
     /// What the ring's slots are doing now, by one pass over their words
@@ -601,6 +610,9 @@ impl SlotTable {
         let evicted = seen.state() != EMPTY;
         if evicted {
             self.evictions.fetch_add(1, Ordering::Relaxed);
+            if seen.state() == READY {
+                self.evicted_unclaimed.fetch_add(1, Ordering::Relaxed);
+            }
             // The old load's map entry may still name this slot; clear it.
             // (A failed or abandoned load cleared its own entry.) The ticket
             // is unique to that load, so a stale `old_id` clears nothing.

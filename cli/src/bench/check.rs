@@ -1,0 +1,114 @@
+//! `smoe bench`'s checks of its command line: flags the rest of the line
+//! leaves without effect (before anything is opened), then the flags whose
+//! range depends on the vault, and the top-k the run uses.
+
+use smoe::vault::Vault;
+
+use super::args::{BenchArgs, Mode};
+use super::report::{TopK, TopKFrom};
+use crate::output::{warning_line, Failure};
+
+/// The top-k when neither `--top-k` nor the vault's metadata gives one
+/// (Qwen3's), lowered to the vault's n_experts when fewer.
+const DEFAULT_TOP_K: u32 = 8;
+
+/// Refuses flags that the rest of the command line leaves without effect
+/// (a usage error, exit 2), before anything is opened.
+pub fn check_flags(args: &BenchArgs) -> Result<(), Failure> {
+    let usage = |message: &str| Err(Failure::Usage(message.to_owned()));
+    if args.trace.is_none() {
+        for (set, flag) in [
+            (args.sweep, "--sweep"),
+            (args.baseline.is_some(), "--baseline"),
+            (args.mem_cap.is_some(), "--mem-cap"),
+            (args.plot.is_some(), "--plot"),
+            (args.max_tokens.is_some(), "--max-tokens"),
+            (args.side.is_some(), "--side"),
+        ] {
+            if set {
+                return usage(&format!("{flag} needs --trace"));
+            }
+        }
+    }
+    if args.mode == Mode::Scan {
+        for (set, flag) in [
+            (args.trace.is_some(), "--trace"),
+            (args.capture.is_some(), "--capture"),
+        ] {
+            if set {
+                return usage(&format!(
+                    "{flag} is for a decode: --mode scan reads every blob once and claims no token"
+                ));
+            }
+        }
+    }
+    if args.sweep && args.capture.is_some() {
+        return usage("--capture records the claims of a run: --sweep only simulates");
+    }
+    Ok(())
+}
+
+/// The vault metadata's `top_k`, when it holds a usable one. A `top_k` that
+/// is not a number from 1 to `n_experts` is a warning, and ignored.
+fn metadata_top_k(vault: &Vault) -> Option<u32> {
+    let meta: serde_json::Value = serde_json::from_str(vault.meta()).ok()?;
+    let value = meta.get("top_k")?;
+    let n_experts = vault.n_experts();
+    match value.as_u64() {
+        Some(k) if (1..=u64::from(n_experts)).contains(&k) => Some(k as u32),
+        _ => {
+            warning_line(&format!(
+                "{}: the metadata's top_k {value} is not a number from 1 to the vault's n_experts {n_experts}; ignored",
+                vault.path().display()
+            ));
+            None
+        }
+    }
+}
+
+/// Checks the flags whose range depends on the vault, `--top-k` (its experts
+/// per layer) and `--ring-slots` (its entries; a decode holds a layer's
+/// top-k at once), and returns the top-k to use: `--top-k`, else the
+/// metadata's, else the default. Out of range is exit 1 with one line
+/// naming the flag, the value and the range.
+pub fn check_against(args: &BenchArgs, vault: &Vault) -> Result<TopK, Failure> {
+    let file = vault.path().display();
+    let n_experts = vault.n_experts();
+    let top_k = match args.top_k {
+        Some(k) if k <= n_experts => TopK {
+            value: k,
+            from: TopKFrom::Flag,
+        },
+        Some(k) => {
+            return Err(Failure::Message(format!(
+                "--top-k {k} is out of range for {file}: expected 1..={n_experts} (the vault's n_experts)"
+            )))
+        }
+        None => match metadata_top_k(vault) {
+            Some(k) => TopK {
+                value: k,
+                from: TopKFrom::Metadata,
+            },
+            None => TopK {
+                value: DEFAULT_TOP_K.min(n_experts),
+                from: TopKFrom::Default,
+            },
+        },
+    };
+    let n_entries = vault.entries().len() as u32;
+    let least = match args.mode {
+        Mode::Decode => top_k.value.min(n_entries),
+        Mode::Scan => 1,
+    };
+    if args.ring_slots != 0 && !(least..=n_entries).contains(&args.ring_slots) {
+        let why = match args.mode {
+            Mode::Decode => format!("at least the top-k {}, ", top_k.value),
+            Mode::Scan => String::new(),
+        };
+        return Err(Failure::Message(format!(
+            "--ring-slots {} is out of range for {file}: expected 0 (auto) or {least}..={n_entries} ({why}at most the vault's {n_entries} entries)",
+            args.ring_slots
+        )));
+    }
+    Ok(top_k)
+}
