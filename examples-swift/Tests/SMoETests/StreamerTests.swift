@@ -98,14 +98,15 @@ final class StreamerTests: XCTestCase {
         XCTAssertEqual(try streamer.prefetchSet(layer: 1, experts: left), 4, "the ring takes 4")
         var claimed: [UInt32] = []
         while !left.isEmpty {
-            let claim = try XCTUnwrap(streamer.claimAny(layer: 1, experts: left, timeoutNanoseconds: 10_000_000_000))
-            let info = try streamer.expertInfo(layer: 1, expert: claim.expert)
+            let claim = try unwrap(streamer.claimAny(layer: 1, experts: left, timeoutNanoseconds: 10_000_000_000))
+            let expert = claim.expert
+            let info = try streamer.expertInfo(layer: 1, expert: expert)
             let expected = try fileBytes(offset: info.offset, count: Int(info.size))
-            try claim.withUnsafeBytes { bytes in
-                XCTAssertTrue(bytes.elementsEqual(expected), "expert \(claim.expert): bytes differ")
+            claim.withUnsafeBytes { bytes in
+                XCTAssertTrue(bytes.elementsEqual(expected), "expert \(expert): bytes differ")
             }
-            claimed.append(claim.expert)
-            left.removeAll { $0 == claim.expert }
+            claimed.append(expert)
+            left.removeAll { $0 == expert }
             try claim.release()
         }
         XCTAssertEqual(claimed.sorted(), Array(0..<Self.experts))
