@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 
 use smoe::{Priority, Streamer};
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+use smoe_test_support as common;
 
 const PAIRS: usize = 320;
 const ROUNDS: usize = 3;

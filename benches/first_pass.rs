@@ -19,8 +19,7 @@ use std::time::{Duration, Instant};
 use smoe::internals::sys::{open_for_streaming, read_at_exact, AlignedBuffer};
 use smoe::{Config, DirectIo, Priority, Streamer};
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+use smoe_test_support as common;
 
 const EXPERTS: u32 = 768;
 const BLOB: u64 = (5 << 20) - 16384;

@@ -28,8 +28,7 @@ use std::time::{Duration, Instant};
 
 use smoe::{Config, DirectIo, Priority, Streamer};
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+use smoe_test_support as common;
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort_unstable();

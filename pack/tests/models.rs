@@ -8,8 +8,7 @@
 //! The source files are read by this file's own parsers (below), not the
 //! packer's, so a bug in the packer's reading cannot hide itself.
 
-#[path = "../../tests/native/mod.rs"]
-mod native;
+use smoe_test_support::native;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
