@@ -20,7 +20,7 @@ use super::format::{
     MAX_EXPERT_IDS, MAX_META_BYTES, MIN_ALIGNMENT, VERSION,
 };
 use super::EXPERTS_FILE;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 
 /// Options for [`VaultWriter::create`].
 #[derive(Clone, Debug)]
@@ -191,7 +191,7 @@ impl VaultWriter {
             let n = left.min(buf.len() as u64) as usize;
             reader.read_exact(&mut buf[..n]).map_err(|e| {
                 Error::new(
-                    crate::ErrorKind::Io,
+                    ErrorKind::Io,
                     format!(
                         "reading the blob's {size} bytes failed after {}: {e}",
                         size - left
