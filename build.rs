@@ -5,7 +5,8 @@
 //! elsewhere, e.g. under `cargo publish`), then copied to `include/smoe.h`
 //! when it differs, so a developer's build keeps the committed header
 //! current. With `CI` set the copy is skipped: CI must catch a stale header
-//! (`tests/header.rs`, `git diff --exit-code include/smoe.h`), not repair it.
+//! (`tests/library/header.rs`, `git diff --exit-code include/smoe.h`), not
+//! repair it.
 //!
 //! The header's `SMOE_VERSION_*` macros come from the crate's version (cargo
 //! hands it to this script), so Cargo.toml is their only home; cbindgen sees

@@ -1,7 +1,7 @@
 //! How long does `claim_wait` take over a busy poll of `claim`?
 //! (run: `cargo bench --bench claim_wait`)
 //!
-//! The setup of issue 12's measurement: 2 MiB blobs in a vault on tmpfs
+//! The setup: 2 MiB blobs in a vault on tmpfs
 //! (`/dev/shm`, so reads run at memory speed and the wake-up is what is
 //! measured), an 8-slot ring, 2 workers, 320 prefetch-then-claim pairs per
 //! way, alternating rounds. For each pair we prefetch an expert that is not
@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 
 use smoe::{Priority, Streamer};
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+use smoe_test_support as common;
 
 const PAIRS: usize = 320;
 const ROUNDS: usize = 3;

@@ -1,5 +1,5 @@
-//! The ring's first pass against its steady state (issue 20, "The first
-//! pass through the ring"). (run: `cargo bench --bench first_pass`;
+//! The ring's first pass against its steady state (docs/c-api.md, "The
+//! ring's memory"). (run: `cargo bench --bench first_pass`;
 //! `SMOE_BENCH_DIR` picks the vault's directory, default /dev/shm, so the
 //! reads run at memory speed and what is measured is the software path)
 //!
@@ -19,8 +19,7 @@ use std::time::{Duration, Instant};
 use smoe::internals::sys::{open_for_streaming, read_at_exact, AlignedBuffer};
 use smoe::{Config, DirectIo, Priority, Streamer};
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+use smoe_test_support as common;
 
 const EXPERTS: u32 = 768;
 const BLOB: u64 = (5 << 20) - 16384;

@@ -1,4 +1,4 @@
-//! Working sets (SPEC §3.2): wake-up, cost, and the prefill pattern.
+//! Working sets (docs/c-api.md "Working sets"): wake-up, cost, and the prefill pattern.
 //! (run: `cargo bench --bench working_set`; one part: `-- wake`, `-- cost`,
 //! `-- prefill`)
 //!
@@ -28,8 +28,7 @@ use std::time::{Duration, Instant};
 
 use smoe::{Config, DirectIo, Priority, Streamer};
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+use smoe_test_support as common;
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort_unstable();

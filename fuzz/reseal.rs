@@ -1,6 +1,6 @@
 // Included (with `include!`) by fuzz/fuzz_targets/vault_parse.rs and
-// tests/fuzz_corpus.rs, so the fuzzer and the corpus replay in `cargo test`
-// reseal inputs identically. Needs `xxhash_rust` as a dependency.
+// tests/library/fuzz_corpus.rs, so the fuzzer and the corpus replay in
+// `cargo test` reseal inputs identically. Needs `xxhash_rust` as a dependency.
 
 /// The little-endian u64 at byte `at` of `b` (`b` is at least 128 bytes
 /// wherever this is called).

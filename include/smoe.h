@@ -368,8 +368,9 @@ typedef struct smoe_stats {
    */
   uint64_t grows;
   /**
-   * Added in wave 3: slots a claim holds now (refcount above 0); an
-   * engine sizes a wave of claims as `slots_active − slots_held`.
+   * Added after version 1's list: slots a claim holds now (refcount
+   * above 0); an engine sizes a wave of claims as
+   * `slots_active − slots_held`.
    */
   uint64_t slots_held;
   /**
@@ -599,8 +600,8 @@ enum smoe_status smoe_claim(struct smoe_streamer *SMOE_NULLABLE s, uint32_t laye
 enum smoe_status smoe_claim_wait(struct smoe_streamer *SMOE_NULLABLE s, uint32_t layer, uint32_t expert, uint64_t timeout_ns, struct smoe_slot *SMOE_NULLABLE out);
 
 /**
- * Queues the reads of a layer's working set, in the order given (SPEC
- * §3.2, docs/c-api.md "Working sets"): a member already resident or in
+ * Queues the reads of a layer's working set, in the order given
+ * (docs/c-api.md "Working sets"): a member already resident or in
  * flight costs nothing and takes no slot, and loads queued for earlier
  * members are never evicted for later ones while they wait unclaimed.
  * Never waits. Duplicates are allowed.
@@ -628,13 +629,14 @@ enum smoe_status smoe_claim_wait(struct smoe_streamer *SMOE_NULLABLE s, uint32_t
 enum smoe_status smoe_prefetch_set(struct smoe_streamer *SMOE_NULLABLE s, uint32_t layer, const uint32_t *SMOE_NULLABLE experts, uint32_t n, bool speculative, uint32_t *SMOE_NULLABLE queued);
 
 /**
- * Claims one member of a layer's working set (SPEC §3.2): one that is
- * resident now if any (a retained hit or a finished load, in the set's
- * order), else the first whose read completes, waiting at most
- * `timeout_ns` nanoseconds (0: never wait). Members neither resident nor
- * in flight get demand reads as slots free up; a read in flight is marked
- * demand. `out->expert` says which member was claimed: remove it from the
- * set before the next call. Release the claim with `smoe_release`.
+ * Claims one member of a layer's working set (docs/c-api.md "Working
+ * sets"): one that is resident now if any (a retained hit or a finished
+ * load, in the set's order), else the first whose read completes, waiting
+ * at most `timeout_ns` nanoseconds (0: never wait). Members neither
+ * resident nor in flight get demand reads as slots free up; a read in
+ * flight is marked demand. `out->expert` says which member was claimed:
+ * remove it from the set before the next call. Release the claim with
+ * `smoe_release`.
  *
  * # Returns
  * - `SMOE_OK`: `*out` holds the claim.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The capped comparison of issue 11: smoe against mmap on the same trace under
-# the same memory cap, next to exact LRU and Belady.
+# The capped comparison (docs/performance.md, "smoe against mmap, under a
+# memory cap"): smoe against mmap on the same trace under the same memory
+# cap, next to exact LRU and Belady.
 #
 #   scripts/bench-capped.sh [DIR]      (root: memory cgroups, drop_caches)
 #

@@ -34,7 +34,7 @@
 #                            after libsmoe.a (default: what `cargo rustc
 #                            --release --lib --crate-type staticlib --
 #                            --print native-static-libs` prints on this OS;
-#                            tests/examples.rs checks the Linux list)
+#                            tests/library/examples.rs checks the Linux list)
 set -euo pipefail
 
 if [ $# -ne 1 ] || [ -z "$1" ]; then

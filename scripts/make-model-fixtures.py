@@ -478,7 +478,7 @@ def dequant(fmt, base: Path, s: dict):
 
 
 def reference_ffn(fmt, base: Path, slices: list[dict], layer: int, expert: int, arch: str):
-    """y = down . (silu(gate . x) * (up . x)) per SPEC 5.4 (biases ignored)."""
+    """y = down . (silu(gate . x) * (up . x)) as docs/pack.md, "From a blob to your kernels", has it (biases ignored)."""
     import numpy as np
     mine = {s["role"]: s for s in slices if s["layer"] == layer and s["expert"] == expert}
     note = None
@@ -734,7 +734,7 @@ def write_readme(out: Path, doc: dict) -> None:
     L.append("""# Model fixtures
 
 Small **real** MoE model files written by other people's writers, for the
-tests of `smoe pack` (issue 10) and the llama.cpp client (issue 14). Nothing
+tests of `smoe pack` (docs/pack.md) and the llama.cpp client (docs/llama.md). Nothing
 here was written by smoe's own code.
 
 **Generated, not hand-edited.** `scripts/make-model-fixtures.sh` made every
@@ -766,7 +766,7 @@ byte-for-byte reproducible with the versions below (two runs compared).
 - **tokenizer**: `tokenizer.model` is a sentencepiece BPE model with
   `byte_fallback=True`, %d pieces, trained by the `sentencepiece` package on a
   seeded generated text; every model's `vocab_size` is %d. llama.cpp needs the
-  byte fallback to run a model (issue 14).
+  byte fallback to run a model.
 
 ## Versions
 """ % (SEED, v["llama-cpp-python sdist"], VOCAB, VOCAB))
@@ -793,7 +793,7 @@ The ground truth for tests, read back by independent readers (the
   first part, and `kv_keys_of_other_parts`), `alignment`,
   `alignment_key_present`; safetensors: `metadata` (`__metadata__`);
 - `reference_ffn`: for expert 1 of every expert layer, an input `x` and the output
-  `y = down . (silu(gate . x) * (up . x))` (SPEC 5.4; biases ignored),
+  `y = down . (silu(gate . x) * (up . x))` (docs/pack.md, "From a blob to your kernels"; biases ignored),
   computed in float64 from the dequantized slices;
 - `llama_simple` (GGUF, when the build was there): whether the pinned
   llama.cpp's `llama-simple` loads and runs the file, and what it printed

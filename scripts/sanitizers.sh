@@ -15,12 +15,14 @@
 #                 interleavings and stale-load choices are explored.
 #   tsan-lib      ThreadSanitizer over the same unit tests, real threads and
 #                 full counts (400 000 items through the MPMC test).
-#   tsan-stress   ThreadSanitizer over tests/stress.rs: 8 threads prefetch,
+#   tsan-stress   ThreadSanitizer over tests/alone/stress.rs (the `alone`
+#                 binary, filtered to `stress::`): 8 threads prefetch,
 #                 claim, hold and release through a ring smaller than the
 #                 working set while 6 I/O workers park and wake; every claimed
 #                 byte is checked. SMOE_STRESS_OPS ops per thread (default
 #                 here 20000, the test's own default is 200000).
-#   tsan-streamer ThreadSanitizer over tests/streamer.rs (integration tests:
+#   tsan-streamer ThreadSanitizer over tests/library/streamer.rs (the
+#                 `library` binary, filtered to `streamer::`; integration tests:
 #                 eviction, I/O errors, close with reads in flight, ...).
 #
 # TSAN builds std itself (-Zbuild-std, needs rust-src) with
@@ -165,11 +167,11 @@ run_tsan_lib() {
 }
 
 run_tsan_stress() {
-  SMOE_STRESS_OPS=$STRESS_OPS tsan --test stress -- --nocapture
+  SMOE_STRESS_OPS=$STRESS_OPS tsan --test alone -- stress:: --nocapture
 }
 
 run_tsan_streamer() {
-  tsan --test streamer
+  tsan --test library -- streamer::
 }
 
 part install install

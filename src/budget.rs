@@ -15,8 +15,8 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::config::{select_budget, Config};
 use crate::error::{Error, ErrorKind, Result};
-use crate::streamer::select_budget;
 use crate::sys::MemorySnapshot;
 use crate::vault::{Vault, DEFAULT_ALIGNMENT};
 
@@ -89,7 +89,7 @@ macro_rules! define_budget_config {
     ($($(#[$doc:meta])* $name:ident : $ty:ty = $default:expr,)*) => {
         /// The caller's say in the sizing: the settings of
         /// [`Config`](crate::Config) marked `[budget]` in its schema
-        /// (`src/streamer/schema.rs`), the `smoe_config` fields of docs/c-api.md
+        /// (`src/config.rs`), the `smoe_config` fields of docs/c-api.md
         /// that §2.1 reads. Zero (or `None`) in a field means "choose for
         /// me". [`Config::budget`](crate::Config::budget) gives a config's.
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,7 +107,22 @@ macro_rules! define_budget_config {
     };
 }
 
-crate::streamer::config_schema!(select_budget define_budget_config);
+crate::config::config_schema!(select_budget define_budget_config);
+
+macro_rules! define_budget_of {
+    ($($(#[$doc:meta])* $name:ident : $ty:ty = $default:expr,)*) => {
+        impl Config {
+            /// The settings the ring sizing reads ([`plan_for`]).
+            pub fn budget(&self) -> BudgetConfig {
+                BudgetConfig {
+                    $($name: self.$name,)*
+                }
+            }
+        }
+    };
+}
+
+crate::config::config_schema!(select_budget define_budget_of);
 
 /// Which bound, if any, changed the slot count (the last one that did, in
 /// the order docs/c-api.md, "Ring sizing" applies them: 64..=4096, then the entry count).
@@ -115,14 +130,14 @@ crate::streamer::config_schema!(select_budget define_budget_config);
 pub enum SlotClamp {
     /// The count is what the budget (or `ring_slots`) gave.
     None,
-    /// Raised to [`MIN_AUTO_SLOTS`].
+    /// Raised to the automatic minimum, 64 slots.
     Min,
-    /// Lowered to [`MAX_AUTO_SLOTS`].
+    /// Lowered to the automatic maximum, 4096 slots.
     Max,
     /// Lowered to the number of entries.
     Entries,
     /// Lowered to what the available memory holds: fewer slots than the
-    /// automatic minimum of [`MIN_AUTO_SLOTS`] fit.
+    /// automatic minimum of 64 fit.
     Fit,
 }
 
@@ -467,6 +482,30 @@ pub fn plan_for(vault: &Vault, config: &BudgetConfig) -> Result<RingPlan> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn budget_defaults_are_the_configs() {
+        assert_eq!(Config::default().budget(), BudgetConfig::default());
+        let config = Config {
+            ring_slots: 7,
+            slot_mb: 3,
+            scout_bytes: Some(5),
+            engine_overhead_bytes: 9,
+            elastic: false,
+            workers: 2,
+            ..Config::default()
+        };
+        assert_eq!(
+            config.budget(),
+            BudgetConfig {
+                ring_slots: 7,
+                slot_mb: 3,
+                scout_bytes: Some(5),
+                engine_overhead_bytes: 9,
+                elastic: false,
+            }
+        );
+    }
 
     const GIB: u64 = 1 << 30;
     const MIB: u64 = 1 << 20;

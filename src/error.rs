@@ -228,7 +228,7 @@ impl Error {
 
     /// An error whose subject is `path`: "PATH is a directory without
     /// experts.smoe". Carries the path.
-    pub(crate) fn path_is(kind: ErrorKind, path: &Path, what: impl Into<String>) -> Self {
+    pub fn path_is(kind: ErrorKind, path: &Path, what: impl Into<String>) -> Self {
         Self::with_form(kind, Form::PathIs, what.into()).with_path(path)
     }
 

@@ -3,6 +3,8 @@
 //! a model far larger than RAM.
 //!
 //! Layers, from the bottom:
+//! - `config`: each setting and counter declared once; the streamer, the
+//!   ring sizing and the C API all build on it, and it imports none of them.
 //! - [`vault`]: the on-disk format (`experts.smoe`), its validating reader and
 //!   its streaming writer. Pure Rust, no platform calls.
 //! - `sys`: every platform call (direct-I/O open, positional reads, aligned
@@ -14,10 +16,12 @@
 //! The Rust API is what a host uses: [`Streamer`] and its types at the crate
 //! root (with [`RingPlan`], what [`Streamer::plan`] returns), [`streamer`]'s
 //! constants, [`vault`] (reader, writer, [`vault::synth`] for synthetic
-//! vaults) and [`ffi`]. The ring sizing, the histogram, the queue, the router
-//! and `sys` are private; `internals` (hidden) lends the `smoe` tool, the
-//! benchmarks and the tests what they need of them, with no stability
-//! promise.
+//! vaults) and [`ffi`]. The ring sizing, the histogram, file safety, the
+//! queue, the router and `sys` are private; `internals` (hidden) lends the
+//! `smoe` tool, the packer (`smoe-pack`), the benchmarks and the tests what
+//! they need of them, with no stability promise. The packer, which turns
+//! GGUF and safetensors models into vaults, is a crate of its own
+//! (`pack/`), so a host never compiles it.
 //!
 //! The formats (vault bytes, metadata, histogram file, routing traces) are
 //! described in the repository's `docs/format.md`, the C API's rules in
@@ -34,21 +38,18 @@
 // need through [`internals`].
 #[cfg(not(loom))]
 pub mod ffi;
-#[cfg(not(loom))]
-pub mod pack;
 pub mod streamer;
 pub mod vault;
 
 mod budget;
+mod config;
 mod error;
-pub(crate) mod json;
+mod fs_safe;
 mod popularity;
 mod queue;
 mod router;
 mod sync;
 mod sys;
-// Under loom only its default capacity (of `Config`) is used.
-#[cfg_attr(loom, allow(dead_code))]
 mod trace;
 
 pub use budget::{PlanSources, RingPlan, SlotClamp};
@@ -57,15 +58,17 @@ pub use error::{Error, ErrorKind, Result};
 pub use streamer::{Claim, Config, Policy, Priority, SlotInfo, Stats, Streamer};
 pub use sys::DirectIo;
 
-/// For the `smoe` command-line tool (`cli/`), the benchmarks and the
-/// integration tests; no stability promise: anything here may change or go
-/// in any release, and a host must not use it.
+/// For the `smoe` command-line tool (`cli/`), the packer (`pack/`, package
+/// `smoe-pack`), the benchmarks and the integration tests; no stability
+/// promise: anything here may change or go in any release, and a host must
+/// not use it. Both crates pin this library's exact version for that reason.
 ///
 /// What a host needs is at the crate root, in [`streamer`], in [`vault`] and
 /// in the C API. This module lends the tool and the tests the pieces under
-/// it: the ring sizing a `smoe budget` prints, the histogram file, the
-/// synthetic router and trace parser of `smoe bench`, the platform calls of
-/// `smoe verify`, and the queue for its benchmark.
+/// it: the ring sizing a `smoe budget` prints, the histogram file, file
+/// safety (for the tool's own files and the packer's), the synthetic router
+/// and trace parser of `smoe bench`, the platform calls of `smoe verify`
+/// and the packer, and the queue for its benchmark.
 #[doc(hidden)]
 pub mod internals {
     /// Ring sizing (docs/c-api.md, "Ring sizing") from fixed inputs: `smoe budget`, and the
@@ -73,7 +76,6 @@ pub mod internals {
     pub mod budget {
         pub use crate::budget::{
             check_fits, plan_for, plan_ring, BudgetConfig, LargestBlob, VaultShape,
-            DEFAULT_ENGINE_OVERHEAD_BYTES, MAX_AUTO_SLOTS, MIN_AUTO_SLOTS, MIN_FLOOR_BYTES,
         };
         /// The elastic ring's watermarks and least slot count, for `smoe
         /// budget`'s account of how the ring behaves under pressure.
@@ -86,22 +88,22 @@ pub mod internals {
     /// The claim histogram and its file (docs/format.md §4).
     pub mod popularity {
         pub use crate::popularity::{
-            encode, file_bytes, is_temp_file_name, load, save, Histogram, LoadOutcome, Persistence,
+            encode, file_bytes, load, save, Histogram, LoadOutcome, Persistence,
         };
     }
 
     /// Replacing only one's own file, as the histogram and the trace do
     /// (judge what is at the path, save atomically, remove killed writers'
-    /// temporary files), and opening only a regular file, never blocking:
-    /// for the files the tool reads and writes itself (`smoe bench --plot`,
-    /// the mmap baseline).
+    /// temporary files; `src/fs_safe.rs`), and opening only a regular file,
+    /// never blocking: for the files the tool reads and writes itself
+    /// (`smoe bench --plot`, the mmap baseline) and the packer's (its
+    /// inputs' identities, its vault directory's files, its renames).
     pub mod files {
-        pub use crate::popularity::{
-            examine_file, file_id, judge_target, remove_leftover_temp_files, save_checked,
-            vault_file_key, FileId, Found, Target,
+        pub use crate::fs_safe::{
+            examine_file, file_id, is_temp_file_name, judge_target, remove_leftover_temp_files,
+            same_file, save_checked, sync_dir, vault_file_key, FileId, Found, Target,
         };
         pub use crate::sys::{open_regular, FileKind, OpenRegularError};
-        pub use crate::trace::same_file;
     }
 
     /// The synthetic router of `smoe demo`/`smoe bench`, and (also under
@@ -121,12 +123,13 @@ pub mod internals {
 
     /// Platform calls: the direct-I/O open with its buffered fallback, the
     /// `pread` loop and the aligned buffer `smoe verify` reads through, page
-    /// cache and disk space probes, and the memory snapshot ring sizing
-    /// starts from.
+    /// cache and disk space probes, whether a process exists (the packer's
+    /// leftovers), and the memory snapshot ring sizing starts from.
     pub mod sys {
         pub use crate::sys::{
             drop_file_cache, free_bytes, memory_snapshot, open_for_streaming, page_cache_bytes,
-            probe_direct_read, read_at_exact, AlignedBuffer, MemorySnapshot, OpenedFile, ReadError,
+            probe_direct_read, process_exists, read_at_exact, AlignedBuffer, MemorySnapshot,
+            OpenedFile, ReadError,
         };
     }
 

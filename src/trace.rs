@@ -22,7 +22,7 @@
 //!   histogram's file) turns capture off with a warning at open, and is
 //!   checked again just before the rename at close. The judging, the atomic
 //!   save and the cleanup of killed writers' temporary files are
-//!   [`crate::popularity`]'s, shared.
+//!   [`crate::fs_safe`]'s, shared.
 //!
 //! What it must never do:
 //! - allocate, lock or wait on the claim path: [`TraceRecorder::record`] is
@@ -37,7 +37,7 @@
 //! the claim, or drop anyway), in exchange for unlimited length. The array
 //! is allocated zeroed (`calloc`, so the OS commits its pages only as claims
 //! reach them): a trace costs 4 bytes per claim recorded, and the capacity,
-//! [`DEFAULT_TRACE_CAPACITY`] claims, is reserved address space, not memory.
+//! [`DEFAULT_TRACE_CAPACITY`](crate::config::DEFAULT_TRACE_CAPACITY) claims, is reserved address space, not memory.
 
 use std::alloc::Layout;
 use std::fs::File;
@@ -48,18 +48,12 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use crossbeam_utils::CachePadded;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::popularity::{
-    examine_file, file_id, judge_target, remove_leftover_temp_files, save_checked, vault_file_key,
-    FileId, Found, Target,
+use crate::fs_safe::{
+    examine_file, file_id, judge_target, remove_leftover_temp_files, same_file, save_checked,
+    vault_file_key, FileId, Found, Target,
 };
 use crate::sys::OpenRegularError;
 use crate::vault::Vault;
-
-/// Claims a trace records before it stops recording (and only counts them):
-/// 2^24, 64 MiB of address space, committed 4 bytes per claim as used. That
-/// is 262,144 tokens of a 32-layer top-2 model, 22,310 of a 94-layer top-8
-/// one.
-pub const DEFAULT_TRACE_CAPACITY: usize = 1 << 24;
 
 /// Bytes of an existing file read to judge its first line: a header of
 /// more ranks than this shows is judged on the part it shows.
@@ -270,22 +264,6 @@ fn zeroed_events(capacity: usize) -> Option<Box<[AtomicU32]>> {
     // of `[AtomicU32; capacity]`, which is how `Box<[AtomicU32]>` frees it;
     // all-zero bytes are a valid `AtomicU32`.
     Some(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(events, capacity)) })
-}
-
-/// Whether `a` and `b` name the same file: the same inode when both exist
-/// (links followed), else the same canonical directory and name.
-pub fn same_file(a: &Path, b: &Path) -> bool {
-    if let (Ok(ma), Ok(mb)) = (std::fs::metadata(a), std::fs::metadata(b)) {
-        return file_id(&ma) == file_id(&mb);
-    }
-    let canonical = |p: &Path| {
-        let dir = match p.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        Some(std::fs::canonicalize(dir).ok()?.join(p.file_name()?))
-    };
-    matches!((canonical(a), canonical(b)), (Some(x), Some(y)) if x == y)
 }
 
 /// [`examine_file`] with the trace rule: a regular file whose first line is

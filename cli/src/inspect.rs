@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use serde_json::{json, Value};
-use smoe::vault::layout::{BlobLayouts, LayoutItem};
 use smoe::vault::Vault;
+use smoe_pack::layout::{BlobLayouts, LayoutItem};
 
 use crate::output::{human_bytes, out, Failure};
 
@@ -13,7 +13,7 @@ use crate::output::{human_bytes, out, Failure};
 pub fn run(path: &Path, as_json: bool) -> Result<(), Failure> {
     let vault = Vault::open(path)?;
     // Checked here so a malformed layout is an error, not a silent omission.
-    let layouts = vault.layouts()?;
+    let layouts = BlobLayouts::of(&vault)?;
     if as_json {
         let text = serde_json::to_string_pretty(&json_summary(&vault))
             .map_err(|e| Failure::Message(format!("cannot encode the summary as JSON: {e}")))?;

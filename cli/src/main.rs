@@ -19,9 +19,10 @@
 //! on stderr, `smoe: <message>`), 2 a usage error: clap's, and a flag value
 //! out of its range (also one `smoe: ` line, naming the flag, the value and
 //! the range). Nothing the input holds makes it panic or abort.
-//! This binary only drives the library; the format rules live in
-//! `smoe::vault`. It is a package of its own (`smoe-cli`) so that a library
-//! user never compiles clap, indicatif or serde_json; what it needs beyond
+//! This binary only drives the library and the packer (`smoe_pack`, the
+//! workspace member `pack/`); the format rules live in `smoe::vault`. It is
+//! a package of its own (`smoe-cli`) so that a library user never compiles
+//! clap, indicatif or serde_json; what it needs beyond
 //! the library's public API (ring sizing, the router, platform calls) comes
 //! from `smoe::internals`, which carries no stability promise, hence the
 //! exact version pin in `cli/Cargo.toml`.

@@ -1,5 +1,5 @@
 //! `smoe pack SOURCE OUT_DIR [--force]`: a vault from a GGUF or safetensors
-//! model, with a progress bar and a summary. The packing is `smoe::pack`;
+//! model, with a progress bar and a summary. The packing is `smoe_pack::pack`;
 //! this file parses, shows progress, handles Ctrl-C and prints.
 
 use std::path::PathBuf;
@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Args;
 use smoe::internals::budget::{plan_for, BudgetConfig};
-use smoe::pack::{pack, PackOptions, PackSummary};
 use smoe::vault::Vault;
+use smoe_pack::{pack, PackOptions, PackSummary};
 
 use crate::output::{human_bytes, out, Failure};
 use crate::progress::bytes_bar;

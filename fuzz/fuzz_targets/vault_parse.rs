@@ -31,6 +31,6 @@ fn check(data: &[u8]) {
     }
 }
 
-// `reseal` and `u64_at`, shared with tests/fuzz_corpus.rs (which replays
-// the corpus the same way).
+// `reseal` and `u64_at`, shared with tests/library/fuzz_corpus.rs (which
+// replays the corpus the same way).
 include!("../reseal.rs");

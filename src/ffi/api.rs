@@ -266,8 +266,8 @@ pub unsafe extern "C" fn smoe_claim_wait(
     })
 }
 
-/// Queues the reads of a layer's working set, in the order given (SPEC
-/// §3.2, docs/c-api.md "Working sets"): a member already resident or in
+/// Queues the reads of a layer's working set, in the order given
+/// (docs/c-api.md "Working sets"): a member already resident or in
 /// flight costs nothing and takes no slot, and loads queued for earlier
 /// members are never evicted for later ones while they wait unclaimed.
 /// Never waits. Duplicates are allowed.
@@ -329,13 +329,14 @@ pub unsafe extern "C" fn smoe_prefetch_set(
     })
 }
 
-/// Claims one member of a layer's working set (SPEC §3.2): one that is
-/// resident now if any (a retained hit or a finished load, in the set's
-/// order), else the first whose read completes, waiting at most
-/// `timeout_ns` nanoseconds (0: never wait). Members neither resident nor
-/// in flight get demand reads as slots free up; a read in flight is marked
-/// demand. `out->expert` says which member was claimed: remove it from the
-/// set before the next call. Release the claim with `smoe_release`.
+/// Claims one member of a layer's working set (docs/c-api.md "Working
+/// sets"): one that is resident now if any (a retained hit or a finished
+/// load, in the set's order), else the first whose read completes, waiting
+/// at most `timeout_ns` nanoseconds (0: never wait). Members neither
+/// resident nor in flight get demand reads as slots free up; a read in
+/// flight is marked demand. `out->expert` says which member was claimed:
+/// remove it from the set before the next call. Release the claim with
+/// `smoe_release`.
 ///
 /// # Returns
 /// - `SMOE_OK`: `*out` holds the claim.

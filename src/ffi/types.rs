@@ -8,7 +8,7 @@
 //!
 //! `smoe_config` and `smoe_stats` are written out here because cbindgen
 //! reads them (it does not expand macros); the Rust side of their fields is
-//! declared once, in `src/streamer/schema.rs`. The conversions below are
+//! declared once, in `src/config.rs`. The conversions below are
 //! generated from that schema field by field: each C field converts through
 //! its Rust type's [`CValue`], struct literals name every field of both
 //! sides, and a constant check keeps the C fields in the schema's order, so
@@ -191,8 +191,9 @@ pub struct smoe_stats {
     pub shrinks: u64,
     /// Added after version 1's list: times the elastic ring grew back.
     pub grows: u64,
-    /// Added in wave 3: slots a claim holds now (refcount above 0); an
-    /// engine sizes a wave of claims as `slots_active − slots_held`.
+    /// Added after version 1's list: slots a claim holds now (refcount
+    /// above 0); an engine sizes a wave of claims as
+    /// `slots_active − slots_held`.
     pub slots_held: u64,
     /// Added in wave 3: evictions of loads that no claim had taken (reads
     /// wasted, most often speculation that did not come true).
@@ -612,7 +613,7 @@ macro_rules! config_conversions {
     };
 }
 
-crate::streamer::config_schema!(config_conversions);
+crate::config::config_schema!(config_conversions);
 
 /// Generates, from `stats_schema!`, the conversion from [`Stats`] to
 /// `smoe_stats` (see the module doc).
@@ -679,7 +680,7 @@ macro_rules! stats_conversions {
     };
 }
 
-crate::streamer::stats_schema!(stats_conversions);
+crate::config::stats_schema!(stats_conversions);
 
 /// The C value of a direct-I/O policy.
 fn direct_io_value(policy: DirectIo) -> u32 {

@@ -1,6 +1,6 @@
-//! The elastic ring (issue 13): a monitor thread that samples memory
-//! pressure every [`INTERVAL`] and decides how many slots may hold data,
-//! and the background pre-faulting of `populate`.
+//! The elastic ring (docs/c-api.md, "Elastic ring"): a monitor thread that
+//! samples memory pressure every [`INTERVAL`] and decides how many slots
+//! may hold data, and the background pre-faulting of `populate`.
 //!
 //! The decision is [`decide`], a pure function of one
 //! [`MemoryPressure`] sample and the ring's shape, tested with fixed

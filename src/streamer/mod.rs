@@ -10,18 +10,13 @@ pub(crate) mod elastic;
 #[cfg(not(loom))]
 mod prewarm;
 mod ring;
-mod schema;
 pub(crate) mod slots;
 #[cfg(not(loom))]
 mod worker;
 
+pub use crate::config::{Config, Policy, Stats};
 #[cfg(not(loom))]
 pub use imp::*;
-#[cfg(not(loom))]
-pub(crate) use schema::stats_schema;
-pub(crate) use schema::{config_schema, select_budget};
-pub use schema::{Config, Stats};
-pub use slots::Policy;
 #[cfg(not(loom))]
 #[doc(hidden)]
 pub use worker::{BlobReader, FileReader};
@@ -70,7 +65,7 @@ mod imp {
     pub const DEFAULT_WORKERS: u32 = 16;
     /// Most I/O workers a streamer runs.
     pub const MAX_WORKERS: u32 = 64;
-    pub use crate::trace::DEFAULT_TRACE_CAPACITY;
+    pub use crate::config::DEFAULT_TRACE_CAPACITY;
 
     /// How urgently an expert is wanted.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -692,8 +687,8 @@ mod imp {
             Ok(claimed)
         }
 
-        /// Queues the reads of a layer's working set (SPEC §3.2,
-        /// docs/c-api.md "Working sets"), in the order given: a member that
+        /// Queues the reads of a layer's working set (docs/c-api.md
+        /// "Working sets"), in the order given: a member that
         /// is resident or in flight costs nothing and takes no slot; later
         /// members never evict earlier ones that wait unclaimed. Never
         /// waits. Returns how many members (duplicates counted) are now
@@ -772,9 +767,9 @@ mod imp {
             Ok(present)
         }
 
-        /// Claims one member of a layer's working set (SPEC §3.2): a
-        /// resident one if any (a retained hit or a finished load, in the
-        /// set's order), else the first whose read completes, waiting up to
+        /// Claims one member of a layer's working set (docs/c-api.md
+        /// "Working sets"): a resident one if any (a retained hit or a
+        /// finished load, in the set's order), else the first whose read completes, waiting up to
         /// `timeout` (`Duration::ZERO`: never wait). Members that are
         /// neither resident nor in flight get demand reads as slots free
         /// up; a read in flight is marked demand. The claim's

@@ -35,8 +35,8 @@ pub const FLAG_CHECKSUMS: u32 = 1;
 /// (4 bytes per id), the streamer's identity map (9 bytes per id) and the
 /// histogram file (8 bytes per id, docs/format.md §4; in memory the histogram keeps
 /// one counter per entry). At 2^20 they stay near 13 MiB and an 8 MiB
-/// histogram file; at the earlier limit of 2^24 a one-entry
-/// vault cost 210 MiB at open and a 134 MB file write at every close. Real
+/// histogram file; at 2^24 a one-entry vault would cost 210 MiB at open and
+/// a 134 MB file write at every close. Real
 /// models are far below it (Qwen3-235B: 94 × 128 = 12,032 ids; DeepSeek-V3:
 /// 61 × 256 = 15,616). Ticket slot fields are 20 bits for the same reason:
 /// a ring never has more slots than the vault has entries.

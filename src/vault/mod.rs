@@ -7,7 +7,6 @@
 //! hashing. [`VaultWriter`] writes vaults; [`synth`] makes synthetic ones.
 
 mod format;
-pub mod layout;
 pub mod synth;
 mod writer;
 
@@ -21,8 +20,7 @@ pub use format::{
     hex, Entry, Header, DEFAULT_ALIGNMENT, ENTRY_BYTES, FLAG_CHECKSUMS, HEADER_BYTES,
     MAX_ALIGNMENT, MAX_EXPERT_IDS, MAX_META_BYTES, MIN_ALIGNMENT, VERSION,
 };
-pub(crate) use writer::random_id;
-pub use writer::{VaultWriter, WriterOptions};
+pub use writer::{random_id, VaultWriter, WriterOptions};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::sys::{self, FileKind, OpenRegularError};
@@ -219,43 +217,6 @@ impl Vault {
         // SAFETY: `meta` holds only bytes that `format::parse_meta` checked
         // to be UTF-8 (or none), and nothing changes them afterwards.
         unsafe { std::str::from_utf8_unchecked(self.meta.as_bytes()) }
-    }
-
-    /// What is inside each blob, by layer: the metadata's
-    /// `layer_blob_layouts`, as `smoe pack` writes it. `Ok(None)` when the
-    /// metadata has none (a synthetic vault); an error naming the layer and
-    /// item when it is malformed, or when an item runs past a blob of its
-    /// layer.
-    pub fn layouts(&self) -> Result<Option<layout::BlobLayouts>> {
-        let Some(layouts) = layout::BlobLayouts::from_metadata(self.meta())? else {
-            return Ok(None);
-        };
-        for e in &self.entries {
-            let end = layouts
-                .layer(e.layer)
-                .and_then(|items| items.iter().map(layout::LayoutItem::end).max());
-            match end {
-                Some(end) if end <= e.size => {}
-                Some(end) => {
-                    return Err(Error::format(format!(
-                        "the layout ends at byte {end}, the blob has {}",
-                        e.size
-                    ))
-                    .with_path(&self.path)
-                    .with_expert(e.layer, e.expert)
-                    .with_field("layer_blob_layouts"))
-                }
-                None => {
-                    return Err(Error::format(format!(
-                        "layer {} has blobs but no entry in layer_blob_layouts",
-                        e.layer
-                    ))
-                    .with_path(&self.path)
-                    .with_field("layer_blob_layouts"))
-                }
-            }
-        }
-        Ok(Some(layouts))
     }
 
     /// The same metadata as a NUL-terminated C string: the bytes of

@@ -20,7 +20,7 @@ use super::format::{
     MAX_EXPERT_IDS, MAX_META_BYTES, MIN_ALIGNMENT, VERSION,
 };
 use super::EXPERTS_FILE;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 
 /// Options for [`VaultWriter::create`].
 #[derive(Clone, Debug)]
@@ -30,7 +30,7 @@ pub struct WriterOptions {
     /// Store each payload's xxh3 (header flag bit 0).
     pub checksums: bool,
     /// Metadata JSON object (docs/format.md §3), or None. At most
-    /// [`MAX_META_BYTES`](super::MAX_META_BYTES) bytes and no NUL byte, as
+    /// [`MAX_META_BYTES`] bytes and no NUL byte, as
     /// every reader requires; [`VaultWriter::create`] refuses other text.
     pub meta: Option<String>,
     /// The vault id; None draws a random one.
@@ -191,7 +191,7 @@ impl VaultWriter {
             let n = left.min(buf.len() as u64) as usize;
             reader.read_exact(&mut buf[..n]).map_err(|e| {
                 Error::new(
-                    crate::ErrorKind::Io,
+                    ErrorKind::Io,
                     format!(
                         "reading the blob's {size} bytes failed after {}: {e}",
                         size - left
@@ -347,8 +347,11 @@ impl Drop for VaultWriter {
     }
 }
 
-/// 16 random bytes from the OS, for a vault id.
-pub(crate) fn random_id() -> [u8; 16] {
+/// 16 random bytes from the OS, for a vault id: what [`VaultWriter`] uses
+/// when [`WriterOptions::vault_id`] is `None`. A writer that must know the
+/// id before the vault is finished (to put it in the scout, as the packer
+/// does) draws one here and passes it in.
+pub fn random_id() -> [u8; 16] {
     let mut id = [0u8; 16];
     let from_os = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut id));
     if from_os.is_err() {

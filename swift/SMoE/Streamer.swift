@@ -196,11 +196,11 @@ public final class Streamer: @unchecked Sendable {
         return Claim(streamer: self, slot: slot)
     }
 
-    /// Queues the reads of a layer's working set, in order (SPEC §3.2):
-    /// returns how many members are now resident or in flight, fewer than
-    /// `experts.count` when the ring could not take the rest (the
-    /// `SMOE_ERR_RING_FULL` case is not thrown: `claimAny` queues the rest
-    /// as slots free up).
+    /// Queues the reads of a layer's working set, in order (docs/c-api.md,
+    /// "Working sets"): returns how many members are now resident or in
+    /// flight, fewer than `experts.count` when the ring could not take the
+    /// rest (the `SMOE_ERR_RING_FULL` case is not thrown: `claimAny` queues
+    /// the rest as slots free up).
     @discardableResult
     public func prefetchSet(layer: UInt32, experts: [UInt32], speculative: Bool = false) throws -> UInt32 {
         var queued: UInt32 = 0

@@ -3,8 +3,9 @@
  *
  * Usage: api_test <experts.smoe> <n_layers> <n_experts> <dense_layer>
  *
- * tests/c_api.rs writes a synthetic vault, compiles this file as C11 with
- * -Wall -Wextra -Wpedantic -Werror, links it against libsmoe.a and runs it.
+ * tests/library/c_api.rs writes a synthetic vault, compiles this file as
+ * C11 with -Wall -Wextra -Wpedantic -Werror, links it against libsmoe.a and
+ * runs it.
  * Expected payload bytes are read straight from the vault file at the offset
  * smoe_expert_info reports, so this program needs no knowledge of the
  * synthetic generator. Every failed check prints its line and the library's

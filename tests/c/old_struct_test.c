@@ -7,8 +7,9 @@
  *
  * Usage: old_struct_test <experts.smoe>
  *
- * tests/c_api.rs builds it once per variant of smoe_v1.h (see its knobs),
- * with -Wall -Wextra -Wpedantic -Werror, and links it against libsmoe.a.
+ * tests/library/c_api.rs builds it once per variant of smoe_v1.h (see its
+ * knobs), with -Wall -Wextra -Wpedantic -Werror, and links it against
+ * libsmoe.a.
  * Prints "ok" and exits 0 when every check passes.
  */
 

@@ -1,6 +1,7 @@
 /* Built by tests/cmake/CMakeLists.txt against smoe's CMake targets and run
- * by tests/cmake.rs: the library's version is the header's, and every
- * expert of layer LAYER claimed from VAULT equals its bytes in experts.smoe.
+ * by tests/library/cmake.rs: the library's version is the header's, and
+ * every expert of layer LAYER claimed from VAULT equals its bytes in
+ * experts.smoe.
  *
  * usage: consumer VAULT LAYER EXPERTS; prints "ok VERSION N" */
 #define _POSIX_C_SOURCE 200809L

@@ -55,8 +55,8 @@ mod loom;
 #[cfg(all(test, not(loom)))]
 mod tests;
 
+use crate::config::Policy;
 pub(crate) use pins::MAX_PINS;
-pub use victim::Policy;
 pub(crate) use victim::{Shape, Spare};
 pub(crate) use word::{split_ticket, Origin, CONSUMED, MAX_REFS, MAX_SLOTS, OFFLINE, READY};
 
@@ -884,7 +884,7 @@ impl SlotTable {
         }
     }
 
-    /// One pass of a working-set claim (SPEC §3.2, `Streamer::claim_any`)
+    /// One pass of a working-set claim (`Streamer::claim_any`)
     /// over the `n` members whose dense ids `id(k)` gives (checked lazily,
     /// as the pass reaches each): the first resident member, claimed; then,
     /// if the pass went past members that are not resident (or found none),

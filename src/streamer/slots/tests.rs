@@ -55,7 +55,7 @@ pub(super) fn decode(t: &SlotTable, ids: &[u32]) {
     }
 }
 
-/// `tests/generation_wrap.rs` without its 2^24 reads: the first load's
+/// `tests/library/generation_wrap.rs` without its 2^24 reads: the first load's
 /// ticket, released, must not release the claim of load 2^24 + 1 (the
 /// load that would reuse its generation, were the generation 24 bits).
 #[test]

@@ -13,20 +13,8 @@
 use super::pins::Skip;
 use super::word::{Word, CONSUMED, EMPTY, READY};
 use super::{Cell, Origin, SlotTable};
+use crate::config::Policy;
 use crate::sync::{AtomicU64, Ordering};
-
-/// How eviction chooses among idle slots (C `smoe_config.policy`; the
-/// discriminants are the C values).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum Policy {
-    /// Least recently used first (the default).
-    #[default]
-    Lru = 0,
-    /// Layer-aware: experts not used in their layer's latest visit first,
-    /// the least claimed first; then the one whose layer the decode loop
-    /// reaches last. See docs/c-api.md, "The adaptive policy".
-    Adaptive = 1,
-}
 
 /// The shape the adaptive policy needs: dense ids are
 /// `layer × experts_per_layer + expert`.
@@ -40,7 +28,7 @@ pub(crate) struct Shape {
 /// Slots a take must not evict, by the id they hold: the pre-warm
 /// thread's warm set, or the members of one working set, so that loading a
 /// set's later members never evicts its earlier ones while they wait
-/// unclaimed (SPEC §3.2: a burst keeps its head).
+/// unclaimed (a burst keeps its head: docs/c-api.md "Working sets").
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Spare<'a> {
     /// Every idle slot may be taken.

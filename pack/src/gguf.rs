@@ -1,0 +1,608 @@
+//! GGUF (v3) read and written the way the packer needs: the header, every
+//! key/value kept as its raw bytes (so the scout copies them unchanged),
+//! and the tensor infos; tensor data is never read here, only located.
+//!
+//! Layout of a GGUF file, all little-endian:
+//! `"GGUF"`, u32 version, u64 tensor count, u64 key/value count; the
+//! key/values (u64-length string key, u32 value type, value); the tensor
+//! infos (string name, u32 n_dims ≤ 4, u64 `ne[n_dims]`, u32 GGML type, u64
+//! offset relative to the data section); padding to `general.alignment`
+//! (32 when absent); the data section.
+//!
+//! Every count and length is checked against the bytes the file has before
+//! anything is allocated for it, and lists grow with the entries really
+//! read, so what the reader allocates follows the file, not the header's
+//! claims.
+
+use std::fs::File;
+use std::io::{BufReader, Read, Write};
+use std::path::Path;
+
+use super::Cancel;
+use smoe::{Error, Result};
+
+/// The four bytes every GGUF file starts with.
+pub const MAGIC: [u8; 4] = *b"GGUF";
+/// Alignment of the data section when `general.alignment` is absent.
+pub const DEFAULT_ALIGNMENT: u64 = 32;
+/// Largest `general.alignment` this reader accepts (writers use 32).
+pub const MAX_ALIGNMENT: u64 = 1 << 20;
+
+/// One GGML element type: its name, elements per block and bytes per block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GgmlType {
+    /// The type's number in GGUF tensor infos.
+    pub id: u32,
+    /// ggml's name for it (`Q8_0`, `BF16`, ...).
+    pub name: &'static str,
+    /// Elements per block (1 for plain types).
+    pub block: u64,
+    /// Bytes per block.
+    pub block_bytes: u64,
+}
+
+const QK_K: u64 = 256;
+
+/// ggml's type traits (block size, bytes per block), by type number, as
+/// `ggml/src/ggml.c` and gguf-py's `GGML_QUANT_SIZES` define them. Numbers
+/// 4, 5 and 31–33, 36–38 are retired in ggml.
+const GGML_TYPES: &[(u32, &str, u64, u64)] = &[
+    (0, "F32", 1, 4),
+    (1, "F16", 1, 2),
+    (2, "Q4_0", 32, 2 + 16),
+    (3, "Q4_1", 32, 2 + 2 + 16),
+    (6, "Q5_0", 32, 2 + 4 + 16),
+    (7, "Q5_1", 32, 2 + 2 + 4 + 16),
+    (8, "Q8_0", 32, 2 + 32),
+    (9, "Q8_1", 32, 4 + 4 + 32),
+    (10, "Q2_K", QK_K, 2 + 2 + QK_K / 16 + QK_K / 4),
+    (11, "Q3_K", QK_K, 2 + QK_K / 4 + QK_K / 8 + 12),
+    (12, "Q4_K", QK_K, 2 + 2 + QK_K / 2 + 12),
+    (13, "Q5_K", QK_K, 2 + 2 + QK_K / 2 + QK_K / 8 + 12),
+    (14, "Q6_K", QK_K, 2 + QK_K / 2 + QK_K / 4 + QK_K / 16),
+    (15, "Q8_K", QK_K, 4 + QK_K + QK_K / 8),
+    (16, "IQ2_XXS", QK_K, 2 + QK_K / 4),
+    (17, "IQ2_XS", QK_K, 2 + QK_K / 4 + QK_K / 32),
+    (18, "IQ3_XXS", QK_K, 2 + QK_K / 4 + QK_K / 8),
+    (19, "IQ1_S", QK_K, 2 + QK_K / 8 + QK_K / 16),
+    (20, "IQ4_NL", 32, 2 + 16),
+    (21, "IQ3_S", QK_K, 2 + QK_K / 4 + QK_K / 8 + QK_K / 32 + 4),
+    (22, "IQ2_S", QK_K, 2 + QK_K / 4 + QK_K / 16),
+    (23, "IQ4_XS", QK_K, 2 + 2 + QK_K / 2 + QK_K / 64),
+    (24, "I8", 1, 1),
+    (25, "I16", 1, 2),
+    (26, "I32", 1, 4),
+    (27, "I64", 1, 8),
+    (28, "F64", 1, 8),
+    (29, "IQ1_M", QK_K, QK_K / 8 + QK_K / 16 + QK_K / 32),
+    (30, "BF16", 1, 2),
+    (34, "TQ1_0", QK_K, 2 + 4 * 13),
+    (35, "TQ2_0", QK_K, 2 + 64),
+    (39, "MXFP4", 32, 1 + 16),
+];
+
+impl GgmlType {
+    /// The type numbered `id`, if ggml defines it (as of the types above).
+    pub fn from_id(id: u32) -> Option<GgmlType> {
+        GGML_TYPES
+            .iter()
+            .find(|t| t.0 == id)
+            .map(|&(id, name, block, block_bytes)| GgmlType {
+                id,
+                name,
+                block,
+                block_bytes,
+            })
+    }
+
+    /// The type named `name` (`Q8_0`, ...).
+    #[cfg(test)]
+    pub fn from_name(name: &str) -> Option<GgmlType> {
+        GGML_TYPES
+            .iter()
+            .find(|t| t.1 == name)
+            .and_then(|t| Self::from_id(t.0))
+    }
+
+    /// Bytes of a row of `ne0` elements, or None when `ne0` is not a whole
+    /// number of blocks or the product overflows.
+    pub fn row_bytes(&self, ne0: u64) -> Option<u64> {
+        if ne0 % self.block != 0 {
+            return None;
+        }
+        (ne0 / self.block).checked_mul(self.block_bytes)
+    }
+}
+
+/// GGUF value types (the u32 before each value): 0 u8, 1 i8, 2 u16, 3 i16,
+/// 4 u32, 5 i32, 6 f32, 7 bool, 8 string, 9 array, 10 u64, 11 i64, 12 f64.
+mod value_type {
+    pub const STRING: u32 = 8;
+    pub const ARRAY: u32 = 9;
+    /// The byte size of a fixed-size type, None for strings, arrays and
+    /// unknown types.
+    pub fn fixed_size(t: u32) -> Option<usize> {
+        match t {
+            0 | 1 | 7 => Some(1),
+            2 | 3 => Some(2),
+            4..=6 => Some(4),
+            10..=12 => Some(8),
+            _ => None,
+        }
+    }
+}
+
+/// One key/value of a GGUF file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeyValue {
+    /// The key.
+    pub key: String,
+    /// The value type (0–12).
+    pub value_type: u32,
+    /// The value's bytes exactly as in the file (after the type word).
+    pub raw: Vec<u8>,
+}
+
+impl KeyValue {
+    /// The value as an unsigned integer, for the integer types.
+    pub fn as_u64(&self) -> Option<u64> {
+        let b = &self.raw;
+        Some(match self.value_type {
+            0 => u64::from(b[0]),
+            2 => u64::from(u16::from_le_bytes(b[..2].try_into().ok()?)),
+            4 => u64::from(u32::from_le_bytes(b[..4].try_into().ok()?)),
+            10 => u64::from_le_bytes(b[..8].try_into().ok()?),
+            1 => u64::try_from(b[0] as i8).ok()?,
+            3 => u64::try_from(i16::from_le_bytes(b[..2].try_into().ok()?)).ok()?,
+            5 => u64::try_from(i32::from_le_bytes(b[..4].try_into().ok()?)).ok()?,
+            11 => u64::try_from(i64::from_le_bytes(b[..8].try_into().ok()?)).ok()?,
+            _ => return None,
+        })
+    }
+
+    /// The value as a string, for the string type.
+    pub fn as_str(&self) -> Option<&str> {
+        if self.value_type != value_type::STRING {
+            return None;
+        }
+        std::str::from_utf8(self.raw.get(8..)?).ok()
+    }
+
+    /// A string key/value.
+    pub fn string(key: &str, value: &str) -> KeyValue {
+        let mut raw = (value.len() as u64).to_le_bytes().to_vec();
+        raw.extend_from_slice(value.as_bytes());
+        KeyValue {
+            key: key.to_owned(),
+            value_type: value_type::STRING,
+            raw,
+        }
+    }
+}
+
+/// One tensor info of a GGUF file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// The tensor's name.
+    pub name: String,
+    /// Its dimensions, innermost first (ggml's `ne`).
+    pub ne: Vec<u64>,
+    /// Its element type.
+    pub ggml_type: GgmlType,
+    /// Offset of its data from the start of the data section.
+    pub offset: u64,
+    /// Bytes of its data.
+    pub bytes: u64,
+}
+
+/// A parsed GGUF file: everything but the tensor data.
+#[derive(Clone, Debug)]
+pub struct Gguf {
+    /// Key/values in file order.
+    pub kvs: Vec<KeyValue>,
+    /// Tensor infos in file order.
+    pub tensors: Vec<TensorInfo>,
+    /// The data section's alignment.
+    pub alignment: u64,
+    /// Absolute offset of the data section.
+    pub data_offset: u64,
+}
+
+impl Gguf {
+    /// The key/value named `key`.
+    pub fn kv(&self, key: &str) -> Option<&KeyValue> {
+        self.kvs.iter().find(|kv| kv.key == key)
+    }
+
+    /// `general.architecture`.
+    pub fn architecture(&self) -> Option<&str> {
+        self.kv("general.architecture").and_then(KeyValue::as_str)
+    }
+
+    /// Parses `file` (opened from `path`, a regular file), checking every
+    /// tensor's data lies inside it. Errors name the file and what is
+    /// wrong; `cancel` is asked every few thousand entries whether to stop.
+    pub fn read(file: &File, path: &Path, cancel: Cancel<'_>) -> Result<Gguf> {
+        let file_bytes = file
+            .metadata()
+            .map_err(|e| Error::io("cannot stat", path, &e))?
+            .len();
+        let mut r = Reader {
+            inner: BufReader::with_capacity(1 << 16, file),
+            at: 0,
+            len: file_bytes,
+            path,
+            cancel,
+            countdown: CANCEL_EVERY,
+        };
+        let bad = |what: String| Error::format(format!("{}: {what}", path.display()));
+        let mut magic = [0u8; 4];
+        r.bytes(&mut magic).map_err(|_| {
+            bad(format!(
+                "not a GGUF file: {file_bytes} bytes, too short for a header"
+            ))
+        })?;
+        if magic != MAGIC {
+            let shown = if magic.iter().all(|b| b.is_ascii_graphic()) {
+                format!("{:?}", String::from_utf8_lossy(&magic))
+            } else {
+                format!(
+                    "{:02x} {:02x} {:02x} {:02x}",
+                    magic[0], magic[1], magic[2], magic[3]
+                )
+            };
+            return Err(bad(format!(
+                "not a GGUF file (magic {shown}, expected \"GGUF\")"
+            )));
+        }
+        let version = r.u32()?;
+        if version != 3 {
+            return Err(bad(format!(
+                "GGUF version {version}, this reader reads version 3"
+            )));
+        }
+        let n_tensors = r.u64()?;
+        let n_kvs = r.u64()?;
+        // Each key/value takes at least 8 + 4 + 1 bytes, each tensor info
+        // 8 + 4 + 4 + 8: counts beyond what the file could hold are lies.
+        if n_kvs > file_bytes / 13 || n_tensors > file_bytes / 24 {
+            return Err(bad(format!(
+                "header claims {n_tensors} tensors and {n_kvs} key/values, more than a {file_bytes}-byte file can hold (truncated?)"
+            )));
+        }
+        // Capacity grows with what is really read, not with the header's
+        // claims (each entry is far larger in memory than on disk).
+        let mut kvs = Vec::with_capacity(n_kvs.min(4096) as usize);
+        for i in 0..n_kvs {
+            r.tick()?;
+            let key = r.string_of("key/value", i)?;
+            let value_type = r.u32()?;
+            let mut raw = Vec::new();
+            r.value(value_type, &mut raw, 0)
+                .map_err(|e| e.context(format!("key/value {key:?}")))?;
+            kvs.push(KeyValue {
+                key,
+                value_type,
+                raw,
+            });
+        }
+        let alignment = match kvs.iter().find(|kv| kv.key == "general.alignment") {
+            None => DEFAULT_ALIGNMENT,
+            Some(kv) => match kv.as_u64() {
+                Some(a) if a.is_power_of_two() && a <= MAX_ALIGNMENT => a,
+                _ => {
+                    return Err(bad(format!(
+                        "general.alignment is not a power of two up to {MAX_ALIGNMENT}"
+                    )))
+                }
+            },
+        };
+        let mut tensors = Vec::with_capacity(n_tensors.min(4096) as usize);
+        for i in 0..n_tensors {
+            r.tick()?;
+            let name = r.string_of("tensor info", i)?;
+            let n_dims = r.u32()?;
+            if !(1..=4).contains(&n_dims) {
+                return Err(bad(format!(
+                    "tensor {name}: {n_dims} dimensions, expected 1 to 4"
+                )));
+            }
+            let mut ne = Vec::with_capacity(n_dims as usize);
+            for _ in 0..n_dims {
+                ne.push(r.u64()?);
+            }
+            let type_id = r.u32()?;
+            let ggml_type = GgmlType::from_id(type_id).ok_or_else(|| {
+                bad(format!(
+                    "tensor {name} has GGML type {type_id}, which this packer does not know"
+                ))
+            })?;
+            let offset = r.u64()?;
+            let bytes = tensor_bytes(&ne, ggml_type).ok_or_else(|| {
+                bad(format!(
+                    "tensor {name}: dimensions {ne:?} are not whole {} blocks of {} elements, or overflow",
+                    ggml_type.name, ggml_type.block
+                ))
+            })?;
+            tensors.push(TensorInfo {
+                name,
+                ne,
+                ggml_type,
+                offset,
+                bytes,
+            });
+        }
+        let data_offset = r.at.next_multiple_of(alignment);
+        for t in &tensors {
+            let end = data_offset
+                .checked_add(t.offset)
+                .and_then(|s| s.checked_add(t.bytes));
+            if t.offset % alignment != 0 || end.is_none_or(|e| e > file_bytes) {
+                return Err(bad(format!(
+                    "tensor {}: data at offset {} ({} bytes) is {} (data section at {data_offset}, file {file_bytes} bytes)",
+                    t.name,
+                    t.offset,
+                    t.bytes,
+                    if t.offset % alignment != 0 {
+                        "not aligned"
+                    } else {
+                        "outside the file (truncated?)"
+                    }
+                )));
+            }
+        }
+        if let Some(name) = super::first_duplicate(tensors.iter().map(|t| t.name.as_str())) {
+            return Err(bad(format!("tensor {name} appears twice")));
+        }
+        Ok(Gguf {
+            kvs,
+            tensors,
+            alignment,
+            data_offset,
+        })
+    }
+}
+
+/// Bytes of a tensor of dimensions `ne` and type `t`: rows of `ne[0]`
+/// elements in whole blocks.
+fn tensor_bytes(ne: &[u64], t: GgmlType) -> Option<u64> {
+    let row = t.row_bytes(*ne.first()?)?;
+    ne[1..].iter().try_fold(row, |acc, &n| acc.checked_mul(n))
+}
+
+/// Entries (key/values, tensor infos, array items) read between two looks
+/// at the cancel flag.
+const CANCEL_EVERY: u32 = 4096;
+
+struct Reader<'p> {
+    inner: BufReader<&'p File>,
+    at: u64,
+    len: u64,
+    path: &'p Path,
+    cancel: Cancel<'p>,
+    /// Entries left before the next look at `cancel`.
+    countdown: u32,
+}
+
+impl Reader<'_> {
+    /// Counts one entry; every [`CANCEL_EVERY`] asks `cancel`.
+    fn tick(&mut self) -> Result<()> {
+        self.countdown -= 1;
+        if self.countdown == 0 {
+            self.countdown = CANCEL_EVERY;
+            if (self.cancel)() {
+                return Err(super::interrupted());
+            }
+        }
+        Ok(())
+    }
+
+    fn truncated(&self, want: u64) -> Error {
+        Error::format(format!(
+            "{}: truncated: needs {want} more bytes at offset {}, the file has {}",
+            self.path.display(),
+            self.at,
+            self.len
+        ))
+    }
+
+    fn bytes(&mut self, buf: &mut [u8]) -> Result<()> {
+        if self.len - self.at < buf.len() as u64 {
+            return Err(self.truncated(buf.len() as u64));
+        }
+        self.inner
+            .read_exact(buf)
+            .map_err(|e| Error::io("cannot read", self.path, &e))?;
+        self.at += buf.len() as u64;
+        Ok(())
+    }
+
+    fn u32(&mut self) -> Result<u32> {
+        let mut b = [0u8; 4];
+        self.bytes(&mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    fn u64(&mut self) -> Result<u64> {
+        let mut b = [0u8; 8];
+        self.bytes(&mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    /// The string that names item `i` of a section (`what`).
+    fn string_of(&mut self, what: &str, i: u64) -> Result<String> {
+        self.string().map_err(|e| e.context(format!("{what} {i}")))
+    }
+
+    fn string(&mut self) -> Result<String> {
+        let n = self.u64()?;
+        if n > self.len - self.at {
+            return Err(self.truncated(n));
+        }
+        let mut b = vec![0u8; n as usize];
+        self.bytes(&mut b)?;
+        String::from_utf8(b).map_err(|_| {
+            Error::format(format!(
+                "{}: a string at offset {} is not UTF-8",
+                self.path.display(),
+                self.at - n
+            ))
+        })
+    }
+
+    /// Reads one value of type `t`, appending its raw bytes to `out`.
+    fn value(&mut self, t: u32, out: &mut Vec<u8>, depth: u32) -> Result<()> {
+        let fixed = match t {
+            t if value_type::fixed_size(t).is_some() => value_type::fixed_size(t).unwrap_or(0),
+            value_type::STRING => {
+                let n = self.u64()?;
+                if n > self.len - self.at {
+                    return Err(self.truncated(n));
+                }
+                out.extend_from_slice(&n.to_le_bytes());
+                let start = out.len();
+                out.resize(start + n as usize, 0);
+                return self.bytes(&mut out[start..]);
+            }
+            value_type::ARRAY => {
+                if depth > 0 {
+                    return Err(Error::format(format!(
+                        "{}: nested array at offset {}",
+                        self.path.display(),
+                        self.at
+                    )));
+                }
+                let item_type = self.u32()?;
+                let n = self.u64()?;
+                // Every item takes at least one byte.
+                if n > self.len - self.at {
+                    return Err(self.truncated(n));
+                }
+                out.extend_from_slice(&item_type.to_le_bytes());
+                out.extend_from_slice(&n.to_le_bytes());
+                for _ in 0..n {
+                    self.tick()?;
+                    self.value(item_type, out, depth + 1)?;
+                }
+                return Ok(());
+            }
+            other => {
+                return Err(Error::format(format!(
+                    "{}: unknown value type {other} at offset {}",
+                    self.path.display(),
+                    self.at - 4
+                )))
+            }
+        };
+        let start = out.len();
+        out.resize(start + fixed, 0);
+        self.bytes(&mut out[start..])
+    }
+}
+
+/// Writes a GGUF v3 file: `kvs` as given (raw bytes), then the tensor
+/// infos of `tensors` with offsets laid out at `alignment`, then each
+/// tensor's data, copied by `copy(index, writer)` in order.
+pub fn write(
+    path: &Path,
+    kvs: &[KeyValue],
+    tensors: &[TensorInfo],
+    alignment: u64,
+    copy: &mut dyn FnMut(usize, &mut dyn Write) -> Result<()>,
+) -> Result<()> {
+    let mut w = super::ScoutFile::create(path)?;
+    let io = |e: std::io::Error| Error::io("cannot write", path, &e);
+    let mut head = Vec::new();
+    head.extend_from_slice(&MAGIC);
+    head.extend_from_slice(&3u32.to_le_bytes());
+    head.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    head.extend_from_slice(&(kvs.len() as u64).to_le_bytes());
+    let put_str = |head: &mut Vec<u8>, s: &str| {
+        head.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        head.extend_from_slice(s.as_bytes());
+    };
+    for kv in kvs {
+        put_str(&mut head, &kv.key);
+        head.extend_from_slice(&kv.value_type.to_le_bytes());
+        head.extend_from_slice(&kv.raw);
+    }
+    let mut offset = 0u64;
+    let mut offsets = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        put_str(&mut head, &t.name);
+        head.extend_from_slice(&(t.ne.len() as u32).to_le_bytes());
+        for &n in &t.ne {
+            head.extend_from_slice(&n.to_le_bytes());
+        }
+        head.extend_from_slice(&t.ggml_type.id.to_le_bytes());
+        head.extend_from_slice(&offset.to_le_bytes());
+        offsets.push(offset);
+        offset = (offset + t.bytes).next_multiple_of(alignment);
+    }
+    let data_start = (head.len() as u64).next_multiple_of(alignment);
+    head.resize(data_start as usize, 0);
+    w.write_all(&head).map_err(io)?;
+    let mut at = 0u64;
+    for (i, t) in tensors.iter().enumerate() {
+        let pad = offsets[i] - at;
+        w.write_all(&vec![0u8; pad as usize]).map_err(io)?;
+        let mut counted = CountingWriter {
+            inner: &mut w,
+            written: 0,
+        };
+        copy(i, &mut counted)?;
+        if counted.written != t.bytes {
+            return Err(Error::new(
+                smoe::ErrorKind::Internal,
+                format!(
+                    "tensor {}: copied {} bytes, expected {}",
+                    t.name, counted.written, t.bytes
+                ),
+            ));
+        }
+        at = offsets[i] + t.bytes;
+    }
+    let end = at.next_multiple_of(alignment);
+    w.write_all(&vec![0u8; (end - at) as usize]).map_err(io)?;
+    w.finish()
+}
+
+struct CountingWriter<'w> {
+    inner: &'w mut dyn Write,
+    written: u64,
+}
+
+impl Write for CountingWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_table_matches_ggml() {
+        let t = |n| GgmlType::from_name(n).unwrap();
+        assert_eq!((t("Q8_0").block, t("Q8_0").block_bytes), (32, 34));
+        assert_eq!((t("Q4_0").block, t("Q4_0").block_bytes), (32, 18));
+        assert_eq!((t("Q4_K").block, t("Q4_K").block_bytes), (256, 144));
+        assert_eq!((t("Q5_K").block, t("Q5_K").block_bytes), (256, 176));
+        assert_eq!((t("Q6_K").block, t("Q6_K").block_bytes), (256, 210));
+        assert_eq!((t("Q2_K").block, t("Q2_K").block_bytes), (256, 84));
+        assert_eq!((t("Q3_K").block, t("Q3_K").block_bytes), (256, 110));
+        assert_eq!((t("IQ2_XXS").block, t("IQ2_XXS").block_bytes), (256, 66));
+        assert_eq!((t("MXFP4").block, t("MXFP4").block_bytes), (32, 17));
+        assert_eq!(GgmlType::from_id(30).unwrap().name, "BF16");
+        assert!(GgmlType::from_id(4).is_none(), "retired");
+        assert!(GgmlType::from_id(99).is_none());
+        assert_eq!(t("Q8_0").row_bytes(64), Some(68));
+        assert_eq!(t("Q8_0").row_bytes(48), None);
+    }
+}

@@ -1,0 +1,240 @@
+//! What is inside each blob: the `layer_blob_layouts` metadata key the
+//! packer writes (see `docs/format.md`, "Metadata"), and its reader. Every
+//! expert of one layer has the same layout, so an engine maps an item to its
+//! kernels once per layer and reads expert `e`'s slice at
+//! `slot + item.offset`.
+//!
+//! The library (`smoe`) never reads layouts: a C host parses
+//! `smoe_vault_metadata`, a Rust host or the tool calls
+//! [`BlobLayouts::of`].
+
+use smoe::vault::Vault;
+use smoe::{Error, Result};
+
+use crate::json::{self, Value};
+
+/// Items start at multiples of this many bytes inside a blob.
+pub const ITEM_ALIGNMENT: u64 = 256;
+
+/// One tensor slice inside every blob of a layer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayoutItem {
+    /// `gate`, `up`, `down`, `gate_up` (fused: gate rows then up rows),
+    /// their `_bias` forms, or the source's own suffix.
+    pub role: String,
+    /// The source tensor; `{expert}` stands for the expert number where the
+    /// source has one tensor per expert.
+    pub tensor: String,
+    /// The source's element type name (`Q8_0`, `BF16`, `F32`, ...).
+    pub dtype: String,
+    /// The slice's shape, outermost dimension first.
+    pub shape: Vec<u64>,
+    /// Bytes from the start of the blob (a multiple of [`ITEM_ALIGNMENT`]).
+    pub offset: u64,
+    /// Bytes of the slice, as in the source.
+    pub bytes: u64,
+}
+
+/// The layouts of every layer that has experts, by layer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BlobLayouts {
+    /// (layer, items in blob order), ascending by layer.
+    pub layers: Vec<(u32, Vec<LayoutItem>)>,
+}
+
+impl BlobLayouts {
+    /// What is inside each blob of `vault`, by layer: its metadata's
+    /// `layer_blob_layouts`, as `smoe pack` writes it. `Ok(None)` when the
+    /// metadata has none (a synthetic vault); an error naming the layer and
+    /// item when it is malformed, or when an item runs past a blob of its
+    /// layer.
+    pub fn of(vault: &Vault) -> Result<Option<BlobLayouts>> {
+        let Some(layouts) = BlobLayouts::from_metadata(vault.meta())? else {
+            return Ok(None);
+        };
+        for e in vault.entries() {
+            let end = layouts
+                .layer(e.layer)
+                .and_then(|items| items.iter().map(LayoutItem::end).max());
+            match end {
+                Some(end) if end <= e.size => {}
+                Some(end) => {
+                    return Err(Error::format(format!(
+                        "the layout ends at byte {end}, the blob has {}",
+                        e.size
+                    ))
+                    .with_path(vault.path())
+                    .with_expert(e.layer, e.expert)
+                    .with_field("layer_blob_layouts"))
+                }
+                None => {
+                    return Err(Error::format(format!(
+                        "layer {} has blobs but no entry in layer_blob_layouts",
+                        e.layer
+                    ))
+                    .with_path(vault.path())
+                    .with_field("layer_blob_layouts"))
+                }
+            }
+        }
+        Ok(Some(layouts))
+    }
+
+    /// The items of `layer`'s blobs.
+    pub fn layer(&self, layer: u32) -> Option<&[LayoutItem]> {
+        self.layers
+            .binary_search_by_key(&layer, |(l, _)| *l)
+            .ok()
+            .map(|i| self.layers[i].1.as_slice())
+    }
+
+    /// Reads `layer_blob_layouts` from a vault's metadata text: `Ok(None)`
+    /// when the metadata has no such key (a synthetic vault), an error
+    /// naming the layer and item when it is malformed.
+    pub fn from_metadata(meta: &str) -> Result<Option<BlobLayouts>> {
+        if meta.trim().is_empty() {
+            return Ok(None);
+        }
+        let bad = |what: String| Error::format(format!("metadata: {what}"));
+        let v = json::parse(meta).map_err(|e| bad(e.to_string()))?;
+        let Some(layouts) = v.get("layer_blob_layouts") else {
+            return Ok(None);
+        };
+        let layouts = layouts
+            .as_object()
+            .ok_or_else(|| bad("layer_blob_layouts is not an object".into()))?;
+        let mut out = BlobLayouts::default();
+        for (key, items) in layouts {
+            let layer: u32 = key.parse().map_err(|_| {
+                bad(format!(
+                    "layer_blob_layouts key {key:?} is not a layer number"
+                ))
+            })?;
+            let items = items
+                .as_array()
+                .ok_or_else(|| bad(format!("layer {layer}: layout is not an array")))?;
+            let mut parsed = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                let at = |what: &str| bad(format!("layer {layer} item {i}: {what}"));
+                let text = |k: &str| {
+                    item.get(k)
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                        .ok_or_else(|| at(&format!("{k} is missing or not a string")))
+                };
+                let number = |k: &str| {
+                    item.get(k)
+                        .and_then(Value::as_u64)
+                        .ok_or_else(|| at(&format!("{k} is missing or not an unsigned integer")))
+                };
+                let shape = item
+                    .get("shape")
+                    .and_then(Value::as_array)
+                    .and_then(|a| a.iter().map(Value::as_u64).collect::<Option<Vec<_>>>())
+                    .ok_or_else(|| at("shape is missing or not an array of unsigned integers"))?;
+                let offset = number("offset")?;
+                if offset % ITEM_ALIGNMENT != 0 {
+                    return Err(at(&format!(
+                        "offset {offset} is not a multiple of {ITEM_ALIGNMENT}"
+                    )));
+                }
+                parsed.push(LayoutItem {
+                    role: text("role")?,
+                    tensor: text("tensor")?,
+                    dtype: text("dtype")?,
+                    shape,
+                    offset,
+                    bytes: number("bytes")?,
+                });
+            }
+            let mut sorted: Vec<&LayoutItem> = parsed.iter().collect();
+            sorted.sort_by_key(|i| i.offset);
+            for w in sorted.windows(2) {
+                if w[0].offset + w[0].bytes > w[1].offset {
+                    return Err(bad(format!(
+                        "layer {layer}: items {} and {} overlap",
+                        w[0].role, w[1].role
+                    )));
+                }
+            }
+            out.layers.push((layer, parsed));
+        }
+        out.layers.sort_by_key(|(l, _)| *l);
+        if let Some(w) = out.layers.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(bad(format!("layer {} has two layouts", w[0].0)));
+        }
+        Ok(Some(out))
+    }
+
+    /// The JSON value of `layer_blob_layouts`.
+    pub(crate) fn to_json(&self) -> Value {
+        Value::Object(
+            self.layers
+                .iter()
+                .map(|(layer, items)| {
+                    let items = items
+                        .iter()
+                        .map(|i| {
+                            Value::Object(vec![
+                                ("role".into(), i.role.as_str().into()),
+                                ("tensor".into(), i.tensor.as_str().into()),
+                                ("dtype".into(), i.dtype.as_str().into()),
+                                (
+                                    "shape".into(),
+                                    Value::Array(i.shape.iter().map(|&d| d.into()).collect()),
+                                ),
+                                ("offset".into(), i.offset.into()),
+                                ("bytes".into(), i.bytes.into()),
+                            ])
+                        })
+                        .collect();
+                    (layer.to_string(), Value::Array(items))
+                })
+                .collect(),
+        )
+    }
+}
+
+impl LayoutItem {
+    /// The end of the item inside the blob.
+    pub fn end(&self) -> u64 {
+        self.offset + self.bytes
+    }
+
+    /// The shape as text, outermost first: `[768, 2048]`.
+    pub fn shape_text(&self) -> String {
+        let dims: Vec<String> = self.shape.iter().map(u64::to_string).collect();
+        format!("[{}]", dims.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_rejects() {
+        let l = BlobLayouts {
+            layers: vec![(
+                1,
+                vec![LayoutItem {
+                    role: "gate".into(),
+                    tensor: "blk.1.ffn_gate_exps.weight".into(),
+                    dtype: "Q8_0".into(),
+                    shape: vec![32, 64],
+                    offset: 0,
+                    bytes: 2176,
+                }],
+            )],
+        };
+        let meta = Value::Object(vec![("layer_blob_layouts".into(), l.to_json())]).to_json();
+        assert_eq!(BlobLayouts::from_metadata(&meta).unwrap(), Some(l.clone()));
+        assert_eq!(
+            BlobLayouts::from_metadata("{\"arch\":\"x\"}").unwrap(),
+            None
+        );
+        let bad = meta.replace("\"offset\":0", "\"offset\":5");
+        let e = BlobLayouts::from_metadata(&bad).unwrap_err();
+        assert!(e.to_string().contains("layer 1 item 0: offset 5"), "{e}");
+    }
+}

@@ -1,0 +1,346 @@
+//! safetensors files, single or sharded, read the way the packer needs:
+//! the header's tensor table (names, dtypes, shapes, byte ranges) and
+//! `__metadata__`; tensor data is never read here, only located.
+//!
+//! A file is a u64 header length `n`, `n` bytes of JSON (an object of
+//! tensor name → `{"dtype", "shape", "data_offsets": [begin, end]}` plus an
+//! optional `"__metadata__"` object of strings), then the data; offsets are
+//! relative to the data. A sharded checkpoint adds
+//! `model.safetensors.index.json`, whose `weight_map` names the shard of
+//! every tensor.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use smoe::internals::files::{self, FileId, OpenRegularError};
+use smoe::{Error, Result};
+
+use super::{open_input, read_json, Cancel, Tensor};
+use crate::json::{self, MembersError, Value};
+
+/// Largest header this reader accepts (the format's own writers cap it at
+/// 100 MB).
+pub const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// Bytes per element of a safetensors dtype, or None for a dtype this
+/// packer does not know (sub-byte types among them).
+pub fn dtype_bytes(dtype: &str) -> Option<u64> {
+    Some(match dtype {
+        "BOOL" | "U8" | "I8" | "F8_E5M2" | "F8_E4M3" | "F8_E8M0" => 1,
+        "U16" | "I16" | "F16" | "BF16" => 2,
+        "U32" | "I32" | "F32" => 4,
+        "U64" | "I64" | "F64" => 8,
+        _ => return None,
+    })
+}
+
+/// One safetensors file's header.
+#[derive(Clone, Debug)]
+pub struct FileHeader {
+    /// The file.
+    pub path: PathBuf,
+    /// `__metadata__`, as (key, value) strings in file order.
+    pub metadata: Vec<(String, String)>,
+    /// Tensors, in file order: (name, dtype, shape, absolute offset,
+    /// bytes). [`Checkpoint::open`] moves them into its own list.
+    pub tensors: Vec<(String, String, Vec<u64>, u64, u64)>,
+}
+
+/// Reads and checks the header of the safetensors `file` (opened from
+/// `path`): every tensor's range lies in the data section and matches its
+/// dtype and shape. `cancel` is asked now and then whether to stop.
+pub fn read_header(mut file: &File, path: &Path, cancel: Cancel<'_>) -> Result<FileHeader> {
+    let bad = |what: String| Error::format(format!("{}: {what}", path.display()));
+    let file_bytes = file
+        .metadata()
+        .map_err(|e| Error::io("cannot stat", path, &e))?
+        .len();
+    let mut len = [0u8; 8];
+    if file_bytes < 8 {
+        return Err(bad(format!(
+            "not a safetensors file: {file_bytes} bytes, too short for a header"
+        )));
+    }
+    file.read_exact(&mut len)
+        .map_err(|e| Error::io("cannot read", path, &e))?;
+    let n = u64::from_le_bytes(len);
+    if n > MAX_HEADER_BYTES || n > file_bytes - 8 {
+        return Err(bad(format!(
+            "not a safetensors file: header length {n} {} (file {file_bytes} bytes)",
+            if n > MAX_HEADER_BYTES {
+                format!("is above {MAX_HEADER_BYTES}")
+            } else {
+                "runs past the end".to_owned()
+            }
+        )));
+    }
+    let mut text = vec![0u8; n as usize];
+    file.read_exact(&mut text)
+        .map_err(|e| Error::io("cannot read", path, &e))?;
+    let text = String::from_utf8(text)
+        .map_err(|_| bad("not a safetensors file: the header is not UTF-8".into()))?;
+    let data_offset = 8 + n;
+    let data_bytes = file_bytes - data_offset;
+    let mut metadata = Vec::new();
+    let mut tensors = Vec::new();
+    // Member by member: a million-tensor header is never held as a tree.
+    let mut each = |name: String, v: Value| -> Result<()> {
+        if tensors.len() % 4096 == 4095 && cancel() {
+            return Err(super::interrupted());
+        }
+        if name == "__metadata__" {
+            let m = v
+                .as_object()
+                .ok_or_else(|| bad("__metadata__ is not an object".into()))?;
+            for (k, v) in m {
+                let s = v
+                    .as_str()
+                    .ok_or_else(|| bad(format!("__metadata__ key {k:?} is not a string")))?;
+                metadata.push((k.clone(), s.to_owned()));
+            }
+            return Ok(());
+        }
+        let field = |key: &str| {
+            v.get(key)
+                .ok_or_else(|| bad(format!("tensor {name} has no {key:?}")))
+        };
+        let dtype = field("dtype")?
+            .as_str()
+            .ok_or_else(|| bad(format!("tensor {name}: dtype is not a string")))?
+            .to_owned();
+        let shape = field("shape")?
+            .as_array()
+            .ok_or_else(|| bad(format!("tensor {name}: shape is not an array")))?
+            .iter()
+            .map(Value::as_u64)
+            .collect::<Option<Vec<u64>>>()
+            .ok_or_else(|| bad(format!("tensor {name}: shape holds a non-integer")))?;
+        let offsets = field("data_offsets")?
+            .as_array()
+            .and_then(|a| match a {
+                [b, e] => Some((b.as_u64()?, e.as_u64()?)),
+                _ => None,
+            })
+            .ok_or_else(|| bad(format!("tensor {name}: data_offsets is not [begin, end]")))?;
+        let (begin, end) = offsets;
+        if begin > end || end > data_bytes {
+            return Err(bad(format!(
+                "tensor {name}: data_offsets [{begin}, {end}] lie outside the {data_bytes}-byte data section (truncated?)"
+            )));
+        }
+        let element = dtype_bytes(&dtype).ok_or_else(|| {
+            bad(format!(
+                "tensor {name} has dtype {dtype}, which this packer does not know"
+            ))
+        })?;
+        let expected = shape
+            .iter()
+            .try_fold(element, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| bad(format!("tensor {name}: shape {shape:?} overflows")))?;
+        if expected != end - begin {
+            return Err(bad(format!(
+                "tensor {name}: {dtype} {shape:?} needs {expected} bytes, data_offsets give {}",
+                end - begin
+            )));
+        }
+        tensors.push((name, dtype, shape, data_offset + begin, end - begin));
+        Ok(())
+    };
+    json::parse_members(&text, cancel, &mut each).map_err(|e| match e {
+        MembersError::Json(e) => bad(format!("not a safetensors file: header {e}")),
+        MembersError::NotObject(kind) => bad(format!("header is {kind}, expected an object")),
+        MembersError::Member(e) => e,
+    })?;
+    Ok(FileHeader {
+        path: path.to_path_buf(),
+        metadata,
+        tensors,
+    })
+}
+
+/// A checkpoint: one safetensors file, or the shards of an index.
+#[derive(Debug)]
+pub struct Checkpoint {
+    /// The files, in the order they were read.
+    pub files: Vec<FileHeader>,
+    /// Every tensor, in file order, file after file.
+    pub tensors: Vec<Tensor>,
+    /// `config.json` beside the files, if present (for `model_type`,
+    /// `num_hidden_layers`, `num_experts_per_tok`, ...).
+    pub config: Option<Value>,
+    /// The first file's `__metadata__`.
+    pub metadata: Vec<(String, String)>,
+    /// The files' handles, in the order of `files`.
+    pub handles: Vec<File>,
+    /// The identity of every file read: the index, the shards,
+    /// `config.json`.
+    pub inputs: Vec<FileId>,
+}
+
+impl Checkpoint {
+    /// Opens `source`: a `.safetensors` file, a directory holding
+    /// `model.safetensors` or `model.safetensors.index.json`, or that index.
+    /// Every file is opened without blocking and must be a regular file.
+    pub fn open(source: &Path, cancel: Cancel<'_>) -> Result<Checkpoint> {
+        let (dir, index, single) = if source.is_dir() {
+            let index = source.join("model.safetensors.index.json");
+            let single = source.join("model.safetensors");
+            // lstat: a link there counts (and is then opened, or refused).
+            let present = |p: &Path| std::fs::symlink_metadata(p).is_ok();
+            if present(&index) {
+                (source.to_path_buf(), Some(index), None)
+            } else if present(&single) {
+                (source.to_path_buf(), None, Some(single))
+            } else {
+                return Err(Error::argument(format!(
+                    "{}: no model.safetensors or model.safetensors.index.json in this directory",
+                    source.display()
+                )));
+            }
+        } else {
+            let dir = match source.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            if source.to_string_lossy().ends_with(".index.json") {
+                (dir, Some(source.to_path_buf()), None)
+            } else {
+                (dir, None, Some(source.to_path_buf()))
+            }
+        };
+        let mut inputs = Vec::new();
+        let shards = match (&index, single) {
+            (Some(index), _) => {
+                let (v, meta) = read_json(index, cancel)?;
+                inputs.push(files::file_id(&meta));
+                shard_files(&v, index, &dir)?
+            }
+            (None, Some(single)) => {
+                let (file, _) = open_input(&single)?;
+                vec![(single, file)]
+            }
+            (None, None) => unreachable!("one of the two is set above"),
+        };
+        let mut files = Vec::new();
+        let mut handles = Vec::new();
+        let mut tensors = Vec::new();
+        for (i, (path, file)) in shards.into_iter().enumerate() {
+            if cancel() {
+                return Err(super::interrupted());
+            }
+            let mut h = read_header(&file, &path, cancel)?;
+            let meta = file
+                .metadata()
+                .map_err(|e| Error::io("cannot stat", &path, &e))?;
+            inputs.push(files::file_id(&meta));
+            // Moved, not copied: the checkpoint keeps only each file's path
+            // and metadata.
+            let list = std::mem::take(&mut h.tensors);
+            for (entry, (name, dtype, shape, offset, bytes)) in list.into_iter().enumerate() {
+                tensors.push(Tensor {
+                    name,
+                    dtype,
+                    shape,
+                    file: i,
+                    entry,
+                    offset,
+                    bytes,
+                });
+            }
+            files.push(h);
+            handles.push(file);
+        }
+        // Within a file the JSON reader refused a repeated name already.
+        let duplicate = match files.len() {
+            1 => None,
+            _ => super::first_duplicate(tensors.iter().map(|t| t.name.as_str())),
+        };
+        if let Some(name) = duplicate {
+            return Err(Error::format(format!(
+                "{}: tensor {name} appears in two files",
+                source.display()
+            )));
+        }
+        let config_path = dir.join("config.json");
+        // Missing is fine (the counts then come from the tensors); anything
+        // there that cannot be read as a JSON object is an error.
+        let config = match std::fs::symlink_metadata(&config_path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            _ => {
+                let (v, meta) = read_json(&config_path, cancel)?;
+                if v.as_object().is_none() {
+                    return Err(Error::format(format!(
+                        "{}: holds {}, expected a JSON object",
+                        config_path.display(),
+                        v.kind()
+                    )));
+                }
+                inputs.push(files::file_id(&meta));
+                Some(v)
+            }
+        };
+        let metadata = files
+            .first()
+            .map(|f| f.metadata.clone())
+            .unwrap_or_default();
+        Ok(Checkpoint {
+            files,
+            tensors,
+            config,
+            metadata,
+            handles,
+            inputs,
+        })
+    }
+}
+
+/// The shard files the index `v` (read from `index`) names, each once, in
+/// order of first mention, each opened (without blocking: it must be a
+/// regular file).
+fn shard_files(v: &Value, index: &Path, dir: &Path) -> Result<Vec<(PathBuf, File)>> {
+    let bad = |what: String| Error::format(format!("{}: {what}", index.display()));
+    let map = v
+        .get("weight_map")
+        .and_then(Value::as_object)
+        .ok_or_else(|| bad("no weight_map object".into()))?;
+    let mut names: Vec<&str> = Vec::new();
+    let mut seen: HashSet<&str> = HashSet::new();
+    for (tensor, file) in map {
+        let file = file
+            .as_str()
+            .ok_or_else(|| bad(format!("weight_map[{tensor:?}] is not a file name")))?;
+        if file.contains('/') || file.contains('\\') || file == ".." {
+            return Err(bad(format!(
+                "weight_map names {file:?}, which is not a file beside the index"
+            )));
+        }
+        if seen.insert(file) {
+            names.push(file);
+        }
+    }
+    if names.is_empty() {
+        return Err(bad("weight_map is empty".into()));
+    }
+    names
+        .into_iter()
+        .map(|n| {
+            let p = dir.join(n);
+            match files::open_regular(&p) {
+                Ok((file, _)) => Ok((p, file)),
+                Err(OpenRegularError::Os(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                    Err(bad(format!(
+                        "shard {n} is missing (expected at {})",
+                        p.display()
+                    )))
+                }
+                Err(OpenRegularError::Os(e)) => Err(Error::io("cannot open", &p, &e)),
+                Err(OpenRegularError::NotRegular(kind)) => Err(bad(format!(
+                    "shard {n} ({}) is {kind}, not a regular file",
+                    p.display()
+                ))),
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,238 @@
+//! `scripts/install.sh PREFIX` installs the layout docs/c-api.md lists (the
+//! shared library under its SONAME with the `libsmoe.so` link, the module map
+//! in `include/smoe/`, the pkg-config file, the CMake package), and a library
+//! a C program can use through pkg-config: shared (`pkg-config --cflags
+//! --libs smoe`, found at run time through LD_LIBRARY_PATH) and static
+//! (`pkg-config --static --cflags --libs smoe`, which adds Libs.private: the
+//! native libraries of Rust's std). `tests/library/cmake.rs` builds against its CMake
+//! package, `scripts/swift-chroot.sh` a Swift package against its smoe.pc.
+//!
+//! The script installs the libraries this `cargo test` built
+//! (SMOE_SKIP_BUILD=1, SMOE_LIB_DIR = their directory), so it runs no cargo.
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+
+use smoe_test_support::native;
+
+use native::{lib_dir, manifest_dir, run, shared_lib_name};
+
+/// The shared library's file in PREFIX/lib: named after its SONAME (Apple:
+/// its install name), `SMOE_ABI_VERSION` in it.
+fn shared_file_name() -> String {
+    let abi = smoe::ffi::SMOE_ABI_VERSION;
+    if cfg!(target_vendor = "apple") {
+        format!("libsmoe.{abi}.dylib")
+    } else {
+        format!("libsmoe.so.{abi}")
+    }
+}
+
+/// Installs into a fresh prefix; returns the temporary directory holding it.
+fn install() -> tempfile::TempDir {
+    let prefix = tempfile::tempdir().unwrap();
+    run(Command::new("bash")
+        .arg(manifest_dir().join("scripts/install.sh"))
+        .arg(prefix.path())
+        .env("SMOE_SKIP_BUILD", "1")
+        .env("SMOE_LIB_DIR", lib_dir()));
+    prefix
+}
+
+const PROGRAM: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#include "smoe.h"
+
+int main(void) {
+    smoe_streamer *s = NULL;
+    smoe_status st = smoe_open("/nonexistent/smoe-install-test", NULL, &s);
+    if (smoe_abi_version() != SMOE_ABI_VERSION || st != SMOE_ERR_IO || s != NULL ||
+        strstr(smoe_last_error(), "/nonexistent/smoe-install-test") == NULL) {
+        fprintf(stderr, "unexpected: %s: %s\n", smoe_status_str(st), smoe_last_error());
+        return 1;
+    }
+    puts("ok");
+    return 0;
+}
+"#;
+
+#[test]
+fn installs_the_files() {
+    let prefix = install();
+    let p = prefix.path();
+    for file in [
+        "lib/libsmoe.a".to_string(),
+        format!("lib/{}", shared_file_name()),
+        "include/smoe.h".into(),
+        "include/smoe.hpp".into(),
+        "include/smoe/module.modulemap".into(),
+        "lib/pkgconfig/smoe.pc".into(),
+        "lib/cmake/smoe/smoeConfig.cmake".into(),
+        "lib/cmake/smoe/smoeConfigVersion.cmake".into(),
+    ] {
+        let metadata = fs::symlink_metadata(p.join(&file));
+        assert!(
+            metadata.is_ok_and(|m| m.is_file()),
+            "{file} is not installed as a file"
+        );
+    }
+    // -lsmoe finds the library through a link to its SONAME's file.
+    let link = p.join("lib").join(shared_lib_name());
+    assert_eq!(
+        fs::read_link(&link).unwrap_or_else(|e| panic!("{}: {e}", link.display())),
+        Path::new(&shared_file_name())
+    );
+    // Nothing loose in include/ but the headers: a module map there would
+    // collide with other packages' (and a SwiftPM package's own).
+    let mut loose: Vec<String> = fs::read_dir(p.join("include"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    loose.sort();
+    assert_eq!(loose, ["smoe", "smoe.h", "smoe.hpp"]);
+    let modulemap = fs::read_to_string(p.join("include/smoe/module.modulemap")).unwrap();
+    assert!(modulemap.contains("module CSMoE"), "{modulemap}");
+    assert!(modulemap.contains("link \"smoe\""), "{modulemap}");
+    let header = modulemap
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("header \""))
+        .and_then(|rest| rest.split('"').next())
+        .expect("a header line");
+    assert!(
+        p.join("include/smoe").join(header).is_file(),
+        "the module map's header {header} is not there"
+    );
+    let config = fs::read_to_string(p.join("lib/cmake/smoe/smoeConfig.cmake")).unwrap();
+    assert!(!config.contains('@'), "an unreplaced @VARIABLE@:\n{config}");
+    for target in ["smoe::smoe", "smoe::smoe_shared"] {
+        assert!(
+            config.contains(&format!("add_library({target} ")),
+            "{config}"
+        );
+    }
+    let version = fs::read_to_string(p.join("lib/cmake/smoe/smoeConfigVersion.cmake")).unwrap();
+    let line = format!("set(PACKAGE_VERSION \"{}\")", env!("CARGO_PKG_VERSION"));
+    assert!(
+        version.lines().any(|l| l == line),
+        "no {line:?}:\n{version}"
+    );
+    let pc = fs::read_to_string(p.join("lib/pkgconfig/smoe.pc")).unwrap();
+    for line in [
+        format!("Version: {}", env!("CARGO_PKG_VERSION")),
+        "Libs: -L${libdir} -lsmoe".into(),
+        "Cflags: -I${includedir}".into(),
+    ] {
+        assert!(
+            pc.lines().any(|l| l == line),
+            "smoe.pc has no line {line:?}:\n{pc}"
+        );
+    }
+    assert!(
+        pc.lines().any(|l| l.starts_with("Libs.private: -l")),
+        "{pc}"
+    );
+}
+
+/// The installed shared library names itself `libsmoe.so.<ABI>` (what
+/// programs linked against it record as NEEDED).
+#[test]
+#[cfg(target_os = "linux")]
+fn shared_library_has_its_soname() {
+    if !native::on_path("readelf") {
+        assert!(
+            !native::in_ci(),
+            "readelf is not installed (binutils): CI must install it"
+        );
+        eprintln!("skipped: readelf is not installed");
+        return;
+    }
+    let prefix = install();
+    let library = prefix.path().join("lib").join(shared_file_name());
+    let dynamic = run(Command::new("readelf").arg("-d").arg(&library));
+    let soname = dynamic
+        .lines()
+        .find(|line| line.contains("(SONAME)"))
+        .unwrap_or_else(|| panic!("{} has no SONAME:\n{dynamic}", library.display()));
+    assert!(
+        soname.ends_with(&format!("[{}]", shared_file_name())),
+        "{soname}"
+    );
+}
+
+#[test]
+fn pkg_config_links_shared_and_static() {
+    if !native::on_path("pkg-config") {
+        assert!(
+            !native::in_ci(),
+            "pkg-config is not installed: CI must install it (APT_PACKAGES in .ci/run)"
+        );
+        eprintln!("skipped: pkg-config is not installed");
+        return;
+    }
+    let prefix = install();
+    let pkgconfig_dir = prefix.path().join("lib/pkgconfig");
+    let pkg_config = |args: &[&str]| -> Vec<String> {
+        run(Command::new("pkg-config")
+            .args(args)
+            .arg("smoe")
+            .env("PKG_CONFIG_PATH", &pkgconfig_dir))
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+    };
+    let compiler = native::default_c_compiler();
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("app.c");
+    fs::write(&source, PROGRAM).unwrap();
+    let compile = |output: &Path, flags: &[String]| {
+        run(Command::new(&compiler)
+            .arg("-std=c11")
+            .args(native::WARNINGS)
+            .arg(&source)
+            .arg("-o")
+            .arg(output)
+            .args(flags));
+    };
+
+    // Shared: the loader finds libsmoe through LD_LIBRARY_PATH.
+    let shared = dir.path().join("app-shared");
+    compile(&shared, &pkg_config(&["--cflags", "--libs"]));
+    let lib_path = prefix.path().join("lib");
+    let output = run(Command::new(&shared)
+        .env("LD_LIBRARY_PATH", &lib_path)
+        .env("DYLD_LIBRARY_PATH", &lib_path));
+    assert_eq!(output.trim(), "ok");
+    if cfg!(target_os = "linux") && native::on_path("readelf") {
+        let dynamic = run(Command::new("readelf").arg("-d").arg(&shared));
+        let needed = format!("Shared library: [{}]", shared_file_name());
+        assert!(dynamic.contains(&needed), "no {needed:?} in:\n{dynamic}");
+    }
+
+    // Static: --static adds Libs.private. With both libsmoe.a and the shared
+    // library in libdir a linker prefers the shared one for -lsmoe, so name
+    // the archive (what the README tells users to do).
+    let archive = prefix.path().join("lib/libsmoe.a").display().to_string();
+    let static_flags: Vec<String> = pkg_config(&["--static", "--cflags", "--libs"])
+        .into_iter()
+        .map(|flag| {
+            if flag == "-lsmoe" {
+                archive.clone()
+            } else {
+                flag
+            }
+        })
+        .collect();
+    assert!(
+        static_flags.contains(&"-lpthread".to_string()) || cfg!(not(target_os = "linux")),
+        "pkg-config --static gave no native libs: {static_flags:?}"
+    );
+    let fully_static = dir.path().join("app-static");
+    compile(&fully_static, &static_flags);
+    // No LD_LIBRARY_PATH and no rpath: it runs only if libsmoe is inside.
+    let output = run(Command::new(&fully_static)
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("DYLD_LIBRARY_PATH"));
+    assert_eq!(output.trim(), "ok");
+}
