@@ -30,6 +30,14 @@ namespace {
 
 // Batches of at least this many tokens read the next layer's experts ahead (prefill).
 constexpr int64_t LAYER_AHEAD_TOKENS = 32;
+// At most this many waves per layer: each wave repeats the expert FFN's graph nodes, and
+// the graph's node budget (llama_context::graph_max_nodes) is fixed when the context is
+// made. A ring with fewer free slots than a layer's batch needs in this many waves stops
+// generation with a message instead.
+constexpr int MAX_WAVES = 16;
+// Graph nodes one wave can add: the claim, the three matmuls (or the merged gate_up and
+// its two views), biases, scales, the activation's ops, the release and the sum.
+constexpr uint32_t NODES_PER_WAVE = 24;
 
 std::string smoe_error(const char * call, smoe_status st) {
     return std::string("smoe: ") + call + ": " + smoe_status_str(st) + ": " + smoe_last_error();
@@ -141,11 +149,12 @@ struct llama_smoe {
         return std::max<uint64_t>(1, stats.slots_active > stats.slots_held ? stats.slots_active - stats.slots_held : 0);
     }
 
-    // Why the last wave of layer il cannot hold the `n` experts left for it.
-    std::string too_many_experts(int il, size_t n) const {
+    // Why the `waves_left` waves left of layer il cannot hold the `n` experts left for them.
+    std::string too_many_experts(int il, size_t n, int waves_left) const {
         const uint64_t active = active_slots();
-        std::string why = "smoe: layer " + std::to_string(il) + ": the last wave needs " + std::to_string(n) +
-                          " slots but the ring has " + std::to_string(free_slots()) + " free of " + std::to_string(active) + " active";
+        std::string why = "smoe: layer " + std::to_string(il) + ": " + std::to_string(n) + " experts left for " +
+                          std::to_string(waves_left) + (waves_left == 1 ? " wave" : " waves") + " but the ring has " +
+                          std::to_string(free_slots()) + " free slots of " + std::to_string(active) + " active";
         if (active < slots) {
             why += " (" + std::to_string(slots) + " reserved; the elastic ring took " + std::to_string(slots - active) +
                    " offline under memory pressure during the layer: free memory, or set SMOE_ELASTIC=0 for a fixed ring)";
@@ -541,7 +550,7 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
     const uint64_t left = l->left.size();
     const uint64_t need = left > waves_after * cap ? left - waves_after * cap : 0;
     if (need > cap) {
-        s->fail(s->too_many_experts(l->il, left));
+        s->fail(s->too_many_experts(l->il, left, l->waves - wave));
         return;
     }
     // first what is resident now (hits first), then wait for what must come, then take
@@ -620,12 +629,25 @@ int llama_smoe_waves(llama_smoe * s, int il, int64_t n_tokens, int64_t n_expert_
     const uint64_t cap = s->free_slots();
     // a ring that holds the whole model has no misses past the first pass: one wave
     const bool spare = s->slots < s->entries;
-    l.waves = (int) ((set + cap - 1) / cap + (spare ? 1 : 0));
+    l.waves = (int) std::min<uint64_t>((set + cap - 1) / cap + (spare ? 1 : 0), MAX_WAVES);
     // every wave's op data, made once per layer (the graph keeps pointers to it)
     while (s->wave_ops[il].size() < (size_t) l.waves) {
         s->wave_ops[il].push_back(std::make_unique<wave_op>(wave_op{&l, (int) s->wave_ops[il].size()}));
     }
     return l.waves;
+}
+
+uint32_t llama_smoe_graph_nodes(const llama_smoe * s) {
+    if (s == nullptr) {
+        return 0;
+    }
+    uint32_t nodes = 0;
+    for (const layer_claims & l : s->layers) {
+        if (l.n_expert > 0) {
+            nodes += (uint32_t) std::min<uint64_t>(MAX_WAVES, (uint64_t) l.n_expert + 1) * NODES_PER_WAVE;
+        }
+    }
+    return nodes;
 }
 
 ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * after, int il,

@@ -39,8 +39,13 @@ void llama_smoe_bind(llama_smoe * s);
 // The waves layer il's expert FFN runs in for a batch of n_tokens: enough that the
 // batch's distinct experts fit the ring's free slots a wave at a time, plus one, so
 // that the first wave computes what is resident while the rest is read (and a ring
-// that shrinks mid-layer has a wave to spare). One when the ring holds the model.
+// that shrinks mid-layer has a wave to spare). One when the ring holds the model; at
+// most 16.
 int llama_smoe_waves(llama_smoe * s, int il, int64_t n_tokens, int64_t n_expert_used);
+
+// The graph nodes the waves may add to a graph of the model (0 for nullptr): what
+// llama_context::graph_max_nodes adds to its budget.
+uint32_t llama_smoe_graph_nodes(const llama_smoe * s);
 
 // Graph ops, run by one thread. claim: wave `wave` of `waves` of layer il, after
 // `after` (the previous waves' sum, so it runs once they are computed and released;
@@ -66,6 +71,7 @@ inline void llama_smoe_free(llama_smoe *) {}
 inline ggml_context * llama_smoe_tensor_ctx(llama_smoe *, const char *) { return nullptr; }
 inline void llama_smoe_bind(llama_smoe *) {}
 inline int llama_smoe_waves(llama_smoe *, int, int64_t, int64_t) { return 1; }
+inline uint32_t llama_smoe_graph_nodes(const llama_smoe *) { return 0; }
 inline ggml_tensor * llama_smoe_claim(llama_smoe *, ggml_context *, ggml_tensor * selected_experts, ggml_tensor *, int, int, int) {
     return selected_experts;
 }

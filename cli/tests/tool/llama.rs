@@ -334,6 +334,17 @@ fn qwen3moe_half_a_layer_prefill_in_waves_identical() {
     identical_with("qwen3moe-q8_0.gguf", 8, LONG_PROMPT);
 }
 
+/// Many waves in a deeper model: the long prompt routes each of the 8
+/// layers to all 16 experts through a ring of one slot, 16 waves a layer.
+/// Each wave repeats the expert FFN's graph nodes; llama.cpp's node budget
+/// for this model (1024) once overflowed and the context aborted in
+/// `ggml_hash_insert` before the first token. Now the budget counts the
+/// waves: stock's text and logits.
+#[test]
+fn qwen3moe_8_layers_one_slot_sixteen_waves_identical() {
+    identical_with("derived/qwen3moe-q8_0-8layers.gguf", 1, LONG_PROMPT);
+}
+
 /// One slot, fewer than a token's top-2: decode runs in waves of one
 /// expert (it once stopped: "distinct experts but the ring has 1 slots").
 #[test]
