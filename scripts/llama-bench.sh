@@ -141,14 +141,15 @@ simple() {
   local peak read_bytes
   peak=$(peak)
   read_bytes=$(awk '/^read_bytes/ {print $2}' "$io" 2>/dev/null || echo 0)
-  # llama_perf_context_print: "load time = X ms", "prompt eval time = X ms / N tokens",
-  # "eval time = X ms / N runs"
+  # llama_perf_context_print: "load time = X ms" (from the context's creation to the end
+  # of its first decode: the time to the first token), "prompt eval time = X ms / N
+  # tokens", "eval time = X ms / N runs"
   LAST=$(awk -v rb="${read_bytes:-0}" -v peak="$peak" '
     function num(s) { gsub(/[^0-9.]/, "", s); return s + 0 }
     /prompt eval time =/ { split($0, a, "="); split(a[2], b, "/"); pe = num(b[1]); split(b[2], c, " "); np = c[1] + 0 }
     /[^t] eval time =/   { split($0, a, "="); split(a[2], b, "/"); ev = num(b[1]); split(b[2], c, " "); n = c[1] + 0 }
     /load time =/        { split($0, a, "="); load = num(a[2]) }
-    END { printf "%d %.4f %.4f %d %.4f %d %d\n", np, pe / 1000, (load + pe) / 1000, n, ev / 1000, rb, peak }' "$err")
+    END { printf "%d %.4f %.4f %d %.4f %.0f %.0f\n", np, pe / 1000, load / 1000, n, ev / 1000, rb, peak }' "$err")
   local np ps tt nd ds rb pk
   read -r np ps tt nd ds rb pk <<<"$LAST"
   awk -v name="$name" -v np="$np" -v ps="$ps" -v tt="$tt" -v nd="$nd" -v ds="$ds" -v rb="$rb" -v pk="$pk" 'BEGIN {
@@ -181,6 +182,7 @@ capped() {
   for ((r = 1; r <= ROUNDS; r++)); do
     simple "capped-stock-$r" 1 "$BROAD" "$text" "$N_PREDICT"
     read -r s_np s_ps x s_dn s_ds x x <<<"$LAST"
+    rm -f "$WORK/broad-vault/expert_freq.bin" # each round from the same start: no pre-warm
     simple "capped-smoe-$r" 1 "$BROAD" "$text" "$N_PREDICT" SMOE_VAULT="$WORK/broad-vault" SMOE_RING_SLOTS="$CAPPED_SLOTS"
     read -r m_np m_ps x m_dn m_ds x x <<<"$LAST"
     same "capped-stock-1" "capped-stock-$r"
