@@ -12,7 +12,7 @@
  *   smoe-cuda squeeze  VAULT [options]          the elastic ring under a cgroup's pressure, registered or not
  *   smoe-cuda stream   VAULT [options]          stream every expert through the ring into the GPU
  *   smoe-cuda h2d      [--mib N] [--chunk-mib C] host-to-device copy limit from pinned memory
- *   smoe-cuda read     FILE [options]           a file's read limit (threads, O_DIRECT)
+ *   smoe-cuda read     FILE [options]           a file's read limit (threads, O_DIRECT, destination)
  *
  * The FFN: y = down . (silu(gate . x) * (up . x)), with the slices where the
  * vault's metadata ("layer_blob_layouts", docs/format.md) puts them, read
@@ -1012,7 +1012,8 @@ static int cmd_stream(const Args &a) {
       uint64_t size, padded, offset;
       if (smoe_expert_info(s, l, e, &size, &padded, &offset) == SMOE_OK) order.emplace_back(l, e);
     }
-  if (order.size() < 2ull * slots) die("the vault has %zu experts: give it at least twice the ring's %u slots, so that every pass reads", order.size(), slots);
+  if (order.size() < 2ull * slots)
+    printf("stream: the vault has %zu experts, fewer than twice the ring's %u slots: later passes hit\n", order.size(), slots);
   uint32_t depth = (uint32_t)a.num("--depth", 8);                     // copies in flight
   uint32_t ahead = (uint32_t)a.num("--ahead", slots - depth - 8);      // prefetches queued beyond the claim
   if (depth + ahead + 1 > slots) die("--depth + --ahead must leave a slot: %u + %u >= %u", depth, ahead, slots);
@@ -1036,8 +1037,13 @@ static int cmd_stream(const Args &a) {
   const uint64_t total = order.size() * passes;
   uint64_t next_prefetch = 0, bytes = 0, head = 0, tail = 0;
   double wait_claim = 0, wait_copy = 0;
-  double t0 = now_s();
+  double t0 = now_s(), pass_start = t0;
+  std::vector<double> pass_s;
   for (uint64_t i = 0; i < total; i++) {
+    if (i && i % order.size() == 0) {
+      pass_s.push_back(now_s() - pass_start);
+      pass_start = now_s();
+    }
     while (next_prefetch < total && next_prefetch < i + ahead) {
       auto &p = order[next_prefetch % order.size()];
       smoe_status st = smoe_prefetch(s, p.first, p.second, false);
@@ -1076,6 +1082,7 @@ static int cmd_stream(const Args &a) {
     tail++;
   }
   double secs = now_s() - t0;
+  pass_s.push_back(now_s() - pass_start);
   smoe_stats stats;
   stats.struct_size = sizeof stats;
   smoe_check(smoe_get_stats(s, &stats), "smoe_get_stats");
@@ -1086,6 +1093,9 @@ static int cmd_stream(const Args &a) {
          (unsigned long long)passes, secs, bytes / secs / 1e9, slots, (unsigned)stats.workers,
          (unsigned long long)stats.direct_io, depth, ahead, (unsigned long long)stats.hits,
          stats.bytes_read / (1024 * MIB), wait_claim, wait_copy);
+  printf("stream: %s: GB/s by pass:", mode.c_str());
+  for (double p : pass_s) printf(" %.2f", bytes / (double)passes / p / 1e9);
+  printf("\n");
   for (auto &f : ring_q) CUDA(cudaEventDestroy(f.done));
   for (auto &b : dbuf) CUDA(cudaFree(b));
   CUDA(cudaFree(sums));
@@ -1142,11 +1152,24 @@ static int cmd_h2d(const Args &a) {
 /* Reads FILE with T threads, each taking every T-th block of B bytes, with
  * O_DIRECT when --direct; the file's read limit, fio-style. */
 static int cmd_read(const Args &a) {
-  if (a.pos.size() != 1) die("usage: smoe-cuda read FILE [--threads T] [--block-kib B] [--direct]");
+  if (a.pos.size() != 1) die("usage: smoe-cuda read FILE [--threads T] [--block-kib B] [--direct] [--dest-mib N]");
   const char *path = a.pos[0].c_str();
   unsigned threads = (unsigned)a.num("--threads", 16);
   uint64_t block = a.num("--block-kib", 4096) << 10;
   bool direct = a.has("--direct");
+  /* --dest-mib N: every thread reads into one shared N MiB buffer, block by
+   * block in turn, as the workers read into the ring (writes that reach
+   * memory); by default each thread rereads into its own block (writes
+   * that may stay in the cache). */
+  uint64_t dest_bytes = a.num("--dest-mib", 0) << 20;
+  uint8_t *dest = nullptr;
+  if (dest_bytes) {
+    if (dest_bytes < block) die("--dest-mib must hold a block");
+    void *d;
+    if (posix_memalign(&d, 1 << 16, dest_bytes)) die("cannot allocate %llu bytes", (unsigned long long)dest_bytes);
+    dest = (uint8_t *)d;
+    memset(dest, 0, dest_bytes);
+  }
   int probe = open(path, O_RDONLY | (direct ? O_DIRECT : 0));
   if (probe < 0) die("open %s%s: %s", path, direct ? " with O_DIRECT" : "", strerror(errno));
   struct stat stt;
@@ -1167,7 +1190,8 @@ static int cmd_read(const Args &a) {
         return;
       }
       for (uint64_t b = k; b < blocks; b += threads) {
-        ssize_t n = pread(fd, buf, block, (off_t)(b * block));
+        void *to = dest ? dest + b % (dest_bytes / block) * block : buf;
+        ssize_t n = pread(fd, to, block, (off_t)(b * block));
         if (n != (ssize_t)block) {
           failed = n < 0 ? errno : EIO;
           break;
@@ -1180,8 +1204,11 @@ static int cmd_read(const Args &a) {
   for (auto &th : pool) th.join();
   double secs = now_s() - t;
   if (failed) die("read %s: %s", path, strerror(failed));
-  printf("read: %s: %.2f GiB, %u threads, %llu KiB blocks, %s: %.3f s = %.2f GB/s\n", path, done / (1024 * MIB), threads,
-         (unsigned long long)(block >> 10), direct ? "O_DIRECT" : "buffered", secs, done / secs / 1e9);
+  char into[64] = "a block per thread";
+  if (dest) snprintf(into, sizeof into, "into %llu MiB", (unsigned long long)(dest_bytes >> 20));
+  printf("read: %s: %.2f GiB, %u threads, %llu KiB blocks %s, %s: %.3f s = %.2f GB/s\n", path, done / (1024 * MIB),
+         threads, (unsigned long long)(block >> 10), into, direct ? "O_DIRECT" : "buffered", secs, done / secs / 1e9);
+  free(dest);
   return 0;
 }
 
