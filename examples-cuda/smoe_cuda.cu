@@ -409,10 +409,11 @@ static std::map<uint32_t, ExpertLayout> read_layouts(const char *metadata) {
 }
 
 /* A streamer with the settings a CUDA host opens with (docs/c-api.md, "CUDA
- * hosts"): no pre-warm thread and no histogram file for these runs, a fixed
- * ring, populated in the background unless asked otherwise. */
+ * hosts"): `pinned`, which makes the ring fixed and populated in the
+ * background; no pre-warm thread and no histogram file for these runs. The
+ * register and squeeze measurements turn `pinned` off to show why. */
 struct Open {
-  uint32_t slots = 0, slot_mb = 0, workers = 0, populate = 1, elastic = 0, direct_io = 0;
+  uint32_t slots = 0, slot_mb = 0, workers = 0, populate = 0, elastic = 1, direct_io = 0, pinned = 1;
 };
 
 static smoe_streamer *open_vault(const char *vault, const Open &o) {
@@ -426,6 +427,7 @@ static smoe_streamer *open_vault(const char *vault, const Open &o) {
   cfg.freq_path = "";
   cfg.populate = o.populate;
   cfg.elastic = o.elastic;
+  cfg.pinned = o.pinned;
   smoe_streamer *s = nullptr;
   smoe_check(smoe_open(vault, &cfg, &s), "smoe_open");
   return s;
@@ -590,7 +592,7 @@ static int cmd_experts(const Args &a) {
   Open o;
   o.slots = 1;
   o.workers = 1;
-  o.populate = 0;
+  o.pinned = 0;
   smoe_streamer *s = open_vault(a.pos[0].c_str(), o);
   auto layouts = read_layouts(smoe_vault_metadata(s));
   for (auto &p : layout_experts(s, a.pos[0].c_str(), layouts)) printf("%u %u\n", p.first, p.second);
@@ -730,8 +732,8 @@ static int cmd_ffn(const Args &a) {
 
 static int cmd_register(const Args &a) {
   if (a.pos.size() != 1)
-    die("usage: smoe-cuda register VAULT [--slots N] [--slot-mb M] [--populate 0|1] [--elastic 0|1] [--wait-populate] "
-        "[--hold-s S]");
+    die("usage: smoe-cuda register VAULT [--slots N] [--slot-mb M] [--populate 0|1] [--elastic 0|1] [--pinned] "
+        "[--wait-populate] [--hold-s S]");
   const char *vault = a.pos[0].c_str();
   CUDA(cudaFree(0));  // the context first, so that its memory is not counted as the ring's
   MemSnap base = MemSnap::take();
@@ -741,14 +743,15 @@ static int cmd_register(const Args &a) {
   o.workers = 4;
   o.populate = (uint32_t)a.num("--populate", 0);
   o.elastic = (uint32_t)a.num("--elastic", 0);
+  o.pinned = a.has("--pinned");
   double t = now_s();
   smoe_streamer *s = open_vault(vault, o);
   double open_s = now_s() - t;
   Ring ring;
   ring.region(s);
-  printf("register: ring %.2f GiB (%llu slots x %.0f MiB), populate %u, elastic %u; smoe_open %.2f ms\n",
+  printf("register: ring %.2f GiB (%llu slots x %.0f MiB), populate %u, elastic %u, pinned %u; smoe_open %.2f ms\n",
          ring.bytes / (1024 * MIB), (unsigned long long)(ring.bytes / ring.slot_bytes), ring.slot_bytes / MIB,
-         o.populate, o.elastic, open_s * 1e3);
+         o.populate, o.elastic, o.pinned, open_s * 1e3);
   print_mem("after smoe_open", MemSnap::take(), base);
   if (a.has("--wait-populate")) {
     t = now_s();
@@ -873,9 +876,10 @@ static smoe_stats get_stats(smoe_streamer *s) {
  * (scripts/cuda.sh does): it lowers that cgroup's memory.max. */
 static int cmd_squeeze(const Args &a) {
   if (a.pos.size() != 1)
-    die("usage: smoe-cuda squeeze VAULT [--slots N] [--slot-mb M] [--headroom-mib H] [--step-mib S] [--no-register]");
+    die("usage: smoe-cuda squeeze VAULT [--slots N] [--slot-mb M] [--headroom-mib H] [--step-mib S] [--no-register] "
+        "[--pinned]");
   const char *vault = a.pos[0].c_str();
-  bool reg = !a.has("--no-register");
+  bool reg = !a.has("--no-register"), pinned = a.has("--pinned");
   std::string cg = cgroup_dir();
   if (cg.empty() || access((cg + "/memory.max").c_str(), W_OK)) die("squeeze needs a cgroup v2 whose memory.max it may write (run it in a cgroup of its own, as root)");
   CUDA(cudaFree(0));
@@ -885,6 +889,7 @@ static int cmd_squeeze(const Args &a) {
   o.workers = 4;
   o.populate = 0;
   o.elastic = 1;
+  o.pinned = pinned;  // elastic is left on: pinned must turn it off
   smoe_streamer *s = open_vault(vault, o);
   Ring ring;
   ring.region(s);
@@ -907,11 +912,12 @@ static int cmd_squeeze(const Args &a) {
   long long limit = used + headroom;
   FILE *mf = fopen((cg + "/memory.max").c_str(), "w");
   if (!mf || fprintf(mf, "%lld\n", limit) < 0 || fclose(mf)) die("cannot write %s/memory.max", cg.c_str());
-  printf("squeeze: ring %u x %.0f MiB %s, filled; cgroup memory.current %.0f MiB, memory.max set to %.0f MiB\n", slots,
-         ring.slot_bytes / MIB, reg ? "registered (cudaHostRegister, mapped)" : "not registered", used / MIB, limit / MIB);
+  printf("squeeze: ring %u x %.0f MiB, elastic 1, pinned %d, %s, filled; cgroup memory.current %.0f MiB, memory.max set to %.0f MiB\n", slots,
+         ring.slot_bytes / MIB, (int)pinned, reg ? "registered (cudaHostRegister, mapped)" : "not registered", used / MIB, limit / MIB);
   uint64_t step = a.num("--step-mib", 32) << 20;
   std::vector<std::pair<uint8_t *, uint64_t>> neighbour;
   uint64_t taken = 0;
+  int at_limit = 0;
   double t0 = now_s();
   for (int i = 0; i < 200; i++) {
     long long cur = cgroup_current();
@@ -920,9 +926,11 @@ static int cmd_squeeze(const Args &a) {
            now_s() - t0, taken / MIB, cur / MIB, (unsigned long long)st.slots_active, (unsigned long long)st.shrinks);
     /* Steps until the headroom is under the monitor's low watermark
      * (limit / 16, 32 MiB to 1 GiB; docs/c-api.md, "Elastic ring"), and
-     * no further: 48 MiB short of the limit, clear of the OOM killer. */
+     * no further: 48 MiB short of the limit, clear of the OOM killer. A
+     * ring that does not shrink (pinned) is given 2 s at the limit. */
     if (cur + (long long)step + (48ll << 20) > limit) {
       if (st.slots_active <= 8 || now_s() - t0 > 20) break;
+      if (pinned && ++at_limit > 8) break;
       usleep(250000);
       continue;
     }
@@ -972,7 +980,7 @@ static int cmd_input(const Args &a) {
   Open o;
   o.slots = 1;
   o.workers = 1;
-  o.populate = 0;
+  o.pinned = 0;
   smoe_streamer *s = open_vault(a.pos[0].c_str(), o);
   auto layouts = read_layouts(smoe_vault_metadata(s));
   uint32_t n_embd = layouts.begin()->second.n_embd;
@@ -1015,7 +1023,7 @@ static int cmd_stream(const Args &a) {
   if (order.size() < 2ull * slots)
     printf("stream: the vault has %zu experts, fewer than twice the ring's %u slots: later passes hit\n", order.size(), slots);
   uint32_t depth = (uint32_t)a.num("--depth", 8);                     // copies in flight
-  uint32_t ahead = (uint32_t)a.num("--ahead", slots - depth - 8);      // prefetches queued beyond the claim
+  uint32_t ahead = (uint32_t)a.num("--ahead", 32);  // prefetches queued beyond the claim (measured best: docs/performance.md)
   if (depth + ahead + 1 > slots) die("--depth + --ahead must leave a slot: %u + %u >= %u", depth, ahead, slots);
   uint64_t passes = a.num("--passes", 2);
   const int n_streams = 2;
@@ -1219,7 +1227,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   std::string cmd = argv[1];
-  Args a(argc, argv, 2, {"--wait-populate", "--direct", "--no-register"});
+  Args a(argc, argv, 2, {"--wait-populate", "--direct", "--no-register", "--pinned"});
   if (cmd == "experts") return cmd_experts(a);
   if (cmd == "ffn") return cmd_ffn(a);
   if (cmd == "register") return cmd_register(a);

@@ -28,6 +28,7 @@
 #   STREAM_GIB              the streamed vault's size (default 8), in 4 MiB
 #                           experts
 #   REGISTER_GIB            the registered ring's size (default 8)
+#   SMOE_LLAMA_DIR, SMOE_LLAMA_SRC, JOBS   for the llama step (scripts/llama.sh)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -109,12 +110,14 @@ step_register() {
   local slot_mb=$((REGISTER_GIB * 1024 / 64))
   "$CU" register "$vault" --slots 64 --slot-mb "$slot_mb" --populate 0
   "$CU" register "$vault" --slots 64 --slot-mb "$slot_mb" --populate 1 --wait-populate
+  "$CU" register "$vault" --slots 64 --slot-mb "$slot_mb" --pinned --elastic 1 --wait-populate
   "$CU" dontneed --mib 1024
   vault="$SHM/squeeze"
   rm -rf "$vault"
   "$SMOE_BIN" synth "$vault" --layers 1 --experts 64 --blob-kib 32768 >/dev/null
   squeeze "$vault" --slots 32 --slot-mb 32 --no-register
   squeeze "$vault" --slots 32 --slot-mb 32
+  squeeze "$vault" --slots 32 --slot-mb 32 --pinned
   rm -rf "$SHM/register" "$SHM/squeeze"
 }
 
@@ -133,9 +136,13 @@ step_stream() {
   dd if="$shm/experts.smoe" of="$disk/experts.smoe" bs=16M oflag=direct status=none
   echo "stream: vault of $STREAM_GIB GiB, 4 MiB experts, on tmpfs ($shm) and on the disk ($disk: $(df --output=source "$disk" | tail -n 1))"
   "$CU" h2d --mib 4096 --chunk-mib 4
+  # the limits: 16 threads reading 4 MiB blocks into 1 GiB, as the workers
+  # read into the ring (and, for tmpfs, into a block per thread)
+  "$CU" read "$shm/experts.smoe" --threads 16 --block-kib 4096 --direct --dest-mib 1024
+  "$CU" read "$shm/experts.smoe" --threads 16 --block-kib 4096 --dest-mib 1024
   "$CU" read "$shm/experts.smoe" --threads 16 --block-kib 4096
   drop_caches
-  "$CU" read "$disk/experts.smoe" --threads 16 --block-kib 4096 --direct
+  "$CU" read "$disk/experts.smoe" --threads 16 --block-kib 4096 --direct --dest-mib 1024
   dd if="$disk/experts.smoe" of=/dev/null bs=16M iflag=direct 2>&1 | tail -n 1 | sed 's/^/stream: dd 16M O_DIRECT: /'
   "$CU" stream "$shm" --mode copy --passes 4
   "$CU" stream "$shm" --mode zero-copy --passes 4
@@ -146,8 +153,8 @@ step_stream() {
 }
 
 step_llama() {
-  bash "$ROOT/scripts/llama.sh" build --cuda
-  bash "$ROOT/scripts/llama-cuda.sh"
+  SMOE_LIB_DIR="$SMOE_LIB_DIR" CUDA_ARCH="${CUDA_ARCH:-}" bash "$ROOT/scripts/llama.sh" build --cuda >/dev/null
+  SMOE_BIN="$SMOE_BIN" WORK="$WORK/llama" bash "$ROOT/scripts/llama-cuda.sh"
 }
 
 status=0
