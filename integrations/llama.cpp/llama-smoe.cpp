@@ -628,6 +628,24 @@ int llama_smoe_waves(llama_smoe * s, int il, int64_t n_tokens, int64_t n_expert_
     return l.waves;
 }
 
+uint32_t llama_smoe_graph_nodes(const llama_smoe * s, int64_t n_tokens, int64_t n_expert_used) {
+    if (s == nullptr) {
+        return 0;
+    }
+    // a wave's nodes in build_moe_ffn: the claim, three matmuls and what joins them, the
+    // release and the sum (about a dozen), with room to spare
+    constexpr uint64_t nodes_per_wave = 24;
+    uint64_t extra = 0;
+    for (const layer_claims & l : s->layers) {
+        if (l.n_expert > 0) {
+            // llama_smoe_waves: at most one wave a distinct expert of the batch, plus one;
+            // the graph's estimate counts one
+            extra += nodes_per_wave * std::min<uint64_t>((uint64_t) std::max<int64_t>(1, n_expert_used * n_tokens), l.n_expert);
+        }
+    }
+    return (uint32_t) std::min<uint64_t>(extra, UINT32_MAX / 2);
+}
+
 ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * after, int il,
                                int wave, int waves) {
     GGML_ASSERT(il >= 0 && il < (int) s->layers.size() && wave >= 0 && wave < waves && waves == s->layers[il].waves);

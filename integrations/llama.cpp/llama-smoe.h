@@ -42,6 +42,12 @@ void llama_smoe_bind(llama_smoe * s);
 // that shrinks mid-layer has a wave to spare). One when the ring holds the model.
 int llama_smoe_waves(llama_smoe * s, int il, int64_t n_tokens, int64_t n_expert_used);
 
+// Graph nodes the waves may add to a graph of n_tokens (llama_context::graph_max_nodes):
+// build_moe_ffn repeats a layer's expert FFN once a wave, and a layer of a ring smaller
+// than its batch's experts (or shrunk by the elastic ring) may run in up to one wave an
+// expert, plus one.
+uint32_t llama_smoe_graph_nodes(const llama_smoe * s, int64_t n_tokens, int64_t n_expert_used);
+
 // Graph ops, run by one thread. claim: wave `wave` of `waves` of layer il, after
 // `after` (the previous waves' sum, so it runs once they are computed and released;
 // nullptr for the first): the first wave hands the batch's working set
@@ -66,6 +72,7 @@ inline void llama_smoe_free(llama_smoe *) {}
 inline ggml_context * llama_smoe_tensor_ctx(llama_smoe *, const char *) { return nullptr; }
 inline void llama_smoe_bind(llama_smoe *) {}
 inline int llama_smoe_waves(llama_smoe *, int, int64_t, int64_t) { return 1; }
+inline uint32_t llama_smoe_graph_nodes(const llama_smoe *, int64_t, int64_t) { return 0; }
 inline ggml_tensor * llama_smoe_claim(llama_smoe *, ggml_context *, ggml_tensor * selected_experts, ggml_tensor *, int, int, int) {
     return selected_experts;
 }
