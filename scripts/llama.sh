@@ -16,6 +16,13 @@
 #                               it must be stock llama.cpp
 #   scripts/llama.sh path       prints the first one's path (exit 1 if it is
 #                               not built)
+#   scripts/llama.sh build --cuda
+#                               the first with GGML_CUDA=ON for the local
+#                               GPU's architecture only (CUDA_ARCH, default:
+#                               what nvidia-smi reports), FlashAttention
+#                               kernels off, into $SMOE_LLAMA_DIR/build-cuda/:
+#                               llama-simple, llama-completion, llama-bench
+#                               (scripts/llama-cuda.sh compares it with stock)
 #
 # No llama.cpp source is committed here: only our patch and glue. The cache is
 # reused between runs: the source tree is extracted and patched again when
@@ -28,6 +35,13 @@
 #   SMOE_LLAMA_DIR   the cache (default /var/cache/smoe-llama)
 #   JOBS             parallel build jobs (default: nproc)
 #   CARGO_TARGET_DIR where cargo puts libsmoe.a (default: target/ here)
+#   SMOE_LIB_DIR     a directory holding a built libsmoe.a and libsmoe.so:
+#                    installed as it is, cargo is not run (nor needed)
+#   SMOE_LLAMA_SRC   for a machine without network: a tar (any compression
+#                    tar reads) of an already patched llama.cpp/ from
+#                    another cache (`tar -C $SMOE_LLAMA_DIR -cJf FILE
+#                    llama.cpp`), extracted instead of the sdist; it must
+#                    have been patched with this patch
 #
 # Needs: python3 with pip (installed with apt-get when missing and root),
 # cmake >= 3.14 (likewise), a C/C++ compiler, cargo, network access to PyPI on
@@ -56,7 +70,7 @@ die() {
 BIN="$DIR/build/bin/llama-simple"
 
 usage() {
-  echo "usage: scripts/llama.sh build|build-off|path" >&2
+  echo "usage: scripts/llama.sh build [--cuda]|build-off|path" >&2
   exit 2
 }
 
@@ -75,7 +89,7 @@ need_tools() {
   command -v cc >/dev/null && command -v c++ >/dev/null || apt_install gcc g++
   command -v cmake >/dev/null || apt_install cmake
   python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
-  command -v cargo >/dev/null || die "cargo not found (install Rust with rustup)"
+  [ -n "${SMOE_LIB_DIR:-}" ] || command -v cargo >/dev/null || die "cargo not found (install Rust with rustup)"
 }
 
 # The sdist, downloaded with pip (no dependencies, no wheel: the source) and
@@ -115,6 +129,12 @@ prepare_tree() {
 
   local key
   key="$(cache_key)"
+  if [ "$(cat "$DIR/key" 2>/dev/null || true)" != "$key" ] && [ -n "${SMOE_LLAMA_SRC:-}" ]; then
+    say "extracting the patched llama.cpp of $SMOE_LLAMA_SRC (key $key)"
+    rm -rf "$DIR/llama.cpp" "$DIR/key"
+    tar -xf "$SMOE_LLAMA_SRC" -C "$DIR" llama.cpp || die "cannot extract llama.cpp/ from $SMOE_LLAMA_SRC"
+    echo "$key" >"$DIR/key"
+  fi
   if [ "$(cat "$DIR/key" 2>/dev/null || true)" != "$key" ]; then
     local sdist
     sdist="$(fetch_sdist)"
@@ -175,14 +195,41 @@ configure_and_build() {
   echo "$build/bin/${targets[0]}"
 }
 
+# smoe installed into $DIR/smoe, from SMOE_LIB_DIR or a cargo build.
+install_smoe() {
+  local lib_dir="${SMOE_LIB_DIR:-}"
+  if [ -z "$lib_dir" ]; then
+    say "building smoe (cargo build --release -p smoe --lib)"
+    (cd "$ROOT" && cargo build --release -p smoe --lib) >&2 || die "cargo build failed"
+    lib_dir="$TARGET_DIR/release"
+  fi
+  say "installing smoe from $lib_dir into $DIR/smoe (scripts/install.sh)"
+  SMOE_SKIP_BUILD=1 SMOE_LIB_DIR="$lib_dir" bash "$ROOT/scripts/install.sh" "$DIR/smoe" >&2 ||
+    die "scripts/install.sh $DIR/smoe failed"
+}
+
 build() {
   prepare_tree
-  say "building and installing smoe into $DIR/smoe (cargo build --release -p smoe --lib, scripts/install.sh)"
-  (cd "$ROOT" && cargo build --release -p smoe --lib) >&2 || die "cargo build failed"
-  SMOE_SKIP_BUILD=1 SMOE_LIB_DIR="$TARGET_DIR/release" bash "$ROOT/scripts/install.sh" "$DIR/smoe" >&2 ||
-    die "scripts/install.sh $DIR/smoe failed"
+  install_smoe
   configure_and_build "$DIR/build" "llama-simple llama-cli llama-server llama-bench" \
     -DLLAMA_SMOE=ON -Dsmoe_DIR="$DIR/smoe/lib/cmake/smoe" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON
+}
+
+# The CUDA build: one architecture, no FlashAttention kernels (the longest
+# to compile), no NCCL, so that it builds in minutes.
+build_cuda() {
+  local arch="${CUDA_ARCH:-}"
+  if [ -z "$arch" ]; then
+    arch="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d .)" ||
+      true
+  fi
+  [ -n "$arch" ] || die "no GPU architecture: set CUDA_ARCH (e.g. 90) or make nvidia-smi work"
+  command -v nvcc >/dev/null || die "nvcc not found: put the CUDA toolkit's bin on PATH"
+  prepare_tree
+  install_smoe
+  configure_and_build "$DIR/build-cuda" "llama-simple llama-completion llama-bench" \
+    -DLLAMA_SMOE=ON -Dsmoe_DIR="$DIR/smoe/lib/cmake/smoe" -DLLAMA_BUILD_TOOLS=ON \
+    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DGGML_CUDA_FA=OFF -DGGML_CUDA_NCCL=OFF -DLLAMA_BUILD_APP=OFF
 }
 
 # Without smoe: the option off, and find_package(smoe) disabled, so nothing of
@@ -194,10 +241,11 @@ build_off() {
     -DCMAKE_DISABLE_FIND_PACKAGE_smoe=ON
 }
 
-case "${1:-}" in
-  build) build ;;
-  build-off) build_off ;;
-  path)
+case "${1:-} ${2:-}" in
+  "build --cuda") build_cuda ;;
+  "build ") build ;;
+  "build-off ") build_off ;;
+  "path ")
     [ -x "$BIN" ] || die "$BIN is not built: run scripts/llama.sh build"
     echo "$BIN"
     ;;

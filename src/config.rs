@@ -123,8 +123,18 @@ macro_rules! config_schema {
             /// cgroup's limit and non-reclaimable use, the system's available
             /// memory) and takes idle slots offline, releasing their pages,
             /// while memory is short; it gives them back when it is not
-            /// (docs/c-api.md, "Elastic ring"). Ignored when `lock` is on.
+            /// (docs/c-api.md, "Elastic ring"). Ignored when `lock` or
+            /// `pinned` is on.
             elastic: bool = true,
+            []
+            /// The host pins the ring's pages for a device
+            /// (`cudaHostRegister`, or any driver that pins user memory for
+            /// DMA). A pinned ring is not elastic: its pages cannot be given
+            /// back, and a slot released and loaded again would leave the
+            /// device reading the old pages. And it is populated (as with
+            /// `populate`), so that registering finds its pages committed
+            /// (docs/c-api.md, "CUDA hosts").
+            pinned: bool = false,
         }
     };
 }

@@ -104,8 +104,15 @@ pub struct smoe_config {
     /// taken offline and their pages released while memory is short (the
     /// cgroup's limit, the system's available memory), and given back when
     /// it is not (docs/c-api.md, "Elastic ring"); 0 = a fixed ring. Ignored
-    /// when `lock` is 1.
+    /// when `lock` or `pinned` is 1.
     pub elastic: u32,
+    /// Added after version 1: 1 = the host pins the ring for a device
+    /// (`cudaHostRegister` over `smoe_ring_region`, or any driver that pins
+    /// user memory for DMA); default 0. A pinned ring is not elastic
+    /// (pinned pages cannot be given back, and a slot released and loaded
+    /// again would leave the device reading the old pages) and is
+    /// populated as with `populate` = 1 (docs/c-api.md, "CUDA hosts").
+    pub pinned: u32,
 }
 
 /// A claimed expert, filled by `smoe_claim`/`smoe_claim_wait`; pass it to

@@ -318,7 +318,10 @@ mod imp {
             } else {
                 None
             };
-            let populate = config.populate && !config.lock;
+            // A locked ring is committed already; a pinned one is about to
+            // be, by the host's registration, which is quicker on committed
+            // pages.
+            let populate = (config.populate || config.pinned) && !config.lock;
             let memory_thread = if populate || probe.is_some() {
                 match start_memory(&shared, populate, probe) {
                     Ok(thread) => Some(thread),
@@ -1082,8 +1085,9 @@ mod imp {
         fn new(vault: &Vault, config: &Config) -> Result<Resolved> {
             let workers = worker_count(config.workers)?;
             // A locked ring cannot release pages (madvise refuses locked
-            // ones), so it is never elastic; the sizing must know.
-            let elastic = config.elastic && !config.lock;
+            // ones), and a pinned one must not (the device would keep the
+            // old pages), so neither is elastic; the sizing must know.
+            let elastic = config.elastic && !config.lock && !config.pinned;
             let budget = crate::budget::BudgetConfig {
                 elastic,
                 ..config.budget()

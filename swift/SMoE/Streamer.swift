@@ -98,6 +98,9 @@ public final class Streamer: @unchecked Sendable {
         public var lock = false
         /// Elastic ring: idle slots are given back under memory pressure.
         public var elastic = true
+        /// The host pins the ring for a device: not elastic, populated
+        /// (docs/c-api.md, "CUDA hosts").
+        public var pinned = false
 
         public init() {}
     }
@@ -147,6 +150,7 @@ public final class Streamer: @unchecked Sendable {
         cfg.populate = config.populate ? 1 : 0
         cfg.lock = config.lock ? 1 : 0
         cfg.elastic = config.elastic ? 1 : 0
+        cfg.pinned = config.pinned ? 1 : 0
         var out: OpaquePointer?
         // freq_path and trace_path are read during smoe_open only, so
         // temporary C strings are enough.

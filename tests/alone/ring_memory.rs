@@ -390,3 +390,66 @@ fn elastic_ring_shrinks_and_grows_with_fake_pressure() {
     let st = fixed.stats();
     assert_eq!((st.slots_active, st.shrinks), (64, 0), "{st:?}");
 }
+
+/// `pinned` (a CUDA host's `cudaHostRegister`, docs/c-api.md "CUDA hosts"):
+/// under the pressure that takes an elastic ring down to its floor, a
+/// pinned ring (elastic left at its default, on) keeps every slot, and its
+/// pages are committed in the background as with `populate`.
+#[test]
+fn pinned_ring_is_populated_and_never_elastic() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    const GIB: u64 = 1 << 30;
+    assert!(!Config::default().pinned);
+    let v = common::vault(1, 64, 100_000, &[]);
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("proc")).unwrap();
+    // A 4 GiB "machine" with 100 MiB available: under the low watermark.
+    fake_meminfo(root.path(), 4 * GIB, 100 * MIB);
+    let rss0 = common::rss_bytes();
+    let s = Streamer::open(
+        v.dir.path(),
+        Config {
+            pressure_root: Some(root.path().to_path_buf()),
+            pinned: true,
+            ..config()
+        },
+    )
+    .unwrap();
+    assert!(Config::default().elastic, "elastic stays at its default");
+    v.stream(&s, 0, 0..64, Duration::from_secs(10));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut committed = 0;
+    while Instant::now() < deadline && committed < 250 * MIB {
+        committed = common::rss_bytes().saturating_sub(rss0);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Three of the elastic monitor's samples under pressure (50 ms apart).
+    std::thread::sleep(Duration::from_millis(600));
+    let st = s.stats();
+    eprintln!(
+        "pinned 256 MiB ring under fake pressure: slots_active {}, shrinks {}, RSS +{:.1} MiB",
+        st.slots_active,
+        st.shrinks,
+        committed as f64 / MIB as f64
+    );
+    assert_eq!((st.slots_active, st.shrinks), (64, 0), "{st:?}");
+    assert!(
+        committed >= 250 * MIB,
+        "pinned committed only {committed} bytes"
+    );
+    v.stream(&s, 0, 0..64, Duration::from_secs(10));
+    drop(s);
+
+    // The same pressure on the same ring unpinned takes it down (the test
+    // above checks the details): the difference is `pinned`.
+    let s = Streamer::open(
+        v.dir.path(),
+        Config {
+            pressure_root: Some(root.path().to_path_buf()),
+            ..config()
+        },
+    )
+    .unwrap();
+    let st = wait_for(&s, |st| st.slots_active == 8);
+    assert_eq!(st.slots_active, 8, "{st:?}");
+}

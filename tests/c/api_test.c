@@ -121,8 +121,8 @@ static void test_config_init(void) {
   CHECK(cfg.trace_path == NULL, "trace_path");
   CHECK(cfg.policy == SMOE_POLICY_LRU && SMOE_POLICY_LRU == 0 && SMOE_POLICY_ADAPTIVE == 1,
         "policy %u", cfg.policy);
-  CHECK(cfg.populate == 0 && cfg.lock == 0 && cfg.elastic == 1, "populate %u lock %u elastic %u",
-        cfg.populate, cfg.lock, cfg.elastic);
+  CHECK(cfg.populate == 0 && cfg.lock == 0 && cfg.elastic == 1 && cfg.pinned == 0,
+        "populate %u lock %u elastic %u pinned %u", cfg.populate, cfg.lock, cfg.elastic, cfg.pinned);
   EXPECT(smoe_config_init(NULL), SMOE_ERR_ARGUMENT);
   CHECK(strcmp(smoe_last_error(), "cfg is NULL") == 0, "config_init(NULL) message");
 
@@ -218,7 +218,7 @@ static const field_extent config_fields[] = {
     FIELD(smoe_config, engine_overhead_bytes), FIELD(smoe_config, freq_path),
     FIELD(smoe_config, trace_path),   FIELD(smoe_config, policy),
     FIELD(smoe_config, populate),     FIELD(smoe_config, lock),
-    FIELD(smoe_config, elastic),
+    FIELD(smoe_config, elastic),      FIELD(smoe_config, pinned),
 };
 
 /* The field that a struct of `size` bytes ends inside, or NULL. */
