@@ -397,7 +397,7 @@ fn elastic_ring_shrinks_and_grows_with_fake_pressure() {
 /// pages are committed in the background as with `populate`.
 #[test]
 fn pinned_ring_is_populated_and_never_elastic() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _alone = crate::alone();
     const GIB: u64 = 1 << 30;
     assert!(!Config::default().pinned);
     let v = common::vault(1, 64, 100_000, &[]);
