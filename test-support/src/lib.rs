@@ -6,6 +6,10 @@
 //! The crate root holds synthetic vaults and process measurements;
 //! [`forge`] makes hand-edited and hostile vaults; [`native`] builds and runs
 //! C and C++ programs against the libraries `cargo test` built.
+//!
+//! Empty under `--cfg loom`: the loom models are unit tests of the library
+//! alone, and the streamer these helpers open is not compiled there.
+#![cfg(not(loom))]
 
 pub mod forge;
 pub mod native;
