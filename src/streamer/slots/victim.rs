@@ -157,10 +157,47 @@ pub(super) fn scan<C: CellFields, const SKIPS: bool>(
     passes_over: impl Fn(u32) -> bool,
     rank: impl Fn(&C, u64) -> u64,
 ) -> Option<(u32, Word)> {
-    // The id of an idle slot is read after its word; a stale id (a take
-    // racing the scan) only affects this choice, and the take's
-    // compare-exchange on the word seen here fails if the slot changed.
-    let spared = |cell: &C| !matches!(spare, Spare::Nothing) && spare.spares(cell.id());
+    let unclaimed_demand = |w: Word| w.state() == READY && w.demand();
+    // One loop for each kind of exclusion, so the common ones (nothing
+    // spared; a speculative take sparing demand loads) test no more than
+    // they need and keep the loop's locals in registers.
+    match (spare, spares_demand) {
+        (Spare::Nothing, false) => {
+            scan_leaving::<C, SKIPS>(cells, |_, _| false, stale_before, passes_over, rank)
+        }
+        (Spare::Nothing, true) => scan_leaving::<C, SKIPS>(
+            cells,
+            |_, w| unclaimed_demand(w),
+            stale_before,
+            passes_over,
+            rank,
+        ),
+        (spare, sd) => scan_leaving::<C, SKIPS>(
+            cells,
+            // The id of an idle slot is read after its word; a stale id (a
+            // take racing the scan) only affects this choice, and the
+            // take's compare-exchange on the word seen here fails if the
+            // slot changed.
+            move |cell, w| (sd && unclaimed_demand(w)) || spare.spares(cell.id()),
+            stale_before,
+            passes_over,
+            rank,
+        ),
+    }
+}
+
+/// [`scan`] with its exclusions as one test: `leave_out(cell, word)` for an
+/// idle READY or CONSUMED slot that must not be taken. Never inlined: each
+/// kind of exclusion gets a loop of its own, whose locals stay in
+/// registers (inlined into one function, they spilled).
+#[inline(never)]
+fn scan_leaving<C: CellFields, const SKIPS: bool>(
+    cells: &[C],
+    leave_out: impl Fn(&C, Word) -> bool,
+    stale_before: u64,
+    passes_over: impl Fn(u32) -> bool,
+    rank: impl Fn(&C, u64) -> u64,
+) -> Option<(u32, Word)> {
     // Bigger (rank, !stamp), better victim; slot u32::MAX = none yet (its
     // word a placeholder). Plain locals, one set per class, so the loop
     // keeps them in registers.
@@ -176,10 +213,7 @@ pub(super) fn scan<C: CellFields, const SKIPS: bool>(
         if state == EMPTY {
             return Some((i as u32, w));
         }
-        if (state != READY && state != CONSUMED)
-            || (spares_demand && state == READY && w.demand())
-            || spared(cell)
-        {
+        if (state != READY && state != CONSUMED) || leave_out(cell, w) {
             continue;
         }
         let stamp = cell.stamp();
