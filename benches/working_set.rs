@@ -8,20 +8,22 @@
 //!   by `claim_wait`, and by `claim_any` over the set of that one member;
 //!   then over a set of 4 members prefetched together, until the first
 //!   claim returns (`claim_any` against `claim_wait` on the set's head).
-//!   Target: `claim_any` adds no more than `claim_wait` (median added over
-//!   the busy poll ≤ 10 µs).
+//!   The ways take turns pair by pair, so a machine's drift over a round
+//!   weighs on each alike. Target: `claim_any` adds no more than
+//!   `claim_wait` (median added over the busy poll ≤ 10 µs).
 //! - **cost**: 64 resident experts. `prefetch_set` of the 64 against 64
 //!   `prefetch`; claiming all 64 by `claim_any` (the set shrinking by the
 //!   member claimed) against 64 `claim`s. Targets: ≤ 1× and ≤ 1.5×.
 //! - **prefill**: a layer loop where every layer's set is all its experts
 //!   (8 layers × 64 experts of 1 MiB, ring of a quarter of them, direct
 //!   I/O from a vault in `SMOE_BENCH_DIR`, default /var/tmp, so the reads
-//!   are the disk's), compute simulated by a busy loop as long as one
-//!   expert's read. Two ways in alternating rounds: claim-all-then-compute
-//!   (wait for every expert of the layer, then compute them), and
-//!   per-expert `claim_any` (compute each as it lands, release it, so its
-//!   slot takes the next read). Target: `claim_any` ≤ 0.6× the claim-all
-//!   time.
+//!   are the disk's), compute simulated by a busy loop: the time a pass of
+//!   reads alone takes, divided by its experts. Three ways, in turn in each
+//!   of three rounds: claim-all-then-compute (wait for every expert of the layer,
+//!   then compute them); per-expert `claim_any` (compute each as it lands,
+//!   release it, so its slot takes the next read); and the same with the
+//!   next layer's set queued as speculation while a layer computes
+//!   (layer-ahead). Target: `claim_any` ≤ 0.6× the claim-all time.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -54,44 +56,39 @@ enum Way {
     Any,
 }
 
-/// Median time from the prefetch of `width` experts not resident to the
-/// first claim's return.
-fn first_claim(s: &Streamer, experts: u32, round: usize, way: Way, width: u32) -> Duration {
-    const PAIRS: usize = 320;
-    let mut times = Vec::with_capacity(PAIRS);
-    for i in 0..PAIRS {
-        // Cycle through more experts than slots, so each prefetch reads.
-        let first = ((i as u32) * width + round as u32 * 7) % experts;
-        let set: Vec<u32> = (0..width).map(|k| (first + k) % experts).collect();
-        let t = Instant::now();
-        s.prefetch_set(0, &set, Priority::Demand).unwrap();
-        let claim = match way {
-            Way::Poll => loop {
-                if let Some(c) = s.claim(0, set[0]).unwrap() {
-                    break c;
-                }
-                std::hint::spin_loop();
-            },
-            Way::Wait => s
-                .claim_wait(0, set[0], Duration::from_secs(10))
-                .unwrap()
-                .unwrap(),
-            Way::Any => s
-                .claim_any(0, &set, Duration::from_secs(10))
-                .unwrap()
-                .unwrap(),
-        };
-        times.push(t.elapsed());
-        drop(claim);
-        // Let the other members land, so the next pair starts quiet.
-        for &e in &set[1..] {
-            drop(s.claim_wait(0, e, Duration::from_secs(10)).unwrap());
-        }
+/// Time from the prefetch of `width` experts not resident, from `first`
+/// on, to the first claim's return.
+fn first_claim(s: &Streamer, experts: u32, first: u32, way: Way, width: u32) -> Duration {
+    let set: Vec<u32> = (0..width).map(|k| (first + k) % experts).collect();
+    let t = Instant::now();
+    s.prefetch_set(0, &set, Priority::Demand).unwrap();
+    let claim = match way {
+        Way::Poll => loop {
+            if let Some(c) = s.claim(0, set[0]).unwrap() {
+                break c;
+            }
+            std::hint::spin_loop();
+        },
+        Way::Wait => s
+            .claim_wait(0, set[0], Duration::from_secs(10))
+            .unwrap()
+            .unwrap(),
+        Way::Any => s
+            .claim_any(0, &set, Duration::from_secs(10))
+            .unwrap()
+            .unwrap(),
+    };
+    let took = t.elapsed();
+    drop(claim);
+    // Let the other members land, so the next pair starts quiet.
+    for &e in &set[1..] {
+        drop(s.claim_wait(0, e, Duration::from_secs(10)).unwrap());
     }
-    median(times)
+    took
 }
 
 fn wake() {
+    const PAIRS: usize = 320;
     let experts = 24;
     let v = common::vault_in(
         tempfile::tempdir_in(tmpfs()).unwrap(),
@@ -101,21 +98,43 @@ fn wake() {
         &[],
     );
     let s = Streamer::open(v.dir.path(), common::quiet_config(8, 2)).unwrap();
-    println!("wake: first claim after a prefetch of 2 MiB experts (tmpfs, 8 slots, 2 workers), median of 320:");
+    println!(
+        "wake: first claim after a prefetch of 2 MiB experts (tmpfs, 8 slots, 2 workers), \
+         the ways interleaved pair by pair, median of {PAIRS}:"
+    );
+    let ways = [
+        (Way::Poll, 1),
+        (Way::Wait, 1),
+        (Way::Any, 1),
+        (Way::Wait, 4),
+        (Way::Any, 4),
+    ];
+    let mut next = 0u32;
     for round in 0..3 {
-        let poll = first_claim(&s, experts, round, Way::Poll, 1);
-        let wait = first_claim(&s, experts, round, Way::Wait, 1);
-        let any = first_claim(&s, experts, round, Way::Any, 1);
-        let wait4 = first_claim(&s, experts, round, Way::Wait, 4);
-        let any4 = first_claim(&s, experts, round, Way::Any, 4);
+        let mut times = vec![Vec::with_capacity(PAIRS); ways.len()];
+        for i in 0..PAIRS {
+            // Each pair runs every way once, in an order that rotates, so
+            // no way always follows the same one.
+            for k in 0..ways.len() {
+                let w = (i + k) % ways.len();
+                let (way, width) = ways[w];
+                // Cycle through more experts than slots, so each prefetch
+                // reads.
+                times[w].push(first_claim(&s, experts, next, way, width));
+                next = (next + width) % experts;
+            }
+        }
+        let m: Vec<f64> = times.into_iter().map(|t| us(median(t))).collect();
         println!(
-            "  round {round}: one member: poll {:.1} µs, claim_wait {:+.1} µs, claim_any {:+.1} µs over it; \
-             4 members: claim_wait(head) {:.1} µs, claim_any {:.1} µs",
-            us(poll),
-            us(wait) - us(poll),
-            us(any) - us(poll),
-            us(wait4),
-            us(any4),
+            "  round {round}: one member: poll {:.1} µs, claim_wait {:+.1} µs, claim_any {:+.1} µs \
+             over it (claim_any {:+.1} µs over claim_wait); 4 members: claim_wait(head) {:.1} µs, \
+             claim_any {:.1} µs",
+            m[0],
+            m[1] - m[0],
+            m[2] - m[0],
+            m[2] - m[1],
+            m[3],
+            m[4],
         );
     }
 }
@@ -204,33 +223,39 @@ fn compute(d: Duration, data: &[u8]) -> u64 {
     sum
 }
 
+/// How a layer loop waits for its experts.
+#[derive(Clone, Copy, PartialEq)]
+enum Loop {
+    /// Wait for every expert of the layer, then compute them (the way
+    /// before working sets).
+    ClaimAll,
+    /// `claim_any`: compute each expert as it lands, release it.
+    Any,
+    /// `claim_any`, with the next layer's set queued as speculation while
+    /// this one computes (layer-ahead, as in the llama.cpp glue's prefill).
+    AnyAhead,
+}
+
 /// One pass over every layer, all experts each: (wall time, bytes read).
 fn layer_loop(
     s: &Streamer,
     layers: u32,
     experts: u32,
     per_expert: Duration,
-    any: bool,
+    way: Loop,
 ) -> (Duration, u64) {
     let read0 = s.stats().bytes_read;
     let set: Vec<u32> = (0..experts).collect();
     let t = Instant::now();
     let mut sum = 0u64;
     for layer in 0..layers {
-        if any {
-            let _ = s.prefetch_set(layer, &set, Priority::Demand).unwrap();
-            let mut left = set.clone();
-            while !left.is_empty() {
-                let c = s
-                    .claim_any(layer, &left, Duration::from_secs(60))
-                    .unwrap()
-                    .unwrap();
-                let e = c.info().expert;
-                sum = sum.wrapping_add(compute(per_expert, &c));
-                left.retain(|&m| m != e);
-            }
-        } else {
-            let _ = s.prefetch_set(layer, &set, Priority::Demand).unwrap();
+        let _ = s.prefetch_set(layer, &set, Priority::Demand).unwrap();
+        if way == Loop::AnyAhead && layer + 1 < layers {
+            let _ = s
+                .prefetch_set(layer + 1, &set, Priority::Speculative)
+                .unwrap();
+        }
+        if way == Loop::ClaimAll {
             let mut held = Vec::with_capacity(set.len());
             for &e in &set {
                 held.push(
@@ -241,6 +266,17 @@ fn layer_loop(
             }
             for c in &held {
                 sum = sum.wrapping_add(compute(per_expert, c));
+            }
+        } else {
+            let mut left = set.clone();
+            while !left.is_empty() {
+                let c = s
+                    .claim_any(layer, &left, Duration::from_secs(60))
+                    .unwrap()
+                    .unwrap();
+                let e = c.info().expert;
+                sum = sum.wrapping_add(compute(per_expert, &c));
+                left.retain(|&m| m != e);
             }
         }
     }
@@ -269,7 +305,7 @@ fn prefill() {
     )
     .unwrap();
     // The disk's pace: a pass with no compute.
-    let (io, bytes) = layer_loop(&s, layers, experts, Duration::ZERO, false);
+    let (io, bytes) = layer_loop(&s, layers, experts, Duration::ZERO, Loop::ClaimAll);
     let per_expert = io / (layers * experts);
     println!(
         "prefill: {layers} layers x {experts} experts of 1 MiB, ring {ring} slots, 16 workers, {}; \
@@ -279,17 +315,26 @@ fn prefill() {
         bytes as f64 / io.as_secs_f64() / 1e9,
         us(per_expert)
     );
+    let ms = |d: Duration| d.as_secs_f64() * 1e3 / f64::from(layers);
     for round in 0..3 {
-        let (all, all_bytes) = layer_loop(&s, layers, experts, per_expert, false);
-        let (any, any_bytes) = layer_loop(&s, layers, experts, per_expert, true);
+        let (all, all_bytes) = layer_loop(&s, layers, experts, per_expert, Loop::ClaimAll);
+        let (any, any_bytes) = layer_loop(&s, layers, experts, per_expert, Loop::Any);
+        let (spec0, lost0) = (s.stats().reads_speculative, s.stats().evicted_unclaimed);
+        let (ahead, ahead_bytes) = layer_loop(&s, layers, experts, per_expert, Loop::AnyAhead);
+        let spec = s.stats().reads_speculative - spec0;
+        let lost = s.stats().evicted_unclaimed - lost0;
         println!(
-            "  round {round}: claim-all-then-compute {:.1} ms a layer ({} MiB read), \
-             claim_any per expert {:.1} ms a layer ({} MiB read): {:.2}x",
-            all.as_secs_f64() * 1e3 / f64::from(layers),
+            "  round {round}: claim-all-then-compute {:.1} ms a layer ({} MiB read); \
+             claim_any per expert {:.1} ms ({} MiB): {:.2}x; \
+             with the next layer queued ahead {:.1} ms ({} MiB, {spec} speculative reads, {lost} evicted unclaimed): {:.2}x",
+            ms(all),
             all_bytes >> 20,
-            any.as_secs_f64() * 1e3 / f64::from(layers),
+            ms(any),
             any_bytes >> 20,
-            any.as_secs_f64() / all.as_secs_f64()
+            any.as_secs_f64() / all.as_secs_f64(),
+            ms(ahead),
+            ahead_bytes >> 20,
+            ahead.as_secs_f64() / all.as_secs_f64()
         );
     }
 }
