@@ -22,11 +22,11 @@ use smoe::vault::Vault;
 
 use self::args::Mode;
 use self::check::{check_against, check_flags};
-use self::report::{ring_notes, DecodeResult, RunMode, ScanResult, TopK};
+use self::report::{DecodeResult, RunMode, ScanResult, SmoeSide, TopK};
 use crate::output::{out, warning_line, Failure};
 use crate::plot::PlotTarget;
 use crate::progress::{self, Unit};
-use crate::replay::{mean_p99, moe_layers, waits_ms, WorkingSet};
+use crate::replay::{moe_layers, WorkingSet};
 use crate::stream::{decode, scan};
 
 /// Prints `value` as one JSON object, or `text`.
@@ -118,29 +118,12 @@ fn run_decode(args: &BenchArgs, vault: Vault, top_k: TopK) -> Result<(), Failure
     let r = decode(vault, &opts, &mut warning_line, &mut |_| bar.inc(1));
     bar.finish_and_clear();
     let r = r?;
-    let st = &r.stats;
-    let (mean, p99) = mean_p99(&waits_ms(&r.waits));
-    let result = DecodeResult {
-        mode: RunMode::Decode,
-        tokens: u64::from(r.tokens),
-        claims: st.claims,
-        hits: st.hits,
-        coverage: st.hits as f64 / st.claims.max(1) as f64,
-        bytes_read: st.bytes_read,
-        seconds: r.seconds,
-        gb_per_s: st.bytes_read as f64 / r.seconds.max(1e-9) / 1e9,
-        wait_mean_ms: mean,
-        wait_p99_ms: p99,
-        ring_slots: st.ring_slots,
-        slot_bytes: st.slot_bytes,
-        ring_bytes: st.ring_slots * st.slot_bytes,
+    let result = DecodeResult::of_side(
+        &SmoeSide::of_decode(&r),
         experts,
-        direct_io: st.direct_io,
-        policy: args.policy.name().to_owned(),
-        top_k: top_k.value,
-        top_k_from: top_k.from,
+        args.policy.name(),
+        top_k,
         working_set,
-        notes: ring_notes(st.ring_slots, experts, working_set, args.policy.name()),
-    };
+    );
     print(args.json, &result, || result.text())
 }

@@ -7,7 +7,8 @@
 use serde::{Deserialize, Serialize, Serializer};
 
 use crate::output::{gb_per_s, human_bytes};
-use crate::replay::WorkingSet;
+use crate::replay::{mean_p99, waits_ms, WorkingSet};
+use crate::stream::DecodeReport;
 
 /// Rounds to 3 decimals when serialized (milliseconds: microseconds).
 fn round3<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
@@ -202,6 +203,42 @@ impl DecodeResult {
 fn push_notes(text: &mut String, notes: &[String]) {
     for note in notes {
         text.push_str(&format!("note: {note}\n"));
+    }
+}
+
+impl DecodeResult {
+    /// The report of `side`'s decode of a vault of `experts` experts under
+    /// `policy`, `top_k` experts per layer.
+    pub fn of_side(
+        side: &SmoeSide,
+        experts: u64,
+        policy: &str,
+        top_k: TopK,
+        working_set: WorkingSet,
+    ) -> DecodeResult {
+        let (mean, p99) = mean_p99(&side.waits_ms);
+        DecodeResult {
+            mode: RunMode::Decode,
+            tokens: side.tokens,
+            claims: side.claims,
+            hits: side.hits,
+            coverage: side.hits as f64 / side.claims.max(1) as f64,
+            bytes_read: side.bytes_read,
+            seconds: side.seconds,
+            gb_per_s: side.bytes_read as f64 / side.seconds.max(1e-9) / 1e9,
+            wait_mean_ms: mean,
+            wait_p99_ms: p99,
+            ring_slots: side.ring_slots,
+            slot_bytes: side.slot_bytes,
+            ring_bytes: side.ring_slots * side.slot_bytes,
+            experts,
+            direct_io: side.direct_io,
+            policy: policy.to_owned(),
+            top_k: top_k.value,
+            top_k_from: top_k.from,
+            working_set,
+            notes: ring_notes(side.ring_slots, experts, working_set, policy),
+        }
     }
 }
 
@@ -458,6 +495,25 @@ pub struct SmoeSide {
     pub direct_io: u64,
     /// Per-token waits, ms.
     pub waits_ms: Vec<f64>,
+}
+
+impl SmoeSide {
+    /// The measurements of a decode run (a synthetic decode, or a
+    /// replay's smoe side).
+    pub fn of_decode(r: &DecodeReport) -> SmoeSide {
+        let st = &r.stats;
+        SmoeSide {
+            tokens: u64::from(r.tokens),
+            claims: st.claims,
+            hits: st.hits,
+            bytes_read: st.bytes_read,
+            seconds: r.seconds,
+            ring_slots: st.ring_slots,
+            slot_bytes: st.slot_bytes,
+            direct_io: st.direct_io,
+            waits_ms: waits_ms(&r.waits),
+        }
+    }
 }
 
 /// The mmap side of a replay, as a capped run's child prints it.

@@ -9,8 +9,8 @@ use smoe::vault::Vault;
 
 use super::args::{BenchArgs, Side};
 use super::report::{
-    ring_notes, BaselineResult, DecodeResult, MmapSide, RunMode, SideReport, SimRates, SmoeSide,
-    SweepResult, SweepRow, TopK, TraceResult,
+    BaselineResult, DecodeResult, MmapSide, RunMode, SideReport, SimRates, SmoeSide, SweepResult,
+    SweepRow, TopK, TraceResult,
 };
 use crate::baseline::{drop_page_cache, find_parent, mmap_replay, Cgroup, CgroupParent};
 use crate::output::{out, warning_line, Failure};
@@ -311,19 +311,7 @@ fn side_here(side: Side, replay: &Replay, ring_slots: u32) -> Result<SideReport,
             let bar = progress::count_bar(tokens, "replay", args.json);
             let r = decode(vault, &opts, &mut warning_line, &mut |_| bar.inc(1));
             bar.finish_and_clear();
-            let r = r?;
-            let st = &r.stats;
-            Ok(SideReport::Smoe(SmoeSide {
-                tokens: u64::from(r.tokens),
-                claims: st.claims,
-                hits: st.hits,
-                bytes_read: st.bytes_read,
-                seconds: r.seconds,
-                ring_slots: st.ring_slots,
-                slot_bytes: st.slot_bytes,
-                direct_io: st.direct_io,
-                waits_ms: waits_ms(&r.waits),
-            }))
+            Ok(SideReport::Smoe(SmoeSide::of_decode(&r?)))
         }
         Side::Mmap => {
             let bar = progress::count_bar(tokens, "mmap", args.json);
@@ -417,9 +405,9 @@ fn measure(
         lru: sim::lru(&replay.seq, ring).rate(),
         belady: sim::belady(&replay.seq, ring).rate(),
     };
-    let (mean, p99) = mean_p99(&smoe.waits_ms);
     let experts = u64::from(replay.entries);
     let policy = args.policy.name();
+    let decode = DecodeResult::of_side(smoe, experts, policy, replay.top_k, replay.working_set);
     let isolated = isolation.is_some() && args.mem_cap.is_some();
     let baseline = mmap.map(|m| {
         let (mean, p99) = mean_p99(&m.waits_ms);
@@ -432,30 +420,11 @@ fn measure(
             like_for_like: isolated,
         }
     });
-    let ratio = baseline.as_ref().map(|b| mean / b.wait_mean_ms.max(1e-9));
+    let ratio = baseline
+        .as_ref()
+        .map(|b| decode.wait_mean_ms / b.wait_mean_ms.max(1e-9));
     TraceResult {
-        decode: DecodeResult {
-            mode: RunMode::Decode,
-            tokens: smoe.tokens,
-            claims: smoe.claims,
-            hits: smoe.hits,
-            coverage: smoe.hits as f64 / smoe.claims.max(1) as f64,
-            bytes_read: smoe.bytes_read,
-            seconds: smoe.seconds,
-            gb_per_s: smoe.bytes_read as f64 / smoe.seconds.max(1e-9) / 1e9,
-            wait_mean_ms: mean,
-            wait_p99_ms: p99,
-            ring_slots: smoe.ring_slots,
-            slot_bytes: smoe.slot_bytes,
-            ring_bytes: smoe.ring_slots * smoe.slot_bytes,
-            experts,
-            direct_io: smoe.direct_io,
-            policy: policy.to_owned(),
-            top_k: replay.top_k.value,
-            top_k_from: replay.top_k.from,
-            working_set: replay.working_set,
-            notes: ring_notes(smoe.ring_slots, experts, replay.working_set, policy),
-        },
+        decode,
         mem_cap_bytes: args.mem_cap.as_ref().map(|c| c.bytes),
         isolation: match isolation {
             Some(p) if isolated => p.name().to_owned(),
