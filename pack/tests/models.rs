@@ -8,6 +8,7 @@
 //! The source files are read by this file's own parsers (below), not the
 //! packer's, so a bug in the packer's reading cannot hide itself.
 
+use smoe_test_support::models::write_many_tensor_safetensors;
 use smoe_test_support::native;
 
 use std::collections::BTreeMap;
@@ -763,28 +764,6 @@ fn write_f32_gguf(path: &Path, tensors: &[(String, Vec<u64>)]) {
     std::fs::write(path, &b).unwrap();
     let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
     f.set_len(data + offset).unwrap();
-}
-
-/// A safetensors file of `n` F32 `[1]` tensors named `t.{i}`, none an
-/// expert (the data a hole).
-fn write_many_tensor_safetensors(path: &Path, n: usize) {
-    let mut header = String::from("{");
-    for i in 0..n {
-        if i > 0 {
-            header.push(',');
-        }
-        header.push_str(&format!(
-            "\"t.{i}\":{{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[{},{}]}}",
-            4 * i,
-            4 * i + 4
-        ));
-    }
-    header.push('}');
-    let mut b = (header.len() as u64).to_le_bytes().to_vec();
-    b.extend_from_slice(header.as_bytes());
-    std::fs::write(path, &b).unwrap();
-    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-    f.set_len(b.len() as u64 + 4 * n as u64).unwrap();
 }
 
 /// The three inputs of the issue at `n` (a fraction of the target size):

@@ -4,7 +4,8 @@
 //! each, never published.
 //!
 //! The crate root holds synthetic vaults and process measurements;
-//! [`forge`] makes hand-edited and hostile vaults; [`native`] builds and runs
+//! [`forge`] makes hand-edited and hostile vaults; [`models`] hand-made
+//! model files for the packer; [`native`] builds and runs
 //! C and C++ programs against the libraries `cargo test` built.
 //!
 //! Empty under `--cfg loom`: the loom models are unit tests of the library
@@ -12,6 +13,7 @@
 #![cfg(not(loom))]
 
 pub mod forge;
+pub mod models;
 pub mod native;
 
 use std::path::PathBuf;

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use smoe_test_support::models::write_many_tensor_safetensors;
+
 fn smoe() -> Command {
     Command::new(env!("CARGO_BIN_EXE_smoe"))
 }
@@ -686,28 +688,6 @@ fn a_config_or_index_that_cannot_be_read_is_an_error_naming_it() {
         &m,
         "model.safetensors.index.json: 68157440 bytes, above the 64 MiB cap",
     );
-}
-
-/// A safetensors file of `n` F32 `[1]` tensors named `t.{i}` (no expert
-/// among them), 4 bytes each, the data a hole.
-fn write_many_tensor_safetensors(path: &Path, n: usize) {
-    let mut header = String::from("{");
-    for i in 0..n {
-        if i > 0 {
-            header.push(',');
-        }
-        header.push_str(&format!(
-            "\"t.{i}\":{{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[{},{}]}}",
-            4 * i,
-            4 * i + 4
-        ));
-    }
-    header.push('}');
-    let mut b = (header.len() as u64).to_le_bytes().to_vec();
-    b.extend_from_slice(header.as_bytes());
-    std::fs::write(path, &b).unwrap();
-    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-    f.set_len(b.len() as u64 + 4 * n as u64).unwrap();
 }
 
 /// Sends `signal` to `child` once `ready()` holds (checked every 2 ms, for
