@@ -208,7 +208,8 @@ fn push_notes(text: &mut String, notes: &[String]) {
 
 impl DecodeResult {
     /// The report of `side`'s decode of a vault of `experts` experts under
-    /// `policy`, `top_k` experts per layer.
+    /// `policy`, `top_k` experts per layer, `working_set` the experts a
+    /// token claims (for the ring's notes).
     pub fn of_side(
         side: &SmoeSide,
         experts: u64,

@@ -407,7 +407,7 @@ fn measure(
     };
     let experts = u64::from(replay.entries);
     let policy = args.policy.name();
-    let decode = DecodeResult::of_side(smoe, experts, policy, replay.top_k, replay.working_set);
+    let report = DecodeResult::of_side(smoe, experts, policy, replay.top_k, replay.working_set);
     let isolated = isolation.is_some() && args.mem_cap.is_some();
     let baseline = mmap.map(|m| {
         let (mean, p99) = mean_p99(&m.waits_ms);
@@ -422,9 +422,9 @@ fn measure(
     });
     let ratio = baseline
         .as_ref()
-        .map(|b| decode.wait_mean_ms / b.wait_mean_ms.max(1e-9));
+        .map(|b| report.wait_mean_ms / b.wait_mean_ms.max(1e-9));
     TraceResult {
-        decode,
+        decode: report,
         mem_cap_bytes: args.mem_cap.as_ref().map(|c| c.bytes),
         isolation: match isolation {
             Some(p) if isolated => p.name().to_owned(),
