@@ -544,10 +544,14 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
         }
     }
     // this wave's capacity: the active slots no claim holds (the earlier waves released
-    // theirs); it must take enough that the waves after it can hold the rest
-    const uint64_t cap = s->free_slots();
-    const uint64_t waves_after = (uint64_t) (l->waves - wave - 1);
+    // theirs); it must take enough that the waves after it can hold the rest. A layer of
+    // one wave on a ring that holds the model takes its whole set without asking
+    // (smoe_get_stats sums the claim histogram: tens of microseconds on one thread while
+    // the others wait), and asks only when the ring refuses (below)
+    const bool whole = l->waves == 1 && s->slots >= s->entries;
     const uint64_t left = l->left.size();
+    const uint64_t cap = whole ? std::max<uint64_t>(1, left) : s->free_slots();
+    const uint64_t waves_after = (uint64_t) (l->waves - wave - 1);
     const uint64_t need = left > waves_after * cap ? left - waves_after * cap : 0;
     if (need > cap) {
         s->fail(s->too_many_experts(l->il, left, l->waves - wave));
@@ -575,6 +579,11 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
             break;
         }
         if (r == SMOE_ERR_RING_FULL) {
+            if (whole && l->left.size() > s->free_slots()) {
+                // the elastic ring took slots offline: the set no longer fits
+                s->fail(s->too_many_experts(l->il, l->left.size(), 1));
+                break;
+            }
             std::this_thread::sleep_for(backoff);
             backoff = std::min(backoff * 2, std::chrono::microseconds(10000));
         }
