@@ -24,7 +24,7 @@
 use std::fs::File;
 use std::time::{Duration, Instant};
 
-use smoe::internals::sys::{open_for_streaming, read_at_exact};
+use smoe::internals::sys::{open_for_streaming, read_at_exact, Reservation};
 use smoe::{Config, DirectIo, Priority, Streamer};
 
 use smoe_test_support as common;
@@ -64,8 +64,8 @@ fn pass(s: &Streamer, range: std::ops::Range<u32>) -> (u64, Duration) {
 fn pread_loop(v: &common::TestVault, s: &Streamer, touch: bool) -> (f64, bool) {
     let slot = BLOB.next_multiple_of(16384) as usize;
     let direct = open_for_streaming(&v.file, DirectIo::Auto).unwrap().direct;
-    let ring = Fresh::new(64 * slot);
-    let base = ring.base;
+    let ring = fresh(64 * slot);
+    let base = ring.as_ptr() as usize;
     if touch {
         // SAFETY: the 64 slots lie inside the mapping `ring` owns.
         unsafe { std::ptr::write_bytes(base as *mut u8, 1, 64 * slot) };
@@ -96,54 +96,21 @@ fn pread_loop(v: &common::TestVault, s: &Streamer, touch: bool) -> (f64, bool) {
     (gbps(u64::from(EXPERTS) * slot as u64, t.elapsed()), direct)
 }
 
-/// A fresh anonymous mapping of `len` bytes starting at a 2 MiB boundary,
-/// huge pages advised where the OS has them: nothing committed until
-/// touched, as the ring's own (`AlignedBuffer` commits and zeroes its
-/// bytes when made, so it cannot stand for a fresh ring).
-struct Fresh {
-    raw: *mut libc::c_void,
-    total: usize,
-    base: usize,
-}
-
-impl Fresh {
-    fn new(len: usize) -> Fresh {
-        let total = len + (1 << 21);
-        // SAFETY: a new private anonymous mapping; nothing else is touched.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                total,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANON,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(raw, libc::MAP_FAILED, "mmap of {total} bytes");
-        let base = (raw as usize).next_multiple_of(1 << 21);
-        #[cfg(target_os = "linux")]
-        // SAFETY: `base..base + len` lies inside the mapping; the advice
-        // changes no contents.
-        unsafe {
-            libc::madvise(base as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
-        }
-        Fresh { raw, total, base }
-    }
-}
-
-impl Drop for Fresh {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`, unmapped once.
-        unsafe { libc::munmap(self.raw, self.total) };
-    }
+/// A fresh mapping of `len` bytes, as the ring's own: reserved, nothing
+/// committed until touched, huge pages advised where the OS has them
+/// (`AlignedBuffer` commits and zeroes its bytes when made, so it cannot
+/// stand for a fresh ring).
+fn fresh(len: usize) -> Reservation {
+    let r = Reservation::new(len, 1 << 21).unwrap();
+    r.advise_huge_pages().unwrap();
+    r
 }
 
 /// 16 threads touch every 4 KiB page of a fresh mapping of `bytes`: the
 /// rate the kernel hands out zeroed pages, in GB/s.
 fn zeroing_rate(bytes: usize) -> f64 {
-    let fresh = Fresh::new(bytes);
-    let base = fresh.base;
+    let fresh = fresh(bytes);
+    let base = fresh.as_ptr() as usize;
     let share = bytes / THREADS as usize;
     let t = Instant::now();
     std::thread::scope(|scope| {

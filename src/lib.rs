@@ -122,14 +122,15 @@ pub mod internals {
     }
 
     /// Platform calls: the direct-I/O open with its buffered fallback, the
-    /// `pread` loop and the aligned buffer `smoe verify` reads through, page
+    /// `pread` loop and the aligned buffer `smoe verify` reads through, the
+    /// ring's kind of reserved mapping (for the first-pass benchmark), page
     /// cache and disk space probes, whether a process exists (the packer's
     /// leftovers), and the memory snapshot ring sizing starts from.
     pub mod sys {
         pub use crate::sys::{
             drop_file_cache, free_bytes, memory_snapshot, open_for_streaming, page_cache_bytes,
             probe_direct_read, process_exists, read_at_exact, AlignedBuffer, MemorySnapshot,
-            OpenedFile, ReadError,
+            OpenedFile, ReadError, Reservation,
         };
     }
 

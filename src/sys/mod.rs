@@ -311,7 +311,7 @@ impl Drop for AlignedBuffer {
 /// memory. Pages are zero and cost nothing until first touched (a worker
 /// reading into a slot), and the address range stays fixed for the
 /// mapping's life, so a host that wrapped it once stays valid.
-pub(crate) struct Reservation {
+pub struct Reservation {
     ptr: std::ptr::NonNull<u8>,
     len: usize,
 }
@@ -326,7 +326,7 @@ impl Reservation {
     /// Reserves `len` bytes starting at a multiple of `align` (a power of
     /// two, at least the page size). `OutOfMemory` when the address space
     /// or the OS's overcommit policy refuses.
-    pub(crate) fn new(len: usize, align: usize) -> io::Result<Reservation> {
+    pub fn new(len: usize, align: usize) -> io::Result<Reservation> {
         let page = imp::page_size();
         if len == 0 || !align.is_power_of_two() || align < page {
             return Err(io::Error::new(
@@ -376,7 +376,7 @@ impl Reservation {
     }
 
     /// The first byte.
-    pub(crate) fn as_ptr(&self) -> *mut u8 {
+    pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
 
@@ -406,7 +406,7 @@ impl Reservation {
     /// instead of per 4 KiB page). Advice: contents never change. Linux:
     /// `madvise(MADV_HUGEPAGE)`; `Ok(false)` where the kernel has no
     /// transparent huge pages (`EINVAL`). Apple: nothing to ask, `Ok(false)`.
-    pub(crate) fn advise_huge_pages(&self) -> io::Result<bool> {
+    pub fn advise_huge_pages(&self) -> io::Result<bool> {
         imp::advise_huge_pages(self.ptr.as_ptr().cast(), self.len)
     }
 
