@@ -8,14 +8,19 @@
 //! `budget` experts are all resident or in flight. `pause(true)` makes it
 //! stop issuing; once that call returns, at most the one read already issued
 //! may still start. `pause(false)` resumes it, and it re-warms what requests
-//! have evicted since, within the same budget. Warming one expert never
+//! have evicted since, within the same budget. A resume after a complete pass
+//! with nothing evicted or taken offline since, and the same active slots,
+//! does nothing: every target is still resident (a target's count grows only
+//! when it is claimed, which makes it resident), so an engine that resumes it
+//! after every token of an all-hit decode wakes a thread that goes straight
+//! back to sleep instead of ranking the histogram each time. Warming one expert never
 //! evicts another of the warm set (it stops when only those are idle). It
 //! never claims (so it never
 //! takes a read error meant for the engine), and it is joined at close.
 //! While the elastic ring is shrunk, the budget shrinks with it, the
 //! engine's share of slots kept.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
 use std::time::Duration;
@@ -38,6 +43,8 @@ pub(crate) struct Control {
     /// Experts to keep warm (the hottest `budget`).
     pub(crate) budget: u32,
     thread: OnceLock<Thread>,
+    /// Passes over the targets so far (for tests).
+    passes: AtomicU64,
 }
 
 impl Control {
@@ -47,6 +54,7 @@ impl Control {
             issuing: AtomicBool::new(false),
             budget,
             thread: OnceLock::new(),
+            passes: AtomicU64::new(0),
         }
     }
 
@@ -82,18 +90,38 @@ impl Control {
     pub(crate) fn paused(&self) -> bool {
         self.paused.load(Ordering::SeqCst)
     }
+
+    /// Passes over the targets the thread has made.
+    pub(crate) fn passes(&self) -> u64 {
+        self.passes.load(Ordering::Relaxed)
+    }
+}
+
+/// What a complete pass left warm stays warm while these are unchanged:
+/// experts evicted, experts taken offline, active slots.
+fn epoch(shared: &Shared) -> (u64, u64, u32) {
+    (
+        shared.table.evictions(),
+        shared.table.retired(),
+        shared.elastic.active.load(Ordering::Relaxed),
+    )
 }
 
 /// The thread's body. Returns at shutdown.
 pub(crate) fn run(shared: Arc<Shared>) {
     let control = &shared.prewarm;
     let stopping = || shared.shutdown.load(Ordering::Acquire);
+    // The epoch at the start of the last pass that went through every target.
+    let mut warm_as_of = None;
     while !stopping() {
         if control.paused() {
             std::thread::park();
             continue;
         }
-        warm_pass(&shared);
+        let now = epoch(&shared);
+        if warm_as_of != Some(now) {
+            warm_as_of = warm_pass(&shared).then_some(now);
+        }
         if stopping() {
             return;
         }
@@ -103,9 +131,12 @@ pub(crate) fn run(shared: Arc<Shared>) {
     }
 }
 
-/// One pass over the hottest `budget` experts.
-fn warm_pass(shared: &Shared) {
+/// One pass over the hottest `budget` experts: true when it went through
+/// all of them (each resident, or its read issued), false when it was cut
+/// short (paused, closing, or a full ring).
+fn warm_pass(shared: &Shared) -> bool {
     let control = &shared.prewarm;
+    control.passes.fetch_add(1, Ordering::Relaxed);
     // A histogram file may count ids the vault has no blob for (it is
     // untrusted input): only real experts are targets.
     let mut targets = shared.histogram.hottest_first();
@@ -124,7 +155,7 @@ fn warm_pass(shared: &Shared) {
     }
     for &id in &targets {
         if shared.shutdown.load(Ordering::Acquire) || control.paused() {
-            return;
+            return false;
         }
         if shared.table.present(id) {
             continue;
@@ -136,7 +167,7 @@ fn warm_pass(shared: &Shared) {
                 // taken over), then pace.
                 while shared.table.in_flight(id) {
                     if shared.shutdown.load(Ordering::Acquire) {
-                        return;
+                        return false;
                     }
                     std::thread::park_timeout(Duration::from_millis(1));
                 }
@@ -145,12 +176,13 @@ fn warm_pass(shared: &Shared) {
             Some(Prefetched::RingFull) => {
                 // Its reservation was dropped: a claim_wait may be waiting.
                 shared.landed.notify();
-                return;
+                return false;
             }
             Some(Prefetched::Present | Prefetched::ErrorPending) => {}
-            None => return, // paused
+            None => return false, // paused
         }
     }
+    true
 }
 
 /// Prefetches `id` for pre-warm unless the engine paused us. None if paused.

@@ -233,6 +233,56 @@ fn pause_holds_then_resume_rewarms() {
 }
 
 #[test]
+fn resume_with_nothing_evicted_makes_no_pass() {
+    // An engine resumes the thread after every token; with its budget warm
+    // and nothing evicted since, a resume must cost no pass over the
+    // targets. One that follows an eviction re-warms.
+    let count = |_l: u32, e: u32| 64 - e;
+    let v = vault_with_history(count);
+    let s = Streamer::open(&v.file, config(200, 120)).unwrap();
+    wait_until("the whole budget", || s.stats().reads_prewarm >= 120);
+    let warmed = hottest(120, count);
+    wait_until("the budget resident", || {
+        warmed.iter().all(|&id| s.is_resident(id / 64, id % 64))
+    });
+    // Its own reads evicted nothing here (a fresh ring of 200 slots), but
+    // let a pass that saw the last one land finish.
+    std::thread::sleep(Duration::from_millis(300));
+    let before = s.prewarm_passes();
+    for _ in 0..50 {
+        s.prewarm_pause(true);
+        // a token's all-hit claims
+        claim_n(&s, warmed[0] / 64, warmed[0] % 64, 1);
+        s.prewarm_pause(false);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        s.prewarm_passes() <= before + 1,
+        "{} passes over a warm ring in 50 resumes",
+        s.prewarm_passes() - before
+    );
+    assert_eq!(s.stats().evictions, 0);
+
+    // Demand traffic evicts warm experts while paused: the next resume
+    // passes, and re-warms them.
+    s.prewarm_pause(true);
+    let cold: Vec<u32> = (0..256).filter(|id| !warmed.contains(id)).collect();
+    for &id in &cold {
+        claim_n(&s, id / 64, id % 64, 1);
+    }
+    assert!(s.stats().evictions > 0, "demand traffic evicted nothing");
+    let counts = s.histogram();
+    let targets = hottest(120, |l, e| counts[(l * 64 + e) as usize] as u32);
+    let passes = s.prewarm_passes();
+    s.prewarm_pause(false);
+    wait_until("re-warm after evictions", || {
+        targets.iter().all(|&id| s.is_resident(id / 64, id % 64))
+    });
+    assert!(s.prewarm_passes() > passes);
+}
+
+#[test]
 fn close_in_the_middle_of_prewarm() {
     let v = vault_with_history(|_, e| e + 1);
     for _ in 0..10 {

@@ -220,6 +220,10 @@ pub(crate) struct SlotTable {
     /// Evictions of loads no claim ever took (READY): reads wasted, most
     /// often speculation that did not come true (a statistic).
     evicted_unclaimed: CachePadded<AtomicU64>,
+    /// Loaded experts the elastic ring took offline with their slot (the
+    /// pre-warm thread's cue, with `evictions`, that something left the
+    /// ring).
+    retired: CachePadded<AtomicU64>,
     shape: Shape,
     /// Adaptive policy: per layer, the load clock when the engine last
     /// started loading that layer's experts (a load of that layer right
@@ -275,6 +279,7 @@ impl SlotTable {
             speculative: Queue::with_capacity(cap),
             evictions: CachePadded::new(AtomicU64::new(0)),
             evicted_unclaimed: CachePadded::new(AtomicU64::new(0)),
+            retired: CachePadded::new(AtomicU64::new(0)),
             shape: Shape {
                 policy: Policy::Lru,
                 experts_per_layer: ids.max(1),
@@ -315,6 +320,11 @@ impl SlotTable {
     /// Loads so far that replaced another expert.
     pub(crate) fn evictions(&self) -> u64 {
         self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// Loaded experts the elastic ring has taken offline so far.
+    pub(crate) fn retired(&self) -> u64 {
+        self.retired.load(Ordering::Relaxed)
     }
 
     /// Evictions of loads no claim had taken.
@@ -1050,6 +1060,7 @@ impl SlotTable {
                 continue;
             }
             if seen.state() != EMPTY {
+                self.retired.fetch_add(1, Ordering::Relaxed);
                 // As in `try_take`: the old load's map entry may still name
                 // this slot; the ticket is unique to that load. Its claim
                 // count is saved for the adaptive policy.
