@@ -10,8 +10,9 @@
 //! may still start. `pause(false)` resumes it, and it re-warms what requests
 //! have evicted since, within the same budget. A resume after a complete pass
 //! with nothing evicted or taken offline since, and the same active slots,
-//! does nothing: every target is still resident (a target's count grows only
-//! when it is claimed, which makes it resident), so an engine that resumes it
+//! does nothing: the pass left every target resident, and they still are (a
+//! target's count grows only when it is claimed, which makes it resident; a
+//! pass whose read failed is not complete), so an engine that resumes it
 //! after every token of an all-hit decode wakes a thread that goes straight
 //! back to sleep instead of ranking the histogram each time. Warming one expert never
 //! evicts another of the warm set (it stops when only those are idle). It
@@ -131,9 +132,9 @@ pub(crate) fn run(shared: Arc<Shared>) {
     }
 }
 
-/// One pass over the hottest `budget` experts: true when it went through
-/// all of them (each resident, or its read issued), false when it was cut
-/// short (paused, closing, or a full ring).
+/// One pass over the hottest `budget` experts: true when it left all of
+/// them resident, false when it was cut short (paused, closing, or a full
+/// ring) or a target's read failed.
 fn warm_pass(shared: &Shared) -> bool {
     let control = &shared.prewarm;
     control.passes.fetch_add(1, Ordering::Relaxed);
@@ -153,6 +154,10 @@ fn warm_pass(shared: &Shared) -> bool {
     for &id in &targets {
         spare[id as usize / 64] |= 1 << (id % 64);
     }
+    // A target whose read failed is not warm: the pass is not complete, so
+    // the next resume tries it again (a claim that takes the error clears it
+    // for a retry).
+    let mut complete = true;
     for &id in &targets {
         if shared.shutdown.load(Ordering::Acquire) || control.paused() {
             return false;
@@ -171,6 +176,7 @@ fn warm_pass(shared: &Shared) -> bool {
                     }
                     std::thread::park_timeout(Duration::from_millis(1));
                 }
+                complete &= shared.table.present(id);
                 std::thread::park_timeout(PACE);
             }
             Some(Prefetched::RingFull) => {
@@ -178,11 +184,12 @@ fn warm_pass(shared: &Shared) -> bool {
                 shared.landed.notify();
                 return false;
             }
-            Some(Prefetched::Present | Prefetched::ErrorPending) => {}
+            Some(Prefetched::Present) => {}
+            Some(Prefetched::ErrorPending) => complete = false,
             None => return false, // paused
         }
     }
-    true
+    complete
 }
 
 /// Prefetches `id` for pre-warm unless the engine paused us. None if paused.

@@ -33,7 +33,10 @@ impl Ring {
     /// pages where it can, so a first pass faults one page per 2 MiB
     /// instead of 512. Slots stay where `slot_bytes` puts them; a slot
     /// released by the elastic ring splits the huge pages it shares with a
-    /// neighbour (their data stays). Advice only: refused or not
+    /// neighbour (their data stays); khugepaged may later fold such a
+    /// range back into a huge page, committing the offline slot's part of
+    /// it again (at most one huge page's worth at each end of an offline
+    /// run, at khugepaged's slow scan rate). Advice only: refused or not
     /// available, the ring works as without.
     pub(crate) fn new(slots: u32, slot_bytes: u64, huge_pages: bool) -> Result<Ring> {
         debug_assert!(
