@@ -8,16 +8,19 @@
 //! `budget` experts are all resident or in flight. `pause(true)` makes it
 //! stop issuing; once that call returns, at most the one read already issued
 //! may still start. `pause(false)` resumes it, and it re-warms what requests
-//! have evicted since, within the same budget. A resume after a complete pass
-//! with nothing evicted or taken offline since, and the same active slots,
-//! does nothing: the pass left every target resident, and they still are (a
-//! target's count grows only when it is claimed, which makes it resident; a
-//! pass whose read failed is not complete), so an engine that resumes it
-//! after every token of an all-hit decode wakes a thread that goes straight
-//! back to sleep instead of ranking the histogram each time. Warming one expert never
+//! have evicted since, within the same budget. Warming one expert never
 //! evicts another of the warm set (it stops when only those are idle). It
-//! never claims (so it never
-//! takes a read error meant for the engine), and it is joined at close.
+//! never claims (so it never takes a read error meant for the engine), and it
+//! is joined at close.
+//!
+//! A resume after a complete pass, with nothing evicted or taken offline
+//! since and the same active slots, does nothing: the pass left every target
+//! resident, and they still are (a target's count grows only when it is
+//! claimed, which makes it resident; a pass whose read failed is not
+//! complete). An engine that resumes it after every token of an all-hit
+//! decode wakes a thread that goes straight back to sleep instead of ranking
+//! the histogram each time.
+//!
 //! While the elastic ring is shrunk, the budget shrinks with it, the
 //! engine's share of slots kept.
 
