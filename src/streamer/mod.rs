@@ -651,13 +651,23 @@ mod imp {
         /// Calls `attempt` until it gives a claim or an error, or `timeout`
         /// passes (`Ok(None)`, counted as pending): it spins briefly, polls
         /// (yielding its core) until 500 µs after the call, then sleeps until
-        /// a worker finishes a read, and tries again after each.
+        /// a worker finishes a read, and tries again after each. A zero
+        /// timeout makes one attempt and never spins.
         #[inline(never)]
         fn wait_for_claim(
             &self,
             timeout: Duration,
             mut attempt: impl FnMut() -> Result<Option<SlotInfo>>,
         ) -> Result<Option<SlotInfo>> {
+            if timeout.is_zero() {
+                // 0 never waits (docs/c-api.md): one attempt, which queues
+                // what it must, and no spins in which a read could land.
+                let claimed = attempt()?;
+                if claimed.is_none() {
+                    self.shared.counters.pending.fetch_add(1, Ordering::Relaxed);
+                }
+                return Ok(claimed);
+            }
             let start = Instant::now();
             let deadline = start
                 .checked_add(timeout)
