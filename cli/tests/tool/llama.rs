@@ -105,11 +105,24 @@ fn run_prompt(
     prompt: &str,
     env: &[(&str, &str)],
 ) -> Run {
-    let dump = dir.join(format!("{name}.logits"));
-    let mut cmd = Command::new(bin);
     // one thread: ggml's default (4) spins at every op's barrier, which on a
     // busy 2-core machine made these tiny models take ~1 s per token
-    cmd.args(["-t", "1", "-n", N_PREDICT, "-m"])
+    run_threads(bin, gguf, dir, name, prompt, 1, env)
+}
+
+/// [`run_prompt`] with `threads` threads (`-t`).
+fn run_threads(
+    bin: &Path,
+    gguf: &Path,
+    dir: &Path,
+    name: &str,
+    prompt: &str,
+    threads: u32,
+    env: &[(&str, &str)],
+) -> Run {
+    let dump = dir.join(format!("{name}.logits"));
+    let mut cmd = Command::new(bin);
+    cmd.args(["-t", &threads.to_string(), "-n", N_PREDICT, "-m"])
         .arg(gguf)
         .arg(prompt);
     for var in [
@@ -161,6 +174,30 @@ fn evictions(stderr: &str) -> u64 {
         .trim_end_matches(',')
         .parse()
         .unwrap()
+}
+
+/// The number just before `after` in the `smoe:` statistics line, as in
+/// "(… N demand, M speculative, …)", "K layer-ahead sets" or "L layers read
+/// at load".
+fn counter(stderr: &str, after: &str) -> u64 {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("smoe: claims "))
+        .unwrap_or_else(|| panic!("no `smoe: claims` line in:\n{stderr}"));
+    let before = &line[..line
+        .find(after)
+        .unwrap_or_else(|| panic!("no {after:?} in {line}"))];
+    before.rsplit([' ', '(']).next().unwrap().parse().unwrap()
+}
+
+/// Whether two runs' logits are bitwise equal (and there are some).
+fn same_logits(a: &Run, b: &Run) -> bool {
+    !a.logits.is_empty()
+        && a.logits.len() == b.logits.len()
+        && a.logits
+            .iter()
+            .zip(&b.logits)
+            .all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 /// A test's start: the patched `llama-simple` (None when it is not built,
@@ -711,17 +748,7 @@ fn layer_ahead_reads_keep_output_identical() {
             "{name}: logits differ from stock"
         );
     }
-    // "(… N demand, M speculative, …)" and "K layer-ahead sets"
-    let counter = |r: &Run, after: &str| -> u64 {
-        let err = r.stderr();
-        let line = err
-            .lines()
-            .find(|l| l.starts_with("smoe: claims "))
-            .unwrap_or_else(|| panic!("no smoe line in {err}"))
-            .to_owned();
-        let before = &line[..line.find(after).unwrap_or_else(|| panic!("{line}"))];
-        before.rsplit(' ').next().unwrap().parse().unwrap()
-    };
+    let counter = |r: &Run, after: &str| counter(&r.stderr(), after);
     assert!(
         counter(&ahead, " layer-ahead sets") > 0,
         "{}",
@@ -734,6 +761,70 @@ fn layer_ahead_reads_keep_output_identical() {
     );
     assert_eq!(counter(&plain, " layer-ahead sets"), 0);
     assert_eq!(counter(&plain, " speculative"), 0);
+}
+
+/// A ring that holds the whole model (128 slots for the 8-layer model's
+/// 128 experts): one wave a layer, whose claim op takes the layer's whole
+/// set without asking for the ring's free slots. With one thread and with
+/// two, prompt and decode: stock's text and bitwise logits (stock at the
+/// same thread count), no eviction, and each expert read once (the long
+/// prompt routes every layer to all of its experts).
+#[test]
+fn ring_holding_the_model_reads_each_expert_once_identical() {
+    let Some(Setup {
+        bin,
+        gguf,
+        tmp,
+        vault,
+    }) = setup("derived/qwen3moe-q8_0-8layers.gguf")
+    else {
+        return;
+    };
+    for threads in [1, 2] {
+        let stock = run_threads(
+            &bin,
+            &gguf,
+            tmp.path(),
+            &format!("stock-{threads}"),
+            LONG_PROMPT,
+            threads,
+            &[("SMOE_NO_REPACK", "1")],
+        );
+        let smoe = run_threads(
+            &bin,
+            &gguf,
+            tmp.path(),
+            &format!("smoe-{threads}"),
+            LONG_PROMPT,
+            threads,
+            &[
+                ("SMOE_NO_REPACK", "1"),
+                ("SMOE_VAULT", vault.to_str().unwrap()),
+                ("SMOE_RING_SLOTS", "128"),
+            ],
+        );
+        let err = smoe.stderr();
+        assert!(
+            stock.out.status.success(),
+            "stock -t {threads}: {}",
+            stock.stderr()
+        );
+        assert!(smoe.out.status.success(), "-t {threads}: {err}");
+        assert_eq!(smoe.stdout(), stock.stdout(), "-t {threads}: tokens differ");
+        assert!(
+            same_logits(&stock, &smoe),
+            "-t {threads}: logits differ from stock"
+        );
+        assert_eq!(waves_per_layer(&err), 1.0, "-t {threads}: {err}");
+        assert_eq!(evictions(&err), 0, "-t {threads}: {err}");
+        assert_eq!(
+            counter(&err, " demand")
+                + counter(&err, " speculative")
+                + counter(&err, " pre-warm reads"),
+            128,
+            "-t {threads}: {err}"
+        );
+    }
 }
 
 /// The files under `dir` whose name is `name`.
