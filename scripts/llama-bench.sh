@@ -209,18 +209,23 @@ same() {
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'; }
 
 # drive FILE: what the drive reads of FILE with direct I/O, 16 dd streams of 4 MiB
-# reads over its 16 parts, page cache dropped first: "GB/s seconds".
+# reads over its 16 parts, page cache dropped first: "GB/s seconds". Dies when FILE
+# is under 64 MiB or a read fails (a file system without direct I/O).
 drive() {
-  local size n i t0 t1
+  local size n i t0 t1 pids=()
   size=$(stat -c %s "$1")
   n=$((size / 4194304 / 16))
+  [ "$n" -gt 0 ] || die "$1: too small to time the drive ($size bytes)"
   sync
   echo 3 >/proc/sys/vm/drop_caches
   t0=$(date +%s.%N)
   for ((i = 0; i < 16; i++)); do
-    dd if="$1" of=/dev/null bs=4M iflag=direct skip=$((i * n)) count=$n 2>/dev/null &
+    dd if="$1" of=/dev/null bs=4M iflag=direct skip=$((i * n)) count=$n status=none &
+    pids+=($!)
   done
-  wait
+  for i in "${pids[@]}"; do
+    wait "$i" || die "dd of $1 with direct I/O failed"
+  done
   t1=$(date +%s.%N)
   awk -v b=$((n * 16 * 4194304)) -v t0="$t0" -v t1="$t1" 'BEGIN { printf "%.2f %.2f\n", b / (t1 - t0) / 1e9, t1 - t0 }'
 }
@@ -230,9 +235,10 @@ capped() {
   local text gbs secs vault_bytes
   text=$(prompt)
   echo "== capped: $(basename "$BROAD") ($(du -h "$BROAD" | cut -f1)), memory.max $CAP, cold page cache, -t $THREADS, $CAPPED_SLOTS ring slots"
-  read -r gbs secs <<<"$(drive "$VAULT/experts.smoe")"
+  gbs=$(drive "$VAULT/experts.smoe") || exit 1
+  read -r gbs secs <<<"$gbs"
   vault_bytes=$(stat -c %s "$VAULT/experts.smoe")
-  echo "drive: $gbs GB/s with direct I/O (16 dd streams of 4 MiB reads over the vault, $secs s); the prompt routes to every expert, none resident at its start, so smoe's prefill reads at least the vault's $(awk -v b="$vault_bytes" 'BEGIN { printf "%.2f", b / 1e9 }') GB"
+  echo "drive: $gbs GB/s with direct I/O (16 dd streams of 4 MiB reads over the vault file, $secs s); on this broad model the prompt routes to every expert, none resident at its start, so smoe's prefill reads about the vault file's $(awk -v b="$vault_bytes" 'BEGIN { printf "%.2f", b / 1e9 }') GB"
   cgroup "$(numfmt --from=iec "$CAP")"
   local r s_np s_ps s_dn s_ds m_np m_ps m_dn m_ds x
   for ((r = 1; r <= ROUNDS; r++)); do
@@ -241,7 +247,7 @@ capped() {
     rm -f "$VAULT/expert_freq.bin" # each round from the same start: no pre-warm
     simple "capped-smoe-$r" 1 "$BROAD" "$text" "$N_PREDICT" SMOE_VAULT="$VAULT" SMOE_RING_SLOTS="$CAPPED_SLOTS"
     read -r m_np m_ps x m_dn m_ds x x <<<"$LAST"
-    echo "               smoe's prefill: the vault's bytes over its time, $(awk -v b="$vault_bytes" -v t="$m_ps" 'BEGIN { printf "%.2f", (t > 0 ? b / t / 1e9 : 0) }') GB/s, against the drive's $gbs"
+    echo "               smoe's prefill: the vault file's bytes over its time, $(awk -v b="$vault_bytes" -v t="$m_ps" 'BEGIN { printf "%.2f", (t > 0 ? b / t / 1e9 : 0) }') GB/s, against the drive's $gbs"
     same "capped-stock-1" "capped-stock-$r"
     same "capped-stock-1" "capped-smoe-$r"
     echo "round $r: smoe/stock prefill tokens/s $(ratio "$s_ps" "$m_ps")x, decode tokens/s $(ratio "$(ratio "$m_dn" "$m_ds")" "$(ratio "$s_dn" "$s_ds")")x"

@@ -133,6 +133,9 @@ fn run_threads(
         "SMOE_LAYER_AHEAD",
         "SMOE_POLICY",
         "SMOE_ELASTIC",
+        "SMOE_PREWARM",
+        "SMOE_WORKERS",
+        "SMOE_DIRECT_IO",
     ] {
         cmd.env_remove(var);
     }
@@ -177,8 +180,7 @@ fn evictions(stderr: &str) -> u64 {
 }
 
 /// The number just before `after` in the `smoe:` statistics line, as in
-/// "(… N demand, M speculative, …)", "K layer-ahead sets" or "L layers read
-/// at load".
+/// "(… N demand, M speculative, …)" or "K layer-ahead sets".
 fn counter(stderr: &str, after: &str) -> u64 {
     let line = stderr
         .lines()
@@ -764,11 +766,10 @@ fn layer_ahead_reads_keep_output_identical() {
 }
 
 /// A ring that holds the whole model (128 slots for the 8-layer model's
-/// 128 experts): one wave a layer, whose claim op takes the layer's whole
-/// set without asking for the ring's free slots. With one thread and with
-/// two, prompt and decode: stock's text and bitwise logits (stock at the
-/// same thread count), no eviction, and each expert read once (the long
-/// prompt routes every layer to all of its experts).
+/// 128 experts): one wave a layer, no spare wave for misses. With one
+/// thread and with two, prompt and decode: stock's text and bitwise logits
+/// (stock at the same thread count), no eviction, and each expert read
+/// once (the long prompt routes every layer to all of its experts).
 #[test]
 fn ring_holding_the_model_reads_each_expert_once_identical() {
     let Some(Setup {
