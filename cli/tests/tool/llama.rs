@@ -154,22 +154,24 @@ fn run_threads(
     Run { out, logits }
 }
 
-/// The `smoe:` statistics line's `W waves per layer`.
-fn waves_per_layer(stderr: &str) -> f64 {
-    let line = stderr
+/// The `smoe: claims …` statistics line a run printed at its end.
+fn smoe_line(stderr: &str) -> &str {
+    stderr
         .lines()
         .find(|l| l.starts_with("smoe: claims "))
-        .unwrap_or_else(|| panic!("no `smoe: claims` line in:\n{stderr}"));
+        .unwrap_or_else(|| panic!("no `smoe: claims` line in:\n{stderr}"))
+}
+
+/// The `smoe:` statistics line's `W waves per layer`.
+fn waves_per_layer(stderr: &str) -> f64 {
+    let line = smoe_line(stderr);
     let before = &line[..line.find(" waves per layer").expect(line)];
     before.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
 /// The `smoe:` statistics line's `evictions N`.
 fn evictions(stderr: &str) -> u64 {
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("smoe: claims "))
-        .unwrap_or_else(|| panic!("no `smoe: claims` line in:\n{stderr}"));
+    let line = smoe_line(stderr);
     let rest = &line[line.find("evictions ").expect(line) + "evictions ".len()..];
     rest.split_whitespace()
         .next()
@@ -182,10 +184,7 @@ fn evictions(stderr: &str) -> u64 {
 /// The number just before `after` in the `smoe:` statistics line, as in
 /// "(… N demand, M speculative, …)" or "K layer-ahead sets".
 fn counter(stderr: &str, after: &str) -> u64 {
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("smoe: claims "))
-        .unwrap_or_else(|| panic!("no `smoe: claims` line in:\n{stderr}"));
+    let line = smoe_line(stderr);
     let before = &line[..line
         .find(after)
         .unwrap_or_else(|| panic!("no {after:?} in {line}"))];
@@ -332,10 +331,7 @@ fn identical_with(fixture: &str, slots: u32, prompt: &str) -> f32 {
         "{fixture}: {} steps x {N_VOCAB} logits bitwise equal to stock without repacking; \
          largest difference to stock with repacking {max_diff:e}; {}",
         stock.logits.len() / N_VOCAB,
-        smoe.stderr()
-            .lines()
-            .find(|l| l.starts_with("smoe: claims"))
-            .unwrap()
+        smoe_line(&smoe.stderr())
     );
     max_diff
 }
@@ -739,16 +735,7 @@ fn layer_ahead_reads_keep_output_identical() {
     for (name, r) in [("layer-ahead", &ahead), ("no layer-ahead", &plain)] {
         assert!(r.out.status.success(), "{name}: {}", r.stderr());
         assert_eq!(r.stdout(), stock.stdout(), "{name}: tokens differ");
-        assert!(
-            !stock.logits.is_empty()
-                && stock.logits.len() == r.logits.len()
-                && stock
-                    .logits
-                    .iter()
-                    .zip(&r.logits)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{name}: logits differ from stock"
-        );
+        assert!(same_logits(&stock, r), "{name}: logits differ from stock");
     }
     let counter = |r: &Run, after: &str| counter(&r.stderr(), after);
     assert!(
