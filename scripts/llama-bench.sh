@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Stock llama.cpp against llama.cpp + smoe, side by side, alternating rounds
 # (docs/llama.md, docs/performance.md). Not run by CI: root, ~8 GB of disk,
-# tens of minutes the first time (the model is made once and cached).
+# tens of minutes the first time (the model is made once and cached; when
+# python3 lacks numpy or yaml, a virtual environment with them is made from
+# PyPI first).
 #
 #   sudo scripts/llama-bench.sh [capped|half|resident|all]   (default all)
 #
@@ -121,6 +123,26 @@ vault() {
   rm -f "$2/expert_freq.bin"
 }
 
+# model_python: a Python that imports what make-broad-model.py and gguf-py
+# need (numpy, yaml): python3 if it does, else a virtual environment made
+# once under WORK with these versions from PyPI.
+MODEL_PY_PACKAGES=(numpy==2.4.6 PyYAML==6.0.3)
+model_python() {
+  local check='import numpy, yaml' venv="$WORK/venv"
+  if python3 -c "$check" 2>/dev/null; then
+    echo python3
+    return
+  fi
+  if ! "$venv/bin/python" -c "$check" 2>/dev/null; then
+    say "python3 lacks numpy or yaml: making $venv with ${MODEL_PY_PACKAGES[*]} (PyPI)"
+    rm -rf "$venv"
+    python3 -m venv "$venv" >&2 || die "python3 -m venv $venv failed (Debian: apt-get install python3-venv)"
+    "$venv/bin/pip" install --quiet "${MODEL_PY_PACKAGES[@]}" >&2 ||
+      die "pip install ${MODEL_PY_PACKAGES[*]} into $venv failed"
+  fi
+  echo "$venv/bin/python"
+}
+
 broad_model() {
   # the default shape keeps its old names; another one gets its own files
   local tag=""
@@ -129,7 +151,7 @@ broad_model() {
   VAULT="$WORK/broad$tag-vault"
   if [ ! -f "$BROAD" ]; then
     say "writing the broad-routing model $BROAD (~3.9 GB, minutes)"
-    python3 "$ROOT/scripts/make-broad-model.py" "$GGUF_PY" "$BROAD.tmp" \
+    "$(model_python)" "$ROOT/scripts/make-broad-model.py" "$GGUF_PY" "$BROAD.tmp" \
       --experts "$BROAD_EXPERTS" --expert-ff "$BROAD_FF" >&2
     mv "$BROAD.tmp" "$BROAD"
   fi

@@ -38,6 +38,10 @@ constexpr int MAX_WAVES = 16;
 // Graph nodes one wave can add: the claim, the three matmuls (or the merged gate_up and
 // its two views), biases, scales, the activation's ops, the release and the sum.
 constexpr uint32_t NODES_PER_WAVE = 24;
+// Graphs built again in a row (each after the ring shrank under the last one's waves)
+// before the claim gives up with a message: a ring that keeps shrinking faster than a
+// graph computes.
+constexpr int MAX_REBUILDS = 8;
 
 std::string smoe_error(const char * call, smoe_status st) {
     return std::string("smoe: ") + call + ": " + smoe_status_str(st) + ": " + smoe_last_error();
@@ -105,8 +109,20 @@ struct llama_smoe {
     int first_layer = -1;            // the first and last layers with experts: the pre-warm
     int last_layer = -1;             // thread pauses from the one's claims to the other's release
     std::atomic<bool> failed{false};
+    // A wave found the ring short of the slots its graph's waves were sized for (the
+    // elastic ring shrank mid-graph): the graph stops (the abort callback) and
+    // llama_context::process_ubatch builds it again, sized from the ring now
+    std::atomic<bool> rebuild_pending{false};
+    uint64_t rebuilds = 0;           // graphs built again for it
+    int rebuilds_in_row = 0;         // since the last graph that completed
+    // SMOE_TEST_SQUEEZE=N (tests): from the first batch's second layer on, the glue sees
+    // at most N active slots, as after the elastic ring shrank to N in the middle of it
+    uint64_t squeeze = 0;            // 0: off
+    bool squeezed = false;
     uint64_t wait_ns = 0;
     uint64_t claim_ops = 0;
+
+    bool stopped() const { return failed || rebuild_pending; }
 
     ~llama_smoe() {
         for (auto & l : layers) {
@@ -136,18 +152,24 @@ struct llama_smoe {
     uint64_t active_slots() const {
         smoe_stats stats = {};
         stats.struct_size = sizeof(stats);
-        return smoe_get_stats(st, &stats) == SMOE_OK ? stats.slots_active : slots;
+        const uint64_t active = smoe_get_stats(st, &stats) == SMOE_OK ? stats.slots_active : slots;
+        return squeezed ? std::min(active, squeeze) : active;
     }
 
-    // Slots a wave may claim now: the active ones no claim holds (at least 1).
-    uint64_t free_slots() const {
+    // Slots a wave may claim now: the active ones no claim holds (0 when every active
+    // slot is held).
+    uint64_t free_slots_now() const {
         smoe_stats stats = {};
         stats.struct_size = sizeof(stats);
         if (smoe_get_stats(st, &stats) != SMOE_OK) {
-            return 1;
+            return 0;
         }
-        return std::max<uint64_t>(1, stats.slots_active > stats.slots_held ? stats.slots_active - stats.slots_held : 0);
+        const uint64_t active = squeezed ? std::min<uint64_t>(stats.slots_active, squeeze) : stats.slots_active;
+        return active > stats.slots_held ? active - stats.slots_held : 0;
     }
+
+    // The same, at least 1 (what waves are sized from).
+    uint64_t free_slots() const { return std::max<uint64_t>(1, free_slots_now()); }
 
     // Why the `waves_left` waves left of layer il cannot hold the `n` experts left for them.
     std::string too_many_experts(int il, size_t n, int waves_left) const {
@@ -159,12 +181,26 @@ struct llama_smoe {
             why += " (" + std::to_string(slots) + " reserved; the elastic ring took " + std::to_string(slots - active) +
                    " offline under memory pressure during the layer: free memory, or set SMOE_ELASTIC=0 for a fixed ring)";
         }
-        return why + "; raise SMOE_RING_SLOTS or lower n_ubatch";
+        return why + (rebuilds_in_row >= MAX_REBUILDS ? " after " + std::to_string(MAX_REBUILDS) + " graphs built again in a row for a shrinking ring" : "") +
+               "; raise SMOE_RING_SLOTS or lower n_ubatch";
     }
 
     void fail(const std::string & msg) {
         fprintf(stderr, "%s\n", msg.c_str());
         failed = true;
+    }
+
+    // Layer l's waves left (`waves_left`, of which this is the first) cannot hold the `n`
+    // experts left for them in the slots free now: stop the graph so that it is built
+    // again with more waves, unless even MAX_WAVES waves of the free slots could not hold
+    // the layer's set, or the ring keeps shrinking (then it is a failure, with why).
+    void short_of_waves(const layer_claims & l, size_t n, int waves_left) {
+        const uint64_t free = free_slots();
+        if ((l.experts.size() + free - 1) / free > (uint64_t) MAX_WAVES || rebuilds_in_row >= MAX_REBUILDS) {
+            fail(too_many_experts(l.il, n, waves_left));
+            return;
+        }
+        rebuild_pending = true;
     }
 };
 
@@ -186,6 +222,7 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer) {
     cfg.policy     = env_u32("SMOE_POLICY", SMOE_POLICY_LRU, SMOE_POLICY_ADAPTIVE);
     cfg.elastic    = env_u32("SMOE_ELASTIC", 1, 1);
     const bool layer_ahead = env_u32("SMOE_LAYER_AHEAD", 1, 1) == 1;
+    const uint32_t squeeze = env_u32("SMOE_TEST_SQUEEZE", 0, UINT32_MAX);
     if (std::getenv("SMOE_SPECULATE") != nullptr && *std::getenv("SMOE_SPECULATE") != '\0') {
         throw std::runtime_error("smoe: SMOE_SPECULATE is gone (its guess, the same expert ids one layer on, "
                                  "held for no real model); SMOE_LAYER_AHEAD=0|1 sets prefill's layer-ahead reads");
@@ -194,6 +231,7 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer) {
     std::unique_ptr<llama_smoe> s(new llama_smoe);
     s->vault = vault;
     s->layer_ahead = layer_ahead;
+    s->squeeze = squeeze;
     r = smoe_open(vault, &cfg, &s->st);
     if (r != SMOE_OK) {
         throw std::runtime_error(smoe_error("smoe_open", r) + " (SMOE_VAULT=" + vault + ")");
@@ -246,7 +284,7 @@ void llama_smoe_free(llama_smoe * s) {
         fprintf(stderr,
             "smoe: claims %llu, hits %llu (%.1f%%), bytes read %llu (%.2f MiB; %llu demand, %llu speculative, %llu pre-warm reads), "
             "evictions %llu (%llu of loads never claimed: wasted reads), waited %.3f s for experts in %llu claim ops, "
-            "%.2f waves per layer, %llu layer-ahead sets, ring %llu slots x %llu bytes\n",
+            "%.2f waves per layer, %llu layer-ahead sets, ring %llu slots x %llu bytes, shrank %llu times, %llu graphs built again\n",
             (unsigned long long) stats.claims, (unsigned long long) stats.hits,
             stats.claims ? 100.0 * (double) stats.hits / (double) stats.claims : 0.0,
             (unsigned long long) stats.bytes_read, stats.bytes_read / 1048576.0,
@@ -255,7 +293,7 @@ void llama_smoe_free(llama_smoe * s) {
             (unsigned long long) stats.evicted_unclaimed, s->wait_ns / 1e9, (unsigned long long) s->claim_ops,
             s->layer_batches ? (double) s->waves_run / (double) s->layer_batches : 0.0,
             (unsigned long long) s->layer_ahead_sets, (unsigned long long) stats.ring_slots,
-            (unsigned long long) stats.slot_bytes);
+            (unsigned long long) stats.slot_bytes, (unsigned long long) stats.shrinks, (unsigned long long) s->rebuilds);
     } else {
         fprintf(stderr, "%s\n", smoe_error("smoe_get_stats", r).c_str());
     }
@@ -531,7 +569,7 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
     const int64_t n_tokens = a->ne[1];
     int32_t * out = (int32_t *) dst->data;
     std::fill(out, out + k * n_tokens, -1);
-    if (s->failed) {
+    if (s->stopped()) {
         return;
     }
     const auto t0 = std::chrono::steady_clock::now();
@@ -542,19 +580,24 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
         if (!start_batch(l, a)) {
             return;
         }
+        if (s->squeeze != 0 && !s->squeezed && n_tokens >= 2 && l->il > s->first_layer) {
+            s->squeezed = true;  // from here on: at most `squeeze` active slots (tests)
+        }
     }
     // this wave's capacity: the active slots no claim holds (the earlier waves released
     // theirs); it must take enough that the waves after it can hold the rest. A layer of
     // one wave on a ring that holds the model takes its whole set without asking
     // (smoe_get_stats sums the claim histogram: tens of microseconds on one thread while
     // the others wait), and asks only when the ring refuses (below)
-    const bool whole = l->waves == 1 && s->slots >= s->entries;
+    const bool whole = l->waves == 1 && s->slots >= s->entries && !s->squeezed;
     const uint64_t left = l->left.size();
     const uint64_t cap = whole ? std::max<uint64_t>(1, left) : s->free_slots();
     const uint64_t waves_after = (uint64_t) (l->waves - wave - 1);
     const uint64_t need = left > waves_after * cap ? left - waves_after * cap : 0;
     if (need > cap) {
-        s->fail(s->too_many_experts(l->il, left, l->waves - wave));
+        // the ring shrank since the graph was built: its waves left cannot hold the rest
+        s->short_of_waves(*l, left, l->waves - wave);
+        s->release_all(*l);
         return;
     }
     // first what is resident now (hits first), then wait for what must come, then take
@@ -567,7 +610,7 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
     const uint64_t must = std::max<uint64_t>(need, got == 0 && !l->left.empty() ? 1 : 0);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(600);
     auto backoff = std::chrono::microseconds(50);
-    while (got < must && !s->failed) {
+    while (got < must && !s->stopped()) {
         const smoe_status r = claim_one(l, wave, 1000000000ull);
         if (r == SMOE_OK) {
             got++;
@@ -579,19 +622,26 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
             break;
         }
         if (r == SMOE_ERR_RING_FULL) {
-            if (whole && l->left.size() > s->free_slots()) {
-                // the elastic ring took slots offline: the set no longer fits
-                s->fail(s->too_many_experts(l->il, l->left.size(), 1));
+            // slots loading for other experts free up when they land (waited out below);
+            // slots held by this wave's claims do not: once every active slot is held, the
+            // wave stops with what it has if the waves after it can take the rest, and
+            // otherwise the graph is built again (the elastic ring shrank during the wave)
+            const uint64_t free_now = s->free_slots_now();
+            if ((whole && l->left.size() > free_now) || free_now == 0) {
+                if (!whole && got > 0 && l->left.size() <= waves_after * (s->active_slots())) {
+                    break;
+                }
+                s->short_of_waves(*l, l->left.size(), l->waves - wave);
                 break;
             }
             std::this_thread::sleep_for(backoff);
             backoff = std::min(backoff * 2, std::chrono::microseconds(10000));
         }
     }
-    while (!s->failed && got < cap && !l->left.empty() && claim_one(l, wave, 0) == SMOE_OK) {
+    while (!s->stopped() && got < cap && !l->left.empty() && claim_one(l, wave, 0) == SMOE_OK) {
         got++;
     }
-    if (s->failed) {
+    if (s->stopped()) {
         s->release_all(*l);
         return;
     }
@@ -627,6 +677,7 @@ static void smoe_release_op(ggml_tensor * dst, const ggml_tensor * a, int ith, i
         l->s->release_all(*l);
         if (l->il == l->s->last_layer && op->wave == l->waves - 1) {
             smoe_prewarm_pause(l->s->st, false);  // idle between graphs: pre-warm may read
+            l->s->rebuilds_in_row = 0;            // a graph completed
         }
     }
 }
@@ -675,5 +726,22 @@ ggml_tensor * llama_smoe_release(llama_smoe * s, ggml_context * ctx, ggml_tensor
 }
 
 bool llama_smoe_failed(const llama_smoe * s) {
-    return s != nullptr && s->failed;
+    return s != nullptr && s->stopped();
+}
+
+bool llama_smoe_rebuild_pending(const llama_smoe * s) {
+    return s != nullptr && !s->failed && s->rebuild_pending;
+}
+
+bool llama_smoe_rebuild(llama_smoe * s) {
+    if (s == nullptr || s->failed || !s->rebuild_pending) {
+        return false;
+    }
+    for (auto & l : s->layers) {
+        s->release_all(l);
+    }
+    s->rebuild_pending = false;
+    s->rebuilds++;
+    s->rebuilds_in_row++;
+    return true;
 }

@@ -39,8 +39,9 @@ void llama_smoe_bind(llama_smoe * s);
 // The waves layer il's expert FFN runs in for a batch of n_tokens: enough that the
 // batch's distinct experts fit the ring's free slots a wave at a time, plus one, so
 // that the first wave computes what is resident while the rest is read (and a ring
-// that shrinks mid-layer has a wave to spare). One when the ring holds the model; at
-// most 16.
+// that shrinks mid-layer has a wave to spare: its next wave is smaller; a shrink the
+// spare cannot take has the graph built again, see llama_smoe_rebuild). One when the
+// ring holds the model; at most 16.
 int llama_smoe_waves(llama_smoe * s, int il, int64_t n_tokens, int64_t n_expert_used);
 
 // The graph nodes the waves may add to a graph of the model (0 for nullptr): what
@@ -58,8 +59,18 @@ ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor *
                                int wave, int waves);
 ggml_tensor * llama_smoe_release(llama_smoe * s, ggml_context * ctx, ggml_tensor * experts, int il, int wave);
 
-// True once a claim failed: graph computation must stop (the abort callback).
+// True once a claim failed, or asked for the graph to be built again: graph
+// computation must stop (the abort callback).
 bool llama_smoe_failed(const llama_smoe * s);
+// True while a claim has asked for the graph to be built again (and nothing failed):
+// the elastic ring shrank under the waves the graph was built with, so stopping it
+// is not an error.
+bool llama_smoe_rebuild_pending(const llama_smoe * s);
+// After a graph computed or stopped: true when a claim asked for it to be built
+// again (the ask is taken and every claim released): llama_context::process_ubatch
+// then builds the ubatch's graph again, its waves sized from the ring now, and
+// computes it again. False otherwise (nothing asked, or something failed).
+bool llama_smoe_rebuild(llama_smoe * s);
 
 #if !defined(LLAMA_SMOE)
 // Built without smoe (cmake -DLLAMA_SMOE=OFF, the default; src/CMakeLists.txt
@@ -77,4 +88,6 @@ inline ggml_tensor * llama_smoe_claim(llama_smoe *, ggml_context *, ggml_tensor 
 }
 inline ggml_tensor * llama_smoe_release(llama_smoe *, ggml_context *, ggml_tensor * experts, int, int) { return experts; }
 inline bool llama_smoe_failed(const llama_smoe *) { return false; }
+inline bool llama_smoe_rebuild_pending(const llama_smoe *) { return false; }
+inline bool llama_smoe_rebuild(llama_smoe *) { return false; }
 #endif

@@ -136,6 +136,7 @@ fn run_threads(
         "SMOE_PREWARM",
         "SMOE_WORKERS",
         "SMOE_DIRECT_IO",
+        "SMOE_TEST_SQUEEZE",
     ] {
         cmd.env_remove(var);
     }
@@ -228,11 +229,11 @@ fn setup(fixture: &str) -> Option<Setup> {
 /// same text, bitwise equal logits against the first; returns the largest
 /// difference against the third.
 fn identical(fixture: &str, slots: u32) -> f32 {
-    identical_with(fixture, slots, PROMPT)
+    identical_with(fixture, slots, PROMPT).0
 }
 
-/// [`identical`] with another prompt.
-fn identical_with(fixture: &str, slots: u32, prompt: &str) -> f32 {
+/// [`identical`] with another prompt; also returns smoe's waves per layer.
+fn identical_with(fixture: &str, slots: u32, prompt: &str) -> (f32, f64) {
     let Some(Setup {
         bin,
         gguf,
@@ -240,7 +241,7 @@ fn identical_with(fixture: &str, slots: u32, prompt: &str) -> f32 {
         vault,
     }) = setup(fixture)
     else {
-        return 0.0;
+        return (0.0, 0.0);
     };
     let slots = slots.to_string();
     let run = |bin: &Path, gguf: &Path, dir: &Path, name: &str, env: &[(&str, &str)]| {
@@ -282,11 +283,8 @@ fn identical_with(fixture: &str, slots: u32, prompt: &str) -> f32 {
         "{}",
         smoe.stderr()
     );
-    assert!(
-        waves_per_layer(&smoe.stderr()) >= 1.0,
-        "{fixture}: no waves in:\n{}",
-        smoe.stderr()
-    );
+    let waves = waves_per_layer(&smoe.stderr());
+    assert!(waves >= 1.0, "{fixture}: no waves in:\n{}", smoe.stderr());
     assert!(
         evictions(&smoe.stderr()) > 0,
         "{fixture}: a ring of {slots} slots evicted nothing:\n{}",
@@ -333,7 +331,7 @@ fn identical_with(fixture: &str, slots: u32, prompt: &str) -> f32 {
         stock.logits.len() / N_VOCAB,
         smoe_line(&smoe.stderr())
     );
-    max_diff
+    (max_diff, waves)
 }
 
 #[test]
@@ -366,7 +364,10 @@ fn qwen3moe_bf16_identical() {
 /// every step are stock's, bit for bit, and the statistics say waves ran.
 #[test]
 fn qwen3moe_half_a_layer_prefill_in_waves_identical() {
-    identical_with("qwen3moe-q8_0.gguf", 8, LONG_PROMPT);
+    let (_, waves) = identical_with("qwen3moe-q8_0.gguf", 8, LONG_PROMPT);
+    // a layer's 16 experts through 8 slots: prefill's layers take two waves
+    // or more (a shrunk n_ubatch instead would show one)
+    assert!(waves > 1.0, "{waves} waves per layer");
 }
 
 /// Many waves in a deeper model: the long prompt routes each of the 8
@@ -377,7 +378,9 @@ fn qwen3moe_half_a_layer_prefill_in_waves_identical() {
 /// waves: stock's text and logits.
 #[test]
 fn qwen3moe_8_layers_one_slot_sixteen_waves_identical() {
-    identical_with("derived/qwen3moe-q8_0-8layers.gguf", 1, LONG_PROMPT);
+    let (_, waves) = identical_with("derived/qwen3moe-q8_0-8layers.gguf", 1, LONG_PROMPT);
+    // prefill's layers in 16 waves, decode's in as many as a token's top-k
+    assert!(waves > 2.0, "{waves} waves per layer");
 }
 
 /// One slot, fewer than a token's top-2: decode runs in waves of one
@@ -812,6 +815,74 @@ fn ring_holding_the_model_reads_each_expert_once_identical() {
             128,
             "-t {threads}: {err}"
         );
+    }
+}
+
+/// The ring shrinking in the middle of a batch (`SMOE_TEST_SQUEEZE=N`: from
+/// the long prompt's second layer on, the glue sees at most N active slots,
+/// as after the elastic ring shrank to N there). Where the spare wave can
+/// take it, the next wave is smaller and nothing else changes; where it
+/// cannot (a ring that held the model, one wave a layer; or a squeeze below
+/// half the layer's 16 experts), the claim stops the graph, and llama.cpp
+/// builds it again with waves sized from the ring now and computes the
+/// batch again, once. Either way stock's tokens and logits, bit for bit:
+/// never a failure, and (under the test's timeout) never a wait.
+#[test]
+fn ring_shrunk_mid_batch_takes_more_waves_identical() {
+    let Some(Setup {
+        bin,
+        gguf,
+        tmp,
+        vault,
+    }) = setup("derived/qwen3moe-q8_0-8layers.gguf")
+    else {
+        return;
+    };
+    let stock = run_threads(
+        &bin,
+        &gguf,
+        tmp.path(),
+        "stock",
+        LONG_PROMPT,
+        2,
+        &[("SMOE_NO_REPACK", "1")],
+    );
+    assert!(stock.out.status.success(), "{}", stock.stderr());
+    // (ring slots, squeeze, graphs built again)
+    for (slots, squeeze, rebuilt) in [(128, 4, 1), (16, 8, 0), (16, 4, 1)] {
+        let name = format!("smoe-{slots}-{squeeze}");
+        let smoe = run_threads(
+            &bin,
+            &gguf,
+            tmp.path(),
+            &name,
+            LONG_PROMPT,
+            2,
+            &[
+                ("SMOE_NO_REPACK", "1"),
+                ("SMOE_VAULT", vault.to_str().unwrap()),
+                ("SMOE_RING_SLOTS", &slots.to_string()),
+                ("SMOE_TEST_SQUEEZE", &squeeze.to_string()),
+            ],
+        );
+        let err = smoe.stderr();
+        assert!(smoe.out.status.success(), "{name}: {err}");
+        assert!(
+            !err.contains("failed to compute graph") && !err.contains("failed with error"),
+            "{name}: a stopped graph was reported as an error:\n{err}"
+        );
+        assert_eq!(smoe.stdout(), stock.stdout(), "{name}: tokens differ");
+        assert!(
+            same_logits(&stock, &smoe),
+            "{name}: logits differ from stock"
+        );
+        assert_eq!(
+            counter(&err, " graphs built again"),
+            rebuilt,
+            "{name}: {err}"
+        );
+        // the squeezed layers ran in more waves than the ring's size asked for
+        assert!(waves_per_layer(&err) > 1.0, "{name}: {err}");
     }
 }
 
