@@ -1090,28 +1090,42 @@ impl Server {
         std::fs::read_to_string(&self.err).unwrap_or_default()
     }
 
-    /// Four `/completion` requests at once (temperature 0): their texts.
-    fn complete_all(&self, prompts: &[&str]) -> Vec<String> {
-        let port = self.port;
+    /// Four `/completion` requests at once (temperature 0): their texts,
+    /// and each generated token's 4 most probable tokens with their log
+    /// probabilities (`n_probs`: a log-softmax of the step's raw logits),
+    /// as the server wrote them.
+    fn complete_all(&self, prompts: &[&str]) -> Vec<(String, String)> {
         std::thread::scope(|scope| {
             let handles: Vec<_> = prompts
                 .iter()
-                .map(|p| {
-                    scope.spawn(move || {
-                        let body = serde_json::json!({
-                            "prompt": p, "n_predict": 16, "temperature": 0.0,
-                            "cache_prompt": false, "seed": 1,
-                        })
-                        .to_string();
-                        let (code, reply) = http(port, "POST", "/completion", &body).unwrap();
-                        assert_eq!(code, 200, "{reply}");
-                        let v: serde_json::Value = serde_json::from_str(&reply).unwrap();
-                        v["content"].as_str().unwrap().to_owned()
-                    })
-                })
+                .map(|p| scope.spawn(move || self.complete(p)))
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         })
+    }
+
+    /// The same requests one after another.
+    fn complete_each(&self, prompts: &[&str]) -> Vec<(String, String)> {
+        prompts.iter().map(|p| self.complete(p)).collect()
+    }
+
+    fn complete(&self, prompt: &str) -> (String, String) {
+        let body = serde_json::json!({
+            "prompt": prompt, "n_predict": 16, "temperature": 0.0,
+            "cache_prompt": false, "seed": 1, "n_probs": 4,
+        })
+        .to_string();
+        let (code, reply) = http(self.port, "POST", "/completion", &body).unwrap();
+        assert_eq!(code, 200, "{reply}");
+        let v: serde_json::Value = serde_json::from_str(&reply).unwrap();
+        let probs = &v["completion_probabilities"];
+        // (one entry a piece of text: a character of several tokens' bytes
+        // is one)
+        assert!(
+            probs.as_array().is_some_and(|a| !a.is_empty()),
+            "no probabilities: {reply}"
+        );
+        (v["content"].as_str().unwrap().to_owned(), probs.to_string())
     }
 
     /// SIGTERM, then its stderr once it has exited.
@@ -1131,8 +1145,11 @@ impl Server {
 }
 
 /// llama-server with 4 parallel slots and 4 concurrent `/completion`
-/// requests (temperature 0): each completion equals stock llama-server's,
-/// and the `smoe:` statistics line is printed at shutdown.
+/// requests (temperature 0): each completion's text equals stock
+/// llama-server's. The same requests one after another: text and the log
+/// probabilities of every step's top 4 tokens as printed (the shortest
+/// decimal that reads back as the same float: equal strings are equal
+/// bits). The `smoe:` statistics line is printed at shutdown.
 #[test]
 fn llama_server_serves_four_slots_as_stock_does() {
     let Some(Setup {
@@ -1152,6 +1169,7 @@ fn llama_server_serves_four_slots_as_stock_does() {
     ];
     let stock = Server::start(&bin, &gguf, tmp.path(), "stock", &[]);
     let want = stock.complete_all(&prompts);
+    let want_each = stock.complete_each(&prompts);
     stock.stop();
     let smoe = Server::start(
         &bin,
@@ -1164,19 +1182,38 @@ fn llama_server_serves_four_slots_as_stock_does() {
         ],
     );
     let got = smoe.complete_all(&prompts);
+    let got_each = smoe.complete_each(&prompts);
     let err = smoe.stop();
+    // Concurrent requests: the same text. (Not the same bits: which
+    // requests share a batch, and where their KV cells go, depends on when
+    // each arrives, and stock's own log probabilities for the long prompt
+    // differ between two such runs in the last digits.)
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_eq!(g, w, "prompt {i} ({:?}): completion differs", prompts[i]);
+        assert_eq!(
+            g.0, w.0,
+            "prompt {i} ({:?}): completion differs",
+            prompts[i]
+        );
     }
-    assert!(want.iter().all(|w| !w.is_empty()), "{want:?}");
+    // One after another (each batch its own): the same bits.
+    for (i, (g, w)) in got_each.iter().zip(&want_each).enumerate() {
+        assert_eq!(
+            g, w,
+            "prompt {i} ({:?}), alone: completion or log probabilities differ",
+            prompts[i]
+        );
+    }
+    assert!(want.iter().all(|w| !w.0.is_empty()), "{want:?}");
     assert!(
         err.lines().any(|l| l.starts_with("smoe: claims ")),
         "no smoe statistics at shutdown:\n{err}"
     );
 }
 
-/// `llama-bench -p 512 -n 64` with SMOE_VAULT set: both tests run, and the
-/// smoe statistics line is printed.
+/// `llama-bench -p 512 -n 64` with SMOE_VAULT set and a ring of half a
+/// layer's experts: both tests run (a pp512 row and a tg64 row, each with
+/// a rate), through waves that evict, and the smoe statistics line is
+/// printed.
 #[test]
 fn llama_bench_runs_with_smoe() {
     // `tmp` holds the vault: it must outlive the run
@@ -1193,8 +1230,9 @@ fn llama_bench_runs_with_smoe() {
         .arg("-m")
         .arg(&gguf)
         .args(["-p", "512", "-n", "64", "-t", "1", "-r", "1", "-o", "csv"])
+        .args(["--repack", "0"])
         .env("SMOE_VAULT", &vault)
-        .env("SMOE_NO_REPACK", "1")
+        .env("SMOE_RING_SLOTS", "8")
         .output()
         .unwrap();
     let (stdout, stderr) = (
@@ -1202,10 +1240,42 @@ fn llama_bench_runs_with_smoe() {
         String::from_utf8_lossy(&out.stderr),
     );
     assert!(out.status.success(), "{stderr}");
-    // csv rows: n_prompt,n_gen,...; pp512 has n_prompt 512, tg64 n_gen 64
-    let rows: Vec<&str> = stdout.lines().skip(1).collect();
+    // csv: a header, then a row per test; pp512 has n_prompt 512 and n_gen
+    // 0, tg64 the other way round
+    let mut lines = stdout.lines();
+    let header: Vec<&str> = lines.next().expect(&stdout).split(',').collect();
+    let column = |name: &str| {
+        header
+            .iter()
+            .position(|h| h.trim_matches('"') == name)
+            .unwrap_or_else(|| panic!("no {name} column: {stdout}"))
+    };
+    let (n_prompt, n_gen, avg_ts) = (column("n_prompt"), column("n_gen"), column("avg_ts"));
+    let rows: Vec<(String, String, f64)> = lines
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').map(|f| f.trim_matches('"')).collect();
+            (
+                f[n_prompt].to_owned(),
+                f[n_gen].to_owned(),
+                f[avg_ts].parse().expect(l),
+            )
+        })
+        .collect();
     assert_eq!(rows.len(), 2, "{stdout}");
-    assert!(stderr.contains("smoe: claims "), "{stderr}");
+    assert_eq!(
+        (rows[0].0.as_str(), rows[0].1.as_str()),
+        ("512", "0"),
+        "{stdout}"
+    );
+    assert_eq!(
+        (rows[1].0.as_str(), rows[1].1.as_str()),
+        ("0", "64"),
+        "{stdout}"
+    );
+    assert!(rows.iter().all(|r| r.2 > 0.0), "{stdout}");
+    assert!(stderr.contains("ring of 8 slots"), "{stderr}");
+    assert!(waves_per_layer(&stderr) > 1.0, "{stderr}");
+    assert!(evictions(&stderr) > 0, "{stderr}");
 }
 
 /// llama-cli, one turn (`-st`, plain I/O), replies as stock does.
