@@ -28,8 +28,6 @@
 
 namespace {
 
-// Batches of at least this many tokens read the next layer's experts ahead (prefill).
-constexpr int64_t LAYER_AHEAD_TOKENS = 32;
 // At most this many waves per layer: each wave repeats the expert FFN's graph nodes, and
 // the graph's node budget (llama_context::graph_max_nodes) is fixed when the context is
 // made. A ring with fewer free slots than a layer's batch needs in this many waves stops
@@ -96,8 +94,8 @@ struct llama_smoe {
     uint64_t slot_bytes = 0;
     uint32_t slots = 0;
     uint32_t max_experts = 0;        // most experts of any layer
-    // SMOE_LAYER_AHEAD (default 1): while a batch of at least LAYER_AHEAD_TOKENS tokens
-    // computes layer L, queue all of layer L+1's experts as speculation
+    // SMOE_LAYER_AHEAD (default 1): while a batch that routes to most of layer L's experts
+    // (more than half) computes layer L, queue all of layer L+1's experts as speculation
     bool layer_ahead = true;
     std::vector<uint32_t> all_experts;  // 0, 1, ... max_experts - 1
     uint64_t layer_ahead_sets = 0;
@@ -517,10 +515,10 @@ static bool start_batch(layer_claims * l, const ggml_tensor * a) {
         s->fail(smoe_error("smoe_prefetch_set", r) + " (layer " + std::to_string(l->il) + ")");
         return false;
     }
-    // layer-ahead: a big batch routes to nearly every expert of every layer, so while this
-    // layer computes, read the next one's (speculation never evicts a demand read, nor
-    // anything held)
-    if (s->layer_ahead && n_tokens >= LAYER_AHEAD_TOKENS) {
+    // layer-ahead: a batch that routes to most of this layer's experts will likely route to
+    // most of the next one's, so while this layer computes, read all of the next one's
+    // (speculation never evicts a demand read, nor anything held)
+    if (s->layer_ahead && 2 * l->experts.size() > l->n_expert) {
         for (size_t next = (size_t) l->il + 1; next < s->layers.size(); next++) {
             const layer_claims & n = s->layers[next];
             if (n.n_expert == 0) {
