@@ -117,6 +117,7 @@ struct llama_smoe {
     // at most N active slots, as after the elastic ring shrank to N in the middle of it
     uint64_t squeeze = 0;            // 0: off
     bool squeezed = false;
+    bool squeeze_told = false;       // the first squeezed wave that ran has been reported
     uint64_t wait_ns = 0;
     uint64_t claim_ops = 0;
 
@@ -193,7 +194,9 @@ struct llama_smoe {
     // again with more waves, unless even MAX_WAVES waves of the free slots could not hold
     // the layer's set, or the ring keeps shrinking (then it is a failure, with why).
     void short_of_waves(const layer_claims & l, size_t n, int waves_left) {
-        const uint64_t free = free_slots();
+        // what a wave of the graph built again could hold: the free slots once this
+        // layer's claims are released (they are, before the graph is built again)
+        const uint64_t free = std::max<uint64_t>(1, free_slots_now() + l.held.size());
         if ((l.experts.size() + free - 1) / free > (uint64_t) MAX_WAVES || rebuilds_in_row >= MAX_REBUILDS) {
             fail(too_many_experts(l.il, n, waves_left));
             return;
@@ -646,6 +649,11 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
     if (got > 0) {
         s->waves_run++;
     }
+    if (s->squeezed && !s->squeeze_told) {
+        s->squeeze_told = true;  // (the test aid says what its first squeezed wave took)
+        fprintf(stderr, "smoe: SMOE_TEST_SQUEEZE=%llu: layer %d wave %d of %d claimed %llu experts, %zu left\n",
+                (unsigned long long) s->squeeze, l->il, wave, l->waves, (unsigned long long) got, l->left.size());
+    }
     for (int64_t t = 0; t < n_tokens; t++) {
         for (int64_t i = 0; i < k; i++) {
             const int32_t e = *(const int32_t *) ((const char *) a->data + i * a->nb[0] + t * a->nb[1]);
@@ -731,12 +739,19 @@ bool llama_smoe_rebuild_pending(const llama_smoe * s) {
     return s != nullptr && !s->failed && s->rebuild_pending;
 }
 
-bool llama_smoe_rebuild(llama_smoe * s) {
+bool llama_smoe_rebuild(llama_smoe * s, bool can_recompute) {
     if (s == nullptr || s->failed || !s->rebuild_pending) {
         return false;
     }
     for (auto & l : s->layers) {
         s->release_all(l);
+    }
+    if (!can_recompute) {
+        s->rebuild_pending = false;
+        s->fail("smoe: the elastic ring shrank under this batch's waves, and a model with recurrent state cannot "
+                "compute a batch again (its layers before this one have already updated that state): "
+                "set SMOE_ELASTIC=0 for a fixed ring, or raise SMOE_RING_SLOTS");
+        return false;
     }
     s->rebuild_pending = false;
     s->rebuilds++;

@@ -69,8 +69,10 @@ bool llama_smoe_rebuild_pending(const llama_smoe * s);
 // After a graph computed or stopped: true when a claim asked for it to be built
 // again (the ask is taken and every claim released): llama_context::process_ubatch
 // then builds the ubatch's graph again, its waves sized from the ring now, and
-// computes it again. False otherwise (nothing asked, or something failed).
-bool llama_smoe_rebuild(llama_smoe * s);
+// computes it again. False otherwise (nothing asked, or something failed). With
+// can_recompute false (a model with recurrent state, which the stopped graph has
+// already advanced for its first layers), an ask is a failure, with a message.
+bool llama_smoe_rebuild(llama_smoe * s, bool can_recompute);
 
 #if !defined(LLAMA_SMOE)
 // Built without smoe (cmake -DLLAMA_SMOE=OFF, the default; src/CMakeLists.txt
@@ -89,5 +91,5 @@ inline ggml_tensor * llama_smoe_claim(llama_smoe *, ggml_context *, ggml_tensor 
 inline ggml_tensor * llama_smoe_release(llama_smoe *, ggml_context *, ggml_tensor * experts, int, int) { return experts; }
 inline bool llama_smoe_failed(const llama_smoe *) { return false; }
 inline bool llama_smoe_rebuild_pending(const llama_smoe *) { return false; }
-inline bool llama_smoe_rebuild(llama_smoe *) { return false; }
+inline bool llama_smoe_rebuild(llama_smoe *, bool) { return false; }
 #endif

@@ -852,8 +852,17 @@ fn ring_shrunk_mid_batch_takes_more_waves_identical() {
         &[("SMOE_NO_REPACK", "1")],
     );
     assert!(stock.out.status.success(), "{}", stock.stderr());
-    // (ring slots, squeeze, graphs built again)
-    for (slots, squeeze, rebuilt) in [(128, 4, 1), (16, 8, 0), (16, 4, 1)] {
+    // (ring slots, squeeze, graphs built again, what the first squeezed
+    // wave that ran says): the ring that held the model gets 4 waves of 4
+    // (16 experts) in the graph built again; 16 slots squeezed to 8 keep
+    // the 2 waves built for 16 and the first takes 8 of the layer's 16,
+    // leaving 8 for the spare; squeezed to 4, the graph built again has
+    // 4 + 1 spare
+    for (slots, squeeze, rebuilt, told) in [
+        (128, 4, 1, "wave 0 of 4 claimed "),
+        (16, 8, 0, "layer 1 wave 0 of 2 claimed 8 experts, 8 left"),
+        (16, 4, 1, "wave 0 of 5 claimed "),
+    ] {
         let name = format!("smoe-{slots}-{squeeze}");
         let smoe = run_threads(
             &bin,
@@ -885,8 +894,11 @@ fn ring_shrunk_mid_batch_takes_more_waves_identical() {
             rebuilt,
             "{name}: {err}"
         );
-        // the squeezed layers ran in more waves than the ring's size asked for
-        assert!(waves_per_layer(&err) > 1.0, "{name}: {err}");
+        let line = err
+            .lines()
+            .find(|l| l.starts_with(&format!("smoe: SMOE_TEST_SQUEEZE={squeeze}: ")))
+            .unwrap_or_else(|| panic!("{name}: the squeeze never ran:\n{err}"));
+        assert!(line.contains(told), "{name}: {line}");
     }
 }
 
