@@ -151,9 +151,11 @@ struct llama_smoe {
     uint64_t active_slots() const {
         smoe_stats stats = {};
         stats.struct_size = sizeof(stats);
-        const uint64_t active = smoe_get_stats(st, &stats) == SMOE_OK ? stats.slots_active : slots;
-        return squeezed ? std::min(active, squeeze) : active;
+        return seen(smoe_get_stats(st, &stats) == SMOE_OK ? stats.slots_active : slots);
     }
+
+    // Active slots as the glue sees them: SMOE_TEST_SQUEEZE's cap once it has begun.
+    uint64_t seen(uint64_t active) const { return squeezed ? std::min(active, squeeze) : active; }
 
     // Slots a wave may claim now: the active ones no claim holds (0 when every active
     // slot is held).
@@ -163,7 +165,7 @@ struct llama_smoe {
         if (smoe_get_stats(st, &stats) != SMOE_OK) {
             return 0;
         }
-        const uint64_t active = squeezed ? std::min<uint64_t>(stats.slots_active, squeeze) : stats.slots_active;
+        const uint64_t active = seen(stats.slots_active);
         return active > stats.slots_held ? active - stats.slots_held : 0;
     }
 
@@ -598,7 +600,6 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
     if (need > cap) {
         // the ring shrank since the graph was built: its waves left cannot hold the rest
         s->short_of_waves(*l, left, l->waves - wave);
-        s->release_all(*l);
         return;
     }
     // first what is resident now (hits first), then wait for what must come, then take
@@ -746,14 +747,13 @@ bool llama_smoe_rebuild(llama_smoe * s, bool can_recompute) {
     for (auto & l : s->layers) {
         s->release_all(l);
     }
+    s->rebuild_pending = false;
     if (!can_recompute) {
-        s->rebuild_pending = false;
         s->fail("smoe: the elastic ring shrank under this batch's waves, and a model with recurrent state cannot "
                 "compute a batch again (its layers before this one have already updated that state): "
                 "set SMOE_ELASTIC=0 for a fixed ring, or raise SMOE_RING_SLOTS");
         return false;
     }
-    s->rebuild_pending = false;
     s->rebuilds++;
     s->rebuilds_in_row++;
     return true;

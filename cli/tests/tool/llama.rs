@@ -192,6 +192,22 @@ fn counter(stderr: &str, after: &str) -> u64 {
     before.rsplit([' ', '(']).next().unwrap().parse().unwrap()
 }
 
+/// [`run_threads`] of the long prompt on `s`'s fixture, repacking off,
+/// with `env` on top.
+fn run_long(s: &Setup, name: &str, threads: u32, env: &[(&str, &str)]) -> Run {
+    let mut all = vec![("SMOE_NO_REPACK", "1")];
+    all.extend_from_slice(env);
+    run_threads(
+        &s.bin,
+        &s.gguf,
+        s.tmp.path(),
+        name,
+        LONG_PROMPT,
+        threads,
+        &all,
+    )
+}
+
 /// Whether two runs' logits are bitwise equal (and there are some).
 fn same_logits(a: &Run, b: &Run) -> bool {
     !a.logits.is_empty()
@@ -768,37 +784,17 @@ fn layer_ahead_reads_keep_output_identical() {
 /// layer's batch was broad enough to read the next layer ahead).
 #[test]
 fn ring_holding_the_model_reads_each_expert_once_identical() {
-    let Some(Setup {
-        bin,
-        gguf,
-        tmp,
-        vault,
-    }) = setup("derived/qwen3moe-q8_0-8layers.gguf")
-    else {
+    let Some(s) = setup("derived/qwen3moe-q8_0-8layers.gguf") else {
         return;
     };
+    let vault = s.vault.to_str().unwrap();
     for threads in [1, 2] {
-        let stock = run_threads(
-            &bin,
-            &gguf,
-            tmp.path(),
-            &format!("stock-{threads}"),
-            LONG_PROMPT,
-            threads,
-            &[("SMOE_NO_REPACK", "1")],
-        );
-        let smoe = run_threads(
-            &bin,
-            &gguf,
-            tmp.path(),
+        let stock = run_long(&s, &format!("stock-{threads}"), threads, &[]);
+        let smoe = run_long(
+            &s,
             &format!("smoe-{threads}"),
-            LONG_PROMPT,
             threads,
-            &[
-                ("SMOE_NO_REPACK", "1"),
-                ("SMOE_VAULT", vault.to_str().unwrap()),
-                ("SMOE_RING_SLOTS", "128"),
-            ],
+            &[("SMOE_VAULT", vault), ("SMOE_RING_SLOTS", "128")],
         );
         let err = smoe.stderr();
         assert!(
@@ -833,24 +829,10 @@ fn ring_holding_the_model_reads_each_expert_once_identical() {
 /// never a failure, and (under the test's timeout) never a wait.
 #[test]
 fn ring_shrunk_mid_batch_takes_more_waves_identical() {
-    let Some(Setup {
-        bin,
-        gguf,
-        tmp,
-        vault,
-    }) = setup("derived/qwen3moe-q8_0-8layers.gguf")
-    else {
+    let Some(s) = setup("derived/qwen3moe-q8_0-8layers.gguf") else {
         return;
     };
-    let stock = run_threads(
-        &bin,
-        &gguf,
-        tmp.path(),
-        "stock",
-        LONG_PROMPT,
-        2,
-        &[("SMOE_NO_REPACK", "1")],
-    );
+    let stock = run_long(&s, "stock", 2, &[]);
     assert!(stock.out.status.success(), "{}", stock.stderr());
     // (ring slots, squeeze, graphs built again, what the first squeezed
     // wave that ran says): the ring that held the model gets 4 waves of 4
@@ -864,16 +846,12 @@ fn ring_shrunk_mid_batch_takes_more_waves_identical() {
         (16, 4, 1, "wave 0 of 5 claimed "),
     ] {
         let name = format!("smoe-{slots}-{squeeze}");
-        let smoe = run_threads(
-            &bin,
-            &gguf,
-            tmp.path(),
+        let smoe = run_long(
+            &s,
             &name,
-            LONG_PROMPT,
             2,
             &[
-                ("SMOE_NO_REPACK", "1"),
-                ("SMOE_VAULT", vault.to_str().unwrap()),
+                ("SMOE_VAULT", s.vault.to_str().unwrap()),
                 ("SMOE_RING_SLOTS", &slots.to_string()),
                 ("SMOE_TEST_SQUEEZE", &squeeze.to_string()),
             ],
