@@ -139,6 +139,74 @@ pub enum SlotClamp {
     /// Lowered to what the available memory holds: fewer slots than the
     /// automatic minimum of 64 fit.
     Fit,
+    /// Lowered to the budget for a ring whose pages are all committed
+    /// ([`Commit::is_eager`]): never raised to the minimum of 64 past it,
+    /// so that the host keeps the rest.
+    Committed,
+}
+
+/// When a ring's pages are committed: as slots are first loaded, or all of
+/// them soon after open, which the sizing must leave room for (issue 33: a
+/// pinned ring sized as if its pages came later got its host OOM-killed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Commit {
+    /// As slots are first loaded; an elastic ring that is populated stops
+    /// at its high watermark, and gives pages back under pressure.
+    OnLoad,
+    /// `populate` on a ring that is not elastic: a thread commits every
+    /// page after open.
+    Populated,
+    /// `pinned`: populated for a device, never elastic.
+    Pinned,
+    /// `lock`: `mlock` commits every page at open.
+    Locked,
+}
+
+impl Commit {
+    /// The commit of a config's ring: `lock` first, then `pinned`, then
+    /// `populate` on a ring that is not elastic.
+    pub fn of(config: &BudgetConfig) -> Commit {
+        if config.lock {
+            Commit::Locked
+        } else if config.pinned {
+            Commit::Pinned
+        } else if config.populate && !config.is_elastic() {
+            Commit::Populated
+        } else {
+            Commit::OnLoad
+        }
+    }
+
+    /// Every page is committed at or soon after open.
+    pub fn is_eager(self) -> bool {
+        self != Commit::OnLoad
+    }
+}
+
+impl fmt::Display for Commit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Commit::OnLoad => "committed as slots are first loaded",
+            Commit::Populated => "populated (every page committed after open)",
+            Commit::Pinned => "pinned (every page committed after open, for a device)",
+            Commit::Locked => "locked (every page committed at open)",
+        })
+    }
+}
+
+impl BudgetConfig {
+    /// Whether the ring is elastic: asked for, and neither locked (madvise
+    /// refuses locked pages) nor pinned (the device would keep reading the
+    /// old pages). The one place this is decided.
+    pub fn is_elastic(&self) -> bool {
+        self.elastic && !self.lock && !self.pinned
+    }
+}
+
+/// The part of the available memory a ring whose pages are all committed
+/// may take: all but an eighth, which stays the host's.
+pub fn eager_limit_bytes(avail_bytes: u64) -> u64 {
+    avail_bytes - avail_bytes / 8
 }
 
 impl fmt::Display for SlotClamp {
@@ -150,6 +218,9 @@ impl fmt::Display for SlotClamp {
             SlotClamp::Entries => "capped at the entry count",
             SlotClamp::Fit => {
                 "fewer than the minimum of 64: only these fit in the available memory"
+            }
+            SlotClamp::Committed => {
+                "lowered to the budget: a ring committed at open is not raised past it"
             }
         })
     }
@@ -213,8 +284,13 @@ pub struct RingPlan {
     /// `slots × slot_bytes`: the memory the ring will take.
     pub ring_bytes: u64,
     /// The ring is elastic (it gives idle slots back under memory
-    /// pressure, docs/c-api.md "Elastic ring").
+    /// pressure, docs/c-api.md "Elastic ring"): asked for, and neither
+    /// locked nor pinned ([`BudgetConfig::is_elastic`]).
     pub elastic: bool,
+    /// When the ring's pages are committed; a ring committed at open must
+    /// fit in [`eager_limit_bytes`] of the available memory
+    /// ([`check_fits`]).
+    pub commit: Commit,
     /// `ram_bytes` is a cgroup's limit, so the floor had no 4 GiB minimum
     /// when the ring is elastic.
     pub cgroup_limited: bool,
@@ -284,7 +360,9 @@ pub fn plan_ring(
 
     let avail_bytes = snapshot.avail_bytes;
     let ram_bytes = snapshot.ram_bytes;
-    let floor_bytes = if config.elastic && snapshot.cgroup_limited {
+    let elastic = config.is_elastic();
+    let commit = Commit::of(config);
+    let floor_bytes = if elastic && snapshot.cgroup_limited {
         ram_bytes / 8
     } else {
         (ram_bytes / 8).max(MIN_FLOOR_BYTES)
@@ -306,7 +384,18 @@ pub fn plan_ring(
             // fixture's may). `budget_bytes ≤ avail`, so only the raise to
             // the minimum can pass it.
             let fitting = avail_bytes.min(ram_bytes) / slot_bytes;
-            let clamp = if clamped > fitting {
+            // A ring committed at open is never raised to the minimum
+            // past its budget: the host keeps the rest, as an elastic ring
+            // would give it back.
+            let eager = budget_bytes.min(eager_limit_bytes(avail_bytes)) / slot_bytes;
+            let fitting = if commit.is_eager() {
+                fitting.min(eager)
+            } else {
+                fitting
+            };
+            let clamp = if clamped > fitting && commit.is_eager() && fitting == eager {
+                SlotClamp::Committed
+            } else if clamped > fitting {
                 SlotClamp::Fit
             } else if budget_slots < u64::from(MIN_AUTO_SLOTS) {
                 SlotClamp::Min
@@ -321,9 +410,14 @@ pub fn plan_ring(
                     ErrorKind::NoMemory,
                     format!(
                         "not even one slot of {slot_bytes} bytes ({slot_source}) fits in the \
-                         {avail_bytes} bytes of memory available ({}); free memory, raise the \
-                         limit, or pack the model with smaller experts",
-                        snapshot.avail_source
+                         {avail_bytes} bytes of memory available ({}){}; free memory, raise \
+                         the limit, or pack the model with smaller experts",
+                        snapshot.avail_source,
+                        if commit.is_eager() {
+                            format!(" for a ring that is {commit}, whose budget is {budget_bytes} bytes")
+                        } else {
+                            String::new()
+                        }
                     ),
                 ));
             }
@@ -357,7 +451,8 @@ pub fn plan_ring(
         n_entries: vault.n_entries,
         clamp,
         ring_bytes: u64::from(slots).saturating_mul(slot_bytes),
-        elastic: config.elastic,
+        elastic,
+        commit,
         cgroup_limited: snapshot.cgroup_limited,
         sources: PlanSources {
             avail: snapshot.avail_source.clone(),
@@ -382,6 +477,27 @@ pub fn plan_ring(
 ///
 /// [`ErrorKind::NoMemory`], naming the ring's size and the memory.
 pub fn check_fits(plan: &RingPlan) -> Result<()> {
+    let limit = eager_limit_bytes(plan.avail_bytes);
+    if plan.commit.is_eager() && plan.ram_bytes > 0 && plan.ring_bytes > limit {
+        let fit = limit / plan.slot_bytes.max(1);
+        return Err(Error::new(
+            ErrorKind::NoMemory,
+            format!(
+                "the ring of {} slots × {} bytes = {} bytes is {}, and does not fit in the {} \
+                 bytes of memory available ({}) less an eighth kept for the host: at most {fit} \
+                 slots of {} bytes ({} bytes) fit; ask for fewer slots, or leave ring_slots at \
+                 0 to size it",
+                plan.slots,
+                plan.slot_bytes,
+                plan.ring_bytes,
+                plan.commit,
+                plan.avail_bytes,
+                plan.sources.avail,
+                plan.slot_bytes,
+                fit.saturating_mul(plan.slot_bytes),
+            ),
+        ));
+    }
     if plan.ram_bytes > 0 && plan.ring_bytes > plan.ram_bytes {
         return Err(Error::new(
             ErrorKind::NoMemory,
@@ -402,6 +518,19 @@ impl RingPlan {
     /// What a person should hear about this plan: fewer slots than the
     /// automatic minimum because only those fit.
     pub fn warning(&self) -> Option<String> {
+        if self.clamp == SlotClamp::Committed && self.slots < MIN_AUTO_SLOTS {
+            return Some(format!(
+                "the ring has {} slots of {} bytes, fewer than the automatic minimum of \
+                 {MIN_AUTO_SLOTS}: it is {}, and only these fit in its budget of {} bytes ({} \
+                 bytes of memory available, {})",
+                self.slots,
+                self.slot_bytes,
+                self.commit,
+                self.budget_bytes,
+                self.avail_bytes,
+                self.sources.avail
+            ));
+        }
         (self.clamp == SlotClamp::Fit).then(|| {
             format!(
                 "the ring has {} slots of {} bytes, fewer than the automatic minimum of \
@@ -492,6 +621,8 @@ mod tests {
             scout_bytes: Some(5),
             engine_overhead_bytes: 9,
             elastic: false,
+            populate: true,
+            pinned: true,
             workers: 2,
             ..Config::default()
         };
@@ -502,7 +633,10 @@ mod tests {
                 slot_mb: 3,
                 scout_bytes: Some(5),
                 engine_overhead_bytes: 9,
+                populate: true,
+                lock: false,
                 elastic: false,
+                pinned: true,
             }
         );
     }
@@ -528,6 +662,111 @@ mod tests {
             avail_source: "cgroup v2 memory.max - memory.current".to_owned(),
             ram_source: "cgroup v2 memory.max".to_owned(),
             cgroup_limited: true,
+        }
+    }
+
+    /// A ring whose pages are all committed at open (pinned, locked, or
+    /// populated and not elastic) in a 512 MiB cgroup of which the host
+    /// uses 256 MiB (issue 33: a pinned 40 × 8 MiB ring opened, and its
+    /// populate thread got the host OOM-killed). Configured, it must fit in
+    /// 7/8 of the 256 MiB available; automatic, it is never raised to the
+    /// minimum of 64 slots past its budget. An elastic ring that is
+    /// populated stops at its watermark, so it is sized as before.
+    #[test]
+    fn a_ring_committed_at_open_fits_what_is_available() {
+        let vault = shape(8 * MIB, 100_000, 0);
+        let snap = in_cgroup(512 * MIB);
+        let eager = [
+            BudgetConfig {
+                pinned: true,
+                ..BudgetConfig::default()
+            },
+            BudgetConfig {
+                lock: true,
+                ..BudgetConfig::default()
+            },
+            BudgetConfig {
+                populate: true,
+                elastic: false,
+                ..BudgetConfig::default()
+            },
+        ];
+        for config in eager {
+            let err = plan_ring(
+                &snap,
+                &vault,
+                &BudgetConfig {
+                    ring_slots: 40,
+                    ..config
+                },
+            )
+            .unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::NoMemory, "{config:?}: {err}");
+            let msg = err.to_string();
+            assert!(
+                msg.contains("268435456 bytes of memory available")
+                    && msg.contains("at most 28 slots of 8388608 bytes (234881024 bytes) fit"),
+                "{msg}"
+            );
+            // 28 slots (224 MiB) fit; 29 do not.
+            let fits = plan_ring(
+                &snap,
+                &vault,
+                &BudgetConfig {
+                    ring_slots: 28,
+                    ..config
+                },
+            )
+            .unwrap();
+            assert_eq!(fits.ring_bytes, 224 * MIB);
+            assert!(plan_ring(
+                &snap,
+                &vault,
+                &BudgetConfig {
+                    ring_slots: 29,
+                    ..config
+                }
+            )
+            .is_err());
+            // Automatic: the budget, avail / 4 = 64 MiB, not 64 slots.
+            let auto = plan_ring(&snap, &vault, &config).unwrap();
+            assert_eq!(
+                (auto.slots, auto.clamp),
+                (8, SlotClamp::Committed),
+                "{config:?}"
+            );
+            assert!(!auto.elastic && auto.commit.is_eager());
+            let warning = auto.warning().expect("fewer than 64 slots are said");
+            assert!(
+                warning.contains("only these fit in its budget"),
+                "{warning}"
+            );
+        }
+        // Lazily committed rings are sized and checked as before: elastic
+        // (populated or not) and fixed.
+        for config in [
+            BudgetConfig::default(),
+            BudgetConfig {
+                populate: true,
+                ..BudgetConfig::default()
+            },
+            BudgetConfig {
+                elastic: false,
+                ..BudgetConfig::default()
+            },
+        ] {
+            let p = plan_ring(
+                &snap,
+                &vault,
+                &BudgetConfig {
+                    ring_slots: 40,
+                    ..config
+                },
+            )
+            .unwrap();
+            assert_eq!((p.ring_bytes, p.commit), (320 * MIB, Commit::OnLoad));
+            let auto = plan_ring(&snap, &vault, &config).unwrap();
+            assert_eq!((auto.slots, auto.clamp), (32, SlotClamp::Fit), "{config:?}");
         }
     }
 

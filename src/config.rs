@@ -103,14 +103,14 @@ macro_rules! config_schema {
             /// default) or the layer-aware
             /// [`Policy::Adaptive`](crate::Policy::Adaptive).
             policy: $crate::config::Policy = $crate::config::Policy::Lru,
-            []
+            [budget]
             /// Pre-fault the ring's pages in the background after open (a
             /// thread asks the OS to commit them slot by slot, never
             /// changing their contents), so the first loads find them
             /// committed. Off: pages are committed as slots are first
             /// loaded.
             populate: bool = false,
-            []
+            [budget]
             /// Lock the ring in memory (`mlock`): every page is committed at
             /// open and never swapped. Refused by the OS (a small
             /// `RLIMIT_MEMLOCK`, no privilege), open fails with
@@ -126,7 +126,7 @@ macro_rules! config_schema {
             /// (docs/c-api.md, "Elastic ring"). Ignored when `lock` or
             /// `pinned` is on.
             elastic: bool = true,
-            []
+            [budget]
             /// The host pins the ring's pages for a device
             /// (`cudaHostRegister`, or any driver that pins user memory for
             /// DMA). A pinned ring is not elastic: its pages cannot be given

@@ -54,6 +54,7 @@ pub fn run(args: &BudgetArgs) -> Result<(), Failure> {
         scout_bytes: args.scout_bytes.as_ref().map(|s| s.bytes),
         engine_overhead_bytes: args.overhead_bytes.bytes,
         elastic: !args.no_elastic,
+        ..BudgetConfig::default()
     };
     let plan = Plan::new(&vault, &plan_for(&vault, &config)?);
     if let Some(warning) = &plan.warning {

@@ -273,14 +273,15 @@ pub unsafe extern "C" fn smoe_claim_wait(
 /// Never waits. Duplicates are allowed.
 ///
 /// # Returns
-/// - `SMOE_OK`: every member is resident or in flight now (also for `n`
-///   0).
+/// - `SMOE_OK`: every member is resident or in flight now, or holds the
+///   error of its failed read for its next claim (as `smoe_prefetch`
+///   answers it); also for `n` 0.
 /// - `SMOE_ERR_RING_FULL`: the ring could not take the rest (every slot is
 ///   held or loading): they are not queued; `smoe_claim_any` queues them as
 ///   slots free up.
 /// - `SMOE_ERR_ARGUMENT`: `s` is NULL, or `experts` is NULL with `n` > 0.
-/// - `SMOE_ERR_NOT_FOUND`: a member is not in the vault (the message names
-///   it); nothing is queued.
+/// - `SMOE_ERR_NOT_FOUND`: `layer` (for `n` 0 too) or a member is not in
+///   the vault (the message names it); nothing is queued.
 /// - `SMOE_ERR_INTERNAL`: a bug (a caught panic, here or in a worker).
 ///
 /// `*queued` (if `queued` is not NULL) receives, with `SMOE_OK` and
@@ -348,9 +349,12 @@ pub unsafe extern "C" fn smoe_prefetch_set(
 ///   checksum; `out->layer` and `out->expert` name that member (the rest
 ///   of `*out` is zero), and the error is reported once.
 /// - `SMOE_ERR_ARGUMENT`: `s` or `out` is NULL, `n` is 0, or `experts` is
-///   NULL.
-/// - `SMOE_ERR_NOT_FOUND`: a member is not in the vault (the message names
-///   it).
+///   NULL; or every member that could be claimed already holds the most
+///   claims its slot counts (a member at that limit is passed over while
+///   another can be claimed).
+/// - `SMOE_ERR_NOT_FOUND`: `layer` or a member is not in the vault (the
+///   message names it). Every member is checked before any is claimed:
+///   nothing is claimed or queued then.
 /// - `SMOE_ERR_INTERNAL`: a bug (a caught panic, here or in a worker).
 ///
 /// Only `SMOE_OK` and a member's failed read write `*out`.

@@ -437,9 +437,7 @@ mod imp {
                 }
                 Prefetched::Present | Prefetched::ErrorPending => Ok(()),
                 Prefetched::RingFull => {
-                    // The expert's reservation was dropped with no read
-                    // queued: a `claim_wait` on it must try again.
-                    self.shared.landed.notify();
+                    dropped_reservation(&self.shared);
                     Err(ring_full(&self.shared, layer, expert))
                 }
             }
@@ -582,7 +580,7 @@ mod imp {
                     }))
                 }
                 Claimed::RingFull => {
-                    self.shared.landed.notify();
+                    dropped_reservation(&self.shared);
                     Err(ring_full(&self.shared, layer, expert))
                 }
                 Claimed::TooManyClaims => Err(Error::expert_is(
@@ -705,14 +703,16 @@ mod imp {
         /// is resident or in flight costs nothing and takes no slot; later
         /// members never evict earlier ones that wait unclaimed. Never
         /// waits. Returns how many members (duplicates counted) are now
-        /// resident or in flight: all of them, or fewer when the ring could
-        /// not take the rest (every slot held or loading), which
-        /// [`Streamer::claim_any`] then queues as slots free up.
+        /// resident or in flight, or hold the error of a failed read for
+        /// their next claim (as [`Streamer::prefetch`] answers them): all
+        /// of them, or fewer when the ring could not take the rest (every
+        /// slot held or loading), which [`Streamer::claim_any`] then queues
+        /// as slots free up.
         ///
         /// # Errors
         ///
-        /// [`ErrorKind::NotFound`] naming the first member not in the vault;
-        /// nothing is queued then.
+        /// [`ErrorKind::NotFound`] naming the layer (for an empty set too)
+        /// or the first member not in the vault; nothing is queued then.
         ///
         /// # Examples
         ///
@@ -733,15 +733,12 @@ mod imp {
         /// ```
         pub fn prefetch_set(&self, layer: u32, experts: &[u32], priority: Priority) -> Result<u32> {
             self.check_alive()?;
-            for &expert in experts {
-                self.id_of(layer, expert)?;
-            }
+            let base = self.check_set(layer, experts)?;
             let origin = match priority {
                 Priority::Demand => Origin::Demand,
                 Priority::Speculative => Origin::Speculative,
             };
             let t = &self.shared.table;
-            let base = self.layer_base(layer);
             let n_experts = self.shared.vault.n_experts();
             // Built at the first member that needs a slot (a set of
             // residents costs no bitmap).
@@ -768,11 +765,13 @@ mod imp {
                         self.shared.wake.one();
                         present += 1;
                     }
-                    Prefetched::Present => present += 1,
-                    Prefetched::ErrorPending => {}
+                    // A member whose last read failed counts as `prefetch`
+                    // answers it: its claim reports the failure (and a
+                    // later prefetch reads it again). Not counting it made
+                    // the C API answer RING_FULL on an empty ring.
+                    Prefetched::Present | Prefetched::ErrorPending => present += 1,
                     Prefetched::RingFull => {
-                        // A claim_wait on this member must try again.
-                        self.shared.landed.notify();
+                        dropped_reservation(&self.shared);
                         full = true;
                     }
                 }
@@ -796,8 +795,12 @@ mod imp {
         ///   room, so waiting would never end.
         /// - A member's failed read, with that member's layer and expert
         ///   ([`Error::layer_expert`]).
-        /// - [`ErrorKind::NotFound`] for a member not in the vault, when the
-        ///   pass reaches it; [`ErrorKind::Argument`] for an empty set.
+        /// - [`ErrorKind::NotFound`] naming the layer or the first member
+        ///   not in the vault: every member is checked first, and nothing
+        ///   is claimed or queued then. [`ErrorKind::Argument`] for an
+        ///   empty set, or when every member that can be claimed already
+        ///   holds the most claims its slot counts (a member at that limit
+        ///   is passed over while another can be claimed).
         ///
         /// # Examples
         ///
@@ -851,66 +854,63 @@ mod imp {
                     "the working set of layer {layer} is empty: there is nothing to claim"
                 )));
             }
+            // Every member is checked before any is claimed: a member not in
+            // the vault found after a claim would lose that claim (and a
+            // member's read error, taken by the claim) with the error.
+            let base = self.check_set(layer, experts)?;
             if timeout.is_zero() {
-                let claimed = self.try_claim_any(layer, experts)?;
+                let claimed = self.try_claim_any(layer, base, experts)?;
                 if claimed.is_none() {
                     self.shared.counters.pending.fetch_add(1, Ordering::Relaxed);
                 }
                 return Ok(claimed);
             }
-            self.wait_for_claim(timeout, || self.try_claim_any(layer, experts))
+            self.wait_for_claim(timeout, || self.try_claim_any(layer, base, experts))
         }
 
-        /// One pass of [`Streamer::claim_any`] ([`SlotTable::claim_set`]):
-        /// `None` while a member (or another expert, whose slot a member can
-        /// take once it lands) is loading.
-        fn try_claim_any(&self, layer: u32, experts: &[u32]) -> Result<Option<SlotInfo>> {
+        /// One pass of [`Streamer::claim_any`] ([`SlotTable::claim_set`])
+        /// over a set [`Streamer::check_set`] accepted, whose layer's first
+        /// dense id is `base`: `None` while a member (or another expert,
+        /// whose slot a member can take once it lands) is loading.
+        fn try_claim_any(
+            &self,
+            layer: u32,
+            base: u32,
+            experts: &[u32],
+        ) -> Result<Option<SlotInfo>> {
             self.check_alive()?;
             let t = &self.shared.table;
-            // The last member looked up, so the claimed one is not looked up
-            // twice.
-            let last = std::cell::Cell::new((usize::MAX, 0, 0));
-            let id = |k: usize| {
-                self.id_of(layer, experts[k]).map(|(id, index, _)| {
-                    last.set((k, id, index));
-                    id
-                })
-            };
             // Built only when the pass queues (a set whose head is resident
             // costs no bitmap).
             let mut bits = None;
             let bits = &mut bits;
             let spare = move || {
-                // Every member is in the vault (SetBits relies on it).
-                for &expert in experts {
-                    self.id_of(layer, expert)?;
-                }
-                let bits = { bits }.insert(SetBits::new(
-                    self.layer_base(layer),
-                    self.shared.vault.n_experts(),
-                    experts,
-                )); // the set borrows it for the pass
-                Ok(bits.spare(experts))
+                let n_experts = self.shared.vault.n_experts();
+                // The set borrows the bitmap for the pass.
+                { bits }
+                    .insert(SetBits::new(base, n_experts, experts))
+                    .spare(experts)
             };
             let active = self.shared.elastic.active.load(Ordering::Relaxed);
-            let pass = t.claim_set(experts.len(), id, spare, active)?;
+            let pass = t.claim_set(experts.len(), |k| base + experts[k], spare, active);
             for _ in 0..pass.queued {
                 self.shared.wake.one();
             }
             if pass.ring_full {
-                // A reservation was dropped with no read queued: a
-                // `claim_wait` on that expert must try again.
-                self.shared.landed.notify();
+                dropped_reservation(&self.shared);
             }
             match pass.found {
                 SetClaim::Member { member, claimed } => {
                     let expert = experts[member];
-                    let (id, index, entry) = match last.get() {
-                        (k, id, index) if k == member => {
-                            (id, index, &self.shared.vault.entries()[index as usize])
-                        }
-                        _ => self.id_of(layer, expert)?,
-                    };
+                    let id = base + expert;
+                    let index = self.shared.vault.entry_index(id).ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::Internal,
+                            "a working set member checked at the call has no entry",
+                        )
+                        .with_expert(layer, expert)
+                    })?;
+                    let entry = &self.shared.vault.entries()[index as usize];
                     self.finish_claim(layer, expert, id, index, entry, claimed)
                 }
                 SetClaim::Wait => Ok(None),
@@ -918,11 +918,34 @@ mod imp {
             }
         }
 
-        /// The dense id of (layer, expert 0).
-        fn layer_base(&self, layer: u32) -> u32 {
-            // `id_of` checked (layer, some expert) is in the vault, so the
-            // product fits the id space.
-            layer * self.shared.vault.n_experts()
+        /// Checks a working set of `layer` before anything of it is queued
+        /// or claimed: the layer is in the vault (for an empty set too), and
+        /// so is every member. The layer's first dense id, so that each
+        /// member's is `base + expert`.
+        ///
+        /// # Errors
+        ///
+        /// [`ErrorKind::NotFound`] naming the layer, or the first member
+        /// not in the vault.
+        fn check_set(&self, layer: u32, experts: &[u32]) -> Result<u32> {
+            let v = &self.shared.vault;
+            let base = layer
+                .checked_mul(v.n_experts())
+                .filter(|_| layer < v.n_layers())
+                .ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::NotFound,
+                        format!(
+                            "layer {layer} is not in the vault ({} layers × {} experts)",
+                            v.n_layers(),
+                            v.n_experts()
+                        ),
+                    )
+                })?;
+            for &expert in experts {
+                self.id_of(layer, expert)?;
+            }
+            Ok(base)
         }
 
         /// Releases a claim by its ticket. Stale (and nothing changes) when
@@ -1100,17 +1123,11 @@ mod imp {
         /// thread.
         fn new(vault: &Vault, config: &Config) -> Result<Resolved> {
             let workers = worker_count(config.workers)?;
-            // A locked ring cannot release pages (madvise refuses locked
-            // ones), and a pinned one must not (the device would keep the
-            // old pages), so neither is elastic; the sizing must know.
-            let elastic = config.elastic && !config.lock && !config.pinned;
-            let budget = crate::budget::BudgetConfig {
-                elastic,
-                ..config.budget()
-            };
-            let plan = crate::budget::plan_for(vault, &budget)?;
-            // plan_for checks the ring fits (budget::check_fits): the same
-            // rule `smoe budget` applies.
+            // The sizing decides whether the ring is elastic (neither locked
+            // nor pinned) and when its pages are committed, and checks that
+            // it fits (budget::check_fits): the rules `smoe budget` applies.
+            let plan = crate::budget::plan_for(vault, &config.budget())?;
+            let elastic = plan.elastic;
             let ring_bytes = plan.ring_bytes;
             // Huge pages where blobs fill most of a huge page: slots of at
             // least 1 MiB that an override has not made much larger than the
@@ -1377,6 +1394,21 @@ mod imp {
                     experts,
                 },
             }
+        }
+    }
+
+    /// A take found the ring full and dropped its expert's reservation
+    /// with no read queued. A `claim_wait` that saw the reservation sleeps
+    /// until a read lands, and must look again: a read that is loading
+    /// wakes every waiter when it lands or fails, so the waiters are woken
+    /// here only when none is. Waking them always made a waiting
+    /// `claim_any`, whose every pass over a set larger than the ring found
+    /// it full, wake itself and never sleep (issue 33: 59-75% of a core).
+    /// Should the scan miss a load that is about to finish, the cap on one
+    /// sleep ([`worker::Landed::wait_for`]) bounds the wait.
+    fn dropped_reservation(shared: &Shared) {
+        if shared.table.occupancy().loading == 0 {
+            shared.landed.notify();
         }
     }
 

@@ -99,3 +99,39 @@ fn a_waiting_claim_sleeps_wakes_on_success_and_failure_and_times_out() {
         t0.elapsed()
     );
 }
+
+/// `claim_any` over a set larger than the ring sleeps while the reads run,
+/// as `claim_wait` does (issue 33: each of its passes found the ring full,
+/// woke the waiters itself, and so never slept: 59–75% of a core).
+#[test]
+fn a_set_larger_than_the_ring_sleeps_while_it_waits() {
+    let _alone = crate::alone();
+    let v = common::vault(1, 12, 20_000, &[]);
+    let vault = Vault::open(v.dir.path()).unwrap();
+    let reader = SlowReader {
+        delay: Duration::from_millis(100),
+        fail: false,
+    };
+    let s = Streamer::with_reader(vault, common::quiet_config(4, 2), reader).unwrap();
+    let mut left: Vec<u32> = (0..12).collect();
+    assert_eq!(s.prefetch_set(0, &left, smoe::Priority::Demand).unwrap(), 4);
+    let (cpu0, t0) = (common::process_cpu(), Instant::now());
+    while !left.is_empty() {
+        let c = s
+            .claim_any(0, &left, Duration::from_secs(10))
+            .unwrap()
+            .expect("read in time");
+        let e = c.info().expert;
+        v.check(0, e, &c);
+        left.retain(|&m| m != e);
+    }
+    let (cpu, waited) = (common::process_cpu() - cpu0, t0.elapsed());
+    eprintln!("12 claims over {waited:?} of 100 ms reads used {cpu:?} of CPU");
+    // Six rounds of two 100 ms reads: about 600 ms of waiting. Sleeping,
+    // the claims cost about 1 ms of CPU each; spinning they took ~60%.
+    assert!(waited >= Duration::from_millis(500), "{waited:?}");
+    assert!(
+        cpu < waited / 10,
+        "{cpu:?} of CPU over {waited:?} of waiting"
+    );
+}

@@ -532,6 +532,12 @@ static void test_working_set(smoe_streamer *s) {
   CHECK(memcmp(&slot, &sentinel, sizeof slot) == 0, "out written on an argument error");
   const uint32_t missing[2] = {0, n_experts};
   EXPECT(smoe_prefetch_set(s, layer, missing, 2, false, NULL), SMOE_ERR_NOT_FOUND);
+  /* A layer beyond the vault, empty set: layer × n_experts once wrapped
+   * (a release build answered OK). */
+  queued = 99;
+  EXPECT(smoe_prefetch_set(s, UINT32_MAX, NULL, 0, false, &queued), SMOE_ERR_NOT_FOUND);
+  EXPECT(smoe_prefetch_set(s, n_layers, NULL, 0, true, &queued), SMOE_ERR_NOT_FOUND);
+  CHECK(queued == 99, "queued written on NOT_FOUND: %u", (unsigned)queued);
 
   /* Hold every slot: a set of other experts is RING_FULL at once. */
   smoe_slot held[4];

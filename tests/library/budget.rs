@@ -454,6 +454,9 @@ mod budget_plan {
             scout_override in any::<Option<u64>>(),
             overhead in prop_oneof![Just(0u64), any::<u64>()],
             elastic in any::<bool>(),
+            populate in any::<bool>(),
+            lock in any::<bool>(),
+            pinned in any::<bool>(),
         ) {
             let config = BudgetConfig {
                 ring_slots,
@@ -461,7 +464,14 @@ mod budget_plan {
                 scout_bytes: scout_override,
                 engine_overhead_bytes: overhead,
                 elastic,
+                populate,
+                lock,
+                pinned,
             };
+            // Committed at open: locked, pinned, or populated and not
+            // elastic (a locked or pinned ring never is).
+            let is_elastic = elastic && !lock && !pinned;
+            let eager = lock || pinned || (populate && !is_elastic);
             let result = plan_ring(&snapshot(avail, ram), &shape(padded, n_entries, scout), &config);
             let p = match result {
                 Err(err) if err.kind() == ErrorKind::Argument => {
@@ -490,7 +500,11 @@ mod budget_plan {
             prop_assert!(p.slot_bytes >= padded && p.slot_bytes % u64::from(DEFAULT_ALIGNMENT) == 0);
             prop_assert_eq!(p.budget_slots, p.budget_bytes / p.slot_bytes);
             let wanted = if ring_slots == 0 {
-                let fitting = avail.min(ram) / p.slot_bytes;
+                let mut fitting = avail.min(ram) / p.slot_bytes;
+                if eager {
+                    // Never past the budget, nor past 7/8 of avail.
+                    fitting = fitting.min(p.budget_bytes.min(avail - avail / 8) / p.slot_bytes);
+                }
                 prop_assert!(fitting > 0);
                 p.budget_slots.clamp(64, 4096).min(fitting)
             } else {
@@ -498,6 +512,13 @@ mod budget_plan {
             };
             prop_assert_eq!(u64::from(p.slots), wanted.min(u64::from(n_entries)));
             prop_assert_eq!(p.ring_bytes, u64::from(p.slots).saturating_mul(p.slot_bytes));
+            prop_assert_eq!(p.elastic, is_elastic);
+            prop_assert_eq!(p.commit.is_eager(), eager);
+            if eager && ram > 0 {
+                // A ring committed at open leaves the host an eighth of
+                // what is available (memory that was probed).
+                prop_assert!(p.ring_bytes <= avail - avail / 8);
+            }
         }
     }
 }

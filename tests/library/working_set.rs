@@ -359,3 +359,138 @@ fn the_elastic_ring_shrinking_mid_set() {
     }
     assert_eq!(claimed, 48);
 }
+
+/// A set that names an expert not in the vault is refused whole, before
+/// anything is claimed (issue 33): {absent, resident, not in the vault}
+/// once claimed the resident member, returned NOT_FOUND and never released
+/// it, so each such call pinned one more slot until the ring was full.
+#[test]
+fn a_set_with_a_missing_member_claims_nothing() {
+    let v = common::vault(2, 8, 20_000, &[]);
+    let s = Streamer::open(v.dir.path(), common::quiet_config(4, 2)).unwrap();
+    drop(s.claim_wait(1, 2, WAIT).unwrap().expect("read in time"));
+    for timeout in [Duration::ZERO, WAIT] {
+        for _ in 0..6 {
+            let err = s.claim_any(1, &[5, 2, 8], timeout).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+            assert_eq!(err.layer_expert(), Some((1, 8)), "{err}");
+            assert_eq!(s.stats().slots_held, 0, "a claim leaked: {:?}", s.stats());
+        }
+    }
+    // Nothing was queued for the set either.
+    assert!(!s.is_resident(1, 5), "a refused set queued a read");
+    // The ring still serves the whole layer.
+    assert_eq!(drain(&v, &s, 1, &[0, 1, 3, 4, 5, 6, 7]).len(), 7);
+}
+
+/// A member's failed read is not swallowed by a set refused for another
+/// member (issue 33): the failure waits for the member's next claim, which
+/// reports it (it answered PENDING: the error was consumed and lost).
+#[test]
+fn a_refused_set_keeps_a_members_read_error() {
+    let v = common::vault(2, 8, 20_000, &[]);
+    let probe = Streamer::open(v.dir.path(), common::quiet_config(8, 2)).unwrap();
+    let bad = blob(&probe, 1, 5);
+    drop(probe);
+    let s = with_disk(
+        &v,
+        common::quiet_config(8, 2),
+        Disk {
+            slow: 0..0,
+            delay: Duration::ZERO,
+            bad,
+        },
+    );
+    s.prefetch(1, 5, Priority::Demand).unwrap();
+    let deadline = Instant::now() + WAIT;
+    while s.stats().io_errors == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(s.stats().io_errors, 1);
+    let err = s.claim_any(1, &[3, 5, 8], Duration::ZERO).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    let err = s.claim(1, 5).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Io, "{err}");
+    assert_eq!(err.layer_expert(), Some((1, 5)), "{err}");
+    assert_eq!(s.stats().slots_held, 0);
+}
+
+/// A member whose last read failed is not "the ring is full" (issue 33: on
+/// an empty ring prefetch_set counted it as not taken, which the C API
+/// reports as RING_FULL): like `prefetch`, prefetch_set counts it, and its
+/// claim reports the failure.
+#[test]
+fn prefetch_set_counts_a_member_whose_read_failed() {
+    let v = common::vault(2, 8, 20_000, &[]);
+    let probe = Streamer::open(v.dir.path(), common::quiet_config(8, 2)).unwrap();
+    let bad = blob(&probe, 1, 5);
+    drop(probe);
+    let s = with_disk(
+        &v,
+        common::quiet_config(8, 2),
+        Disk {
+            slow: 0..0,
+            delay: Duration::ZERO,
+            bad,
+        },
+    );
+    s.prefetch(1, 5, Priority::Demand).unwrap();
+    let deadline = Instant::now() + WAIT;
+    while s.stats().io_errors == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(s.prefetch_set(1, &[4, 5, 6], Priority::Demand).unwrap(), 3);
+    let err = s.claim_any(1, &[5, 4, 6], WAIT).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Io, "{err}");
+    assert_eq!(err.layer_expert(), Some((1, 5)), "{err}");
+    assert_eq!(drain(&v, &s, 1, &[4, 6]).len(), 2);
+}
+
+/// A member at the most claims its slot counts does not stop the set
+/// (issue 33: claim_any answered ARGUMENT though another member was
+/// resident and free): the next resident member is claimed; the error
+/// comes only when no other member can be.
+#[test]
+fn a_member_at_the_claim_limit_is_passed_over() {
+    let v = common::vault(1, 8, 20_000, &[]);
+    let s = Streamer::open(v.dir.path(), common::quiet_config(4, 2)).unwrap();
+    drop(s.claim_wait(0, 3, WAIT).unwrap().expect("read in time"));
+    let mut held = Vec::new();
+    loop {
+        match s.claim_ticket(0, 1) {
+            Ok(Some(info)) => held.push(info.ticket),
+            Ok(None) => std::thread::sleep(Duration::from_millis(1)),
+            Err(err) => {
+                assert_eq!(err.kind(), ErrorKind::Argument, "{err}");
+                break;
+            }
+        }
+        assert!(held.len() < 1 << 20, "no claim limit");
+    }
+    let c = s.claim_any(0, &[1, 3], Duration::ZERO).unwrap().unwrap();
+    assert_eq!(c.info().expert, 3);
+    drop(c);
+    let err = s.claim_any(0, &[1], Duration::ZERO).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Argument, "{err}");
+    for t in held {
+        s.release_ticket(t).unwrap();
+    }
+    assert_eq!(s.stats().slots_held, 0);
+}
+
+/// A layer beyond the vault is NOT_FOUND for an empty set too (issue 33:
+/// `layer × n_experts` overflowed; a debug build panicked, a release build
+/// wrapped and answered OK).
+#[test]
+fn prefetch_set_of_a_layer_beyond_the_vault() {
+    let v = common::vault(2, 8, 20_000, &[]);
+    let s = Streamer::open(v.dir.path(), common::quiet_config(4, 2)).unwrap();
+    for layer in [2, u32::MAX / 8 + 1, u32::MAX] {
+        for priority in [Priority::Demand, Priority::Speculative] {
+            let err = s.prefetch_set(layer, &[], priority).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::NotFound, "layer {layer}: {err}");
+            assert!(err.to_string().contains(&format!("layer {layer}")), "{err}");
+        }
+    }
+    assert_eq!(s.prefetch_set(1, &[], Priority::Demand).unwrap(), 0);
+}

@@ -895,8 +895,9 @@ impl SlotTable {
     }
 
     /// One pass of a working-set claim (`Streamer::claim_any`)
-    /// over the `n` members whose dense ids `id(k)` gives (checked lazily,
-    /// as the pass reaches each): the first resident member, claimed; then,
+    /// over the `n` members whose dense ids `id(k)` gives (every one checked
+    /// by the caller before the pass: an error found after a member was
+    /// claimed would lose that claim): the first resident member, claimed; then,
     /// if the pass went past members that are not resident (or found none),
     /// the absent members' demand reads queued in order, sparing the set's
     /// own loads (`spare()`), until the ring takes no more. A ring of
@@ -904,13 +905,13 @@ impl SlotTable {
     /// in flight and nothing loading, is [`SetClaim::Full`]: only a
     /// release frees a slot.
     #[inline]
-    pub(crate) fn claim_set<'s, E>(
+    pub(crate) fn claim_set<'s>(
         &self,
         n: usize,
-        id: impl Fn(usize) -> Result<u32, E>,
-        spare: impl FnOnce() -> Result<Spare<'s>, E>,
+        id: impl Fn(usize) -> u32,
+        spare: impl FnOnce() -> Spare<'s>,
         active: u32,
-    ) -> Result<SetPass, E> {
+    ) -> SetPass {
         let mut pass = SetPass {
             found: SetClaim::Wait,
             queued: 0,
@@ -918,11 +919,18 @@ impl SlotTable {
         };
         let mut in_flight = false;
         let mut absent = false;
+        // The first member whose slot already counts the most claims it
+        // can: passed over, so that another member can be claimed, and
+        // reported only when none can.
+        let mut too_many = None;
         let mut passed = 0;
         for k in 0..n {
-            match self.claim_present(id(k)?) {
+            match self.claim_present(id(k)) {
                 Claimed::Absent => absent = true,
                 Claimed::Pending { .. } => in_flight = true,
+                Claimed::TooManyClaims => {
+                    too_many.get_or_insert(k);
+                }
                 claimed => {
                     pass.found = SetClaim::Member { member: k, claimed };
                     break;
@@ -933,14 +941,21 @@ impl SlotTable {
         if passed == 0 {
             // The set's head was resident: nothing to queue, and no pass
             // over the rest, so a set of residents costs one claim.
-            return Ok(pass);
+            return pass;
         }
+        let too_many = too_many.map(|member| SetClaim::Member {
+            member,
+            claimed: Claimed::TooManyClaims,
+        });
         if !absent && pass.found == SetClaim::Wait {
-            // Every member is in flight: nothing to queue (a waiting claim
-            // polls at the cost of the first pass alone).
-            return Ok(pass);
+            // Every member is in flight (a waiting claim polls at the cost
+            // of the first pass alone), or held as often as it can be.
+            if !in_flight {
+                pass.found = too_many.unwrap_or(SetClaim::Wait);
+            }
+            return pass;
         }
-        let spare = spare()?;
+        let spare = spare();
         let mut error_pending = false;
         let found = match pass.found {
             SetClaim::Member { member, .. } => member,
@@ -952,7 +967,7 @@ impl SlotTable {
                 // a member whose read failed waits for a later prefetch.
                 continue;
             }
-            match self.prefetch_sparing(id(k)?, Origin::Demand, spare) {
+            match self.prefetch_sparing(id(k), Origin::Demand, spare) {
                 Prefetched::Queued { .. } => {
                     pass.queued += 1;
                     in_flight = true;
@@ -974,10 +989,12 @@ impl SlotTable {
             // frees none until a release.
             let o = self.occupancy();
             if o.loading == 0 && o.held >= active {
-                pass.found = SetClaim::Full;
+                // A member held as often as it can be is the better
+                // answer: the ring is full of claims, one of them its.
+                pass.found = too_many.unwrap_or(SetClaim::Full);
             }
         }
-        Ok(pass)
+        pass
     }
 
     /// Releases one claim of `ticket`. Stale when the ticket's slot has since
