@@ -42,6 +42,11 @@ pub struct BudgetArgs {
     /// Plan a fixed ring (`elastic` off) instead of the default elastic one.
     #[arg(long)]
     pub no_elastic: bool,
+    /// Plan a ring the host pins for a device (config `pinned`, as for
+    /// `cudaHostRegister`): never elastic, every page committed after
+    /// open, so it must fit in 7/8 of the memory available.
+    #[arg(long)]
+    pub pinned: bool,
 }
 
 /// Runs `smoe budget`: opens (and so validates) the vault, probes memory and
@@ -54,6 +59,7 @@ pub fn run(args: &BudgetArgs) -> Result<(), Failure> {
         scout_bytes: args.scout_bytes.as_ref().map(|s| s.bytes),
         engine_overhead_bytes: args.overhead_bytes.bytes,
         elastic: !args.no_elastic,
+        pinned: args.pinned,
         ..BudgetConfig::default()
     };
     let plan = Plan::new(&vault, &plan_for(&vault, &config)?);
@@ -118,6 +124,9 @@ struct Plan {
     /// Which bound changed the slot count, if any.
     slot_clamp: String,
     ring_bytes: u64,
+    /// When the ring's pages are committed: as slots are first loaded, or
+    /// all of them at open (pinned, locked, populated and fixed).
+    commit: String,
     /// The elastic ring's plan; null for a fixed ring.
     elastic: Option<Elastic>,
     /// How the ring behaves under memory pressure, in one sentence.
@@ -179,6 +188,7 @@ impl Plan {
             slots: plan.slots,
             slot_clamp: plan.clamp.to_string(),
             ring_bytes: plan.ring_bytes,
+            commit: plan.commit.to_string(),
             elastic,
             under_pressure,
             warning: plan.warning(),
@@ -263,6 +273,7 @@ impl Plan {
             "ring",
             format!("{}  = slots × slot", bytes(self.ring_bytes)),
         );
+        line("pages", self.commit.clone());
         line("under pressure", self.under_pressure.clone());
         text
     }

@@ -76,6 +76,7 @@ fn check_json(v: &Value, vault: &Vault) {
         "slots",
         "slot_clamp",
         "ring_bytes",
+        "commit",
         "elastic",
         "under_pressure",
         "warning",
@@ -130,7 +131,7 @@ fn check_json(v: &Value, vault: &Vault) {
     let in_cgroup = v["sources"]["ram"]
         .as_str()
         .is_some_and(|s| s.starts_with("cgroup"));
-    let floor = if in_cgroup {
+    let floor = if in_cgroup && !v["elastic"].is_null() {
         ram / 8
     } else {
         (ram / 8).max(4 * GIB)
@@ -152,7 +153,16 @@ fn check_json(v: &Value, vault: &Vault) {
     assert_eq!(v["budget_from"], from);
     assert!(slot >= vault.max_padded_size() && slot % SLOT_ALIGN == 0);
     let n_entries = vault.entries().len() as u64;
-    assert_eq!(slots, (budget / slot).clamp(64, 4096).min(n_entries), "{v}");
+    let mut fitting = avail.min(ram) / slot;
+    if v["commit"].as_str().unwrap() != "committed as slots are first loaded" {
+        // Committed at open: never past the budget nor 7/8 of avail.
+        fitting = fitting.min(budget.min(avail - avail / 8) / slot);
+    }
+    assert_eq!(
+        slots,
+        (budget / slot).clamp(64, 4096).min(fitting).min(n_entries),
+        "{v}"
+    );
 }
 
 #[test]
@@ -179,6 +189,34 @@ fn cli_json_defaults() {
         .as_str()
         .unwrap()
         .starts_with("largest padded blob (layer "));
+}
+
+/// `--pinned` plans the ring a CUDA host pins (issue 33): not elastic,
+/// every page committed after open, so never past 7/8 of what is available
+/// and never raised to 64 slots past its budget.
+#[test]
+fn cli_pinned_plans_a_ring_committed_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth(dir.path(), "300", "4");
+    let vault = Vault::open(&path).unwrap();
+    let args = [path.to_str().unwrap(), "--slot-mb", "64"];
+    let lazy = budget_json(&args);
+    assert_eq!(lazy["commit"], "committed as slots are first loaded");
+    let v = budget_json(&[&args[..], &["--pinned"]].concat());
+    check_json(&v, &vault);
+    assert!(v["elastic"].is_null(), "{v}");
+    assert!(
+        v["commit"].as_str().unwrap().starts_with("pinned"),
+        "{}",
+        v["commit"]
+    );
+    let avail = u64_of(&v, "avail_bytes");
+    let slots = u64_of(&v, "slots");
+    assert!(u64_of(&v, "ring_bytes") <= avail - avail / 8, "{v}");
+    assert!(slots <= (u64_of(&v, "budget_bytes") / (64 * MIB)).max(1), "{v}");
+    let text = smoe(&["budget", path.to_str().unwrap(), "--slot-mb", "64", "--pinned"]);
+    let stdout = String::from_utf8_lossy(&text.stdout);
+    assert!(stdout.contains("\npages             pinned ("), "{stdout}");
 }
 
 #[test]
