@@ -133,7 +133,10 @@ macro_rules! config_schema {
             /// back, and a slot released and loaded again would leave the
             /// device reading the old pages. And it is populated (as with
             /// `populate`), so that registering finds its pages committed
-            /// (docs/c-api.md, "CUDA hosts").
+            /// (docs/c-api.md, "CUDA hosts"). A ring whose pages are all
+            /// committed (pinned, locked, or populated and not elastic)
+            /// must fit in 7/8 of the available memory
+            /// ([`crate::budget::check_fits`]).
             pinned: bool = false,
         }
     };
