@@ -6,7 +6,8 @@
 //! The crate root holds synthetic vaults and process measurements;
 //! [`forge`] makes hand-edited and hostile vaults; [`models`] hand-made
 //! model files for the packer; [`native`] builds and runs
-//! C and C++ programs against the libraries `cargo test` built.
+//! C and C++ programs against the libraries `cargo test` built; [`skip`]
+//! is the rule of a test that cannot run here (skip, or fail under CI).
 //!
 //! Empty under `--cfg loom`: the loom models are unit tests of the library
 //! alone, and the streamer these helpers open is not compiled there.
@@ -15,6 +16,9 @@
 pub mod forge;
 pub mod models;
 pub mod native;
+pub mod skip;
+
+pub use skip::{skip_or_fail, skip_or_fail_root};
 
 use std::path::PathBuf;
 

@@ -8,6 +8,8 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use crate::skip_or_fail;
+
 /// The warnings every C/C++ compile here turns on, as errors.
 pub const WARNINGS: [&str; 4] = ["-Wall", "-Wextra", "-Wpedantic", "-Werror"];
 
@@ -24,11 +26,6 @@ pub fn manifest_dir() -> &'static Path {
 /// The directory holding `smoe.h`.
 pub fn include_dir() -> PathBuf {
     manifest_dir().join("include")
-}
-
-/// True when a missing tool must fail the test rather than skip it.
-pub fn in_ci() -> bool {
-    env::var_os("CI").is_some_and(|v| !v.is_empty())
 }
 
 /// Runs `command`, failing the test with its output if it does not succeed.
@@ -66,21 +63,37 @@ pub fn default_c_compiler() -> String {
     env::var("CC").unwrap_or_else(|_| "cc".into())
 }
 
-/// The C compilers to try: `$CC` or `cc`, and `clang` if present.
+/// The C compilers to try: `$CC` or `cc`, and `clang`, the only compiler
+/// that checks the header's nullability annotations. Without clang on the
+/// PATH its pass is skipped, saying so ([`skip_or_fail`]: under CI, which
+/// installs clang, that fails the test).
+#[track_caller]
 pub fn c_compilers() -> Vec<String> {
-    with_if_present(default_c_compiler(), "clang")
+    with_clang(default_c_compiler(), "clang")
 }
 
-/// The C++ compilers to try: `$CXX` or `c++`, and `clang++` if present.
+/// The C++ compilers to try: `$CXX` or `c++`, and `clang++` as
+/// [`c_compilers`] adds clang.
+#[track_caller]
 pub fn cxx_compilers() -> Vec<String> {
-    with_if_present(env::var("CXX").unwrap_or_else(|_| "c++".into()), "clang++")
+    with_clang(env::var("CXX").unwrap_or_else(|_| "c++".into()), "clang++")
 }
 
-/// `default`, then `extra` when it is on the PATH and not `default` already.
-fn with_if_present(default: String, extra: &str) -> Vec<String> {
+/// `default`, then `clang` unless `default` is it already; when `clang` is
+/// not on the PATH, [`skip_or_fail`] (the caller goes on without it).
+#[track_caller]
+fn with_clang(default: String, clang: &str) -> Vec<String> {
     let mut compilers = vec![default];
-    if on_path(extra) && !compilers.iter().any(|c| c == extra) {
-        compilers.push(extra.into());
+    if compilers.iter().any(|c| c == clang) {
+        return compilers;
+    }
+    if on_path(clang) {
+        compilers.push(clang.into());
+    } else {
+        skip_or_fail(&format!(
+            "the {clang} pass: {clang} is not on the PATH (install clang, the only compiler \
+             that checks the header's nullability annotations)"
+        ));
     }
     compilers
 }

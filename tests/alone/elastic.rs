@@ -55,8 +55,8 @@ fn neighbour() {
 
 /// A memory cgroup this test made; leaving it moves the process back and
 /// removes it.
-struct Cgroup {
-    dir: PathBuf,
+pub(crate) struct Cgroup {
+    pub(crate) dir: PathBuf,
     v2: bool,
     /// The cgroup the process came from (its `cgroup.procs`).
     home: PathBuf,
@@ -65,7 +65,7 @@ struct Cgroup {
 impl Cgroup {
     /// A new cgroup limited to `limit` bytes, on the hierarchy that has the
     /// memory controller for this process.
-    fn create(limit: u64) -> Result<Cgroup, String> {
+    pub(crate) fn create(limit: u64) -> Result<Cgroup, String> {
         let text = fs::read_to_string("/proc/self/cgroup").map_err(|e| e.to_string())?;
         let mut v1 = None;
         let mut v2 = None;
@@ -142,7 +142,7 @@ impl Cgroup {
     }
 
     /// OOM kills in the cgroup so far.
-    fn oom_kills(&self) -> u64 {
+    pub(crate) fn oom_kills(&self) -> u64 {
         let file = if self.v2 {
             "memory.events"
         } else {
@@ -188,11 +188,12 @@ impl Drop for Cgroup {
 #[test]
 fn elastic_ring_gives_way_to_a_neighbour() {
     let _alone = crate::alone();
-    let required = std::env::var_os("SMOE_ROOT_TESTS").is_some();
     // SAFETY: getuid has no preconditions.
     if unsafe { libc::getuid() } != 0 {
-        assert!(!required, "SMOE_ROOT_TESTS is set but the test is not root");
-        eprintln!("skipped: a memory cgroup needs root (set SMOE_ROOT_TESTS=1 to require it)");
+        common::skip_or_fail_root(
+            "a memory cgroup needs root, and this is not root (run as root; \
+             SMOE_ROOT_TESTS=1 requires it)",
+        );
         return;
     }
     // 220 experts of 12 MiB (padded to exactly 12 MiB) on the disk.
@@ -206,8 +207,7 @@ fn elastic_ring_gives_way_to_a_neighbour() {
     let cg = match Cgroup::create(3 * GIB) {
         Ok(cg) => cg,
         Err(e) => {
-            assert!(!required, "SMOE_ROOT_TESTS is set but: {e}");
-            eprintln!("skipped: cannot make a memory cgroup: {e}");
+            common::skip_or_fail_root(&format!("cannot make a memory cgroup: {e}"));
             return;
         }
     };

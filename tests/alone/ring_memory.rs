@@ -88,7 +88,10 @@ fn lock_commits_and_locks_the_ring_at_open() {
     if unsafe { libc::getuid() } != 0 {
         // Unprivileged, a 256 MiB lock needs a raised RLIMIT_MEMLOCK; the
         // refusal is tested below.
-        eprintln!("skipped: locking 256 MiB needs root (CAP_IPC_LOCK) here");
+        smoe_test_support::skip_or_fail_root(
+            "locking 256 MiB needs root (CAP_IPC_LOCK), and this is not root (run as root; \
+             SMOE_ROOT_TESTS=1 requires it)",
+        );
         return;
     }
     let v = common::vault(1, 64, 100_000, &[]);
@@ -204,7 +207,7 @@ fn lock_refused_under_a_small_memlock_limit() {
     if line.starts_with("SKIP") {
         // SAFETY: getuid has no preconditions.
         assert_ne!(unsafe { libc::getuid() }, 0, "root can always lower it");
-        eprintln!("skipped: {line}");
+        smoe_test_support::skip_or_fail_root(&format!("the child could not: {line}"));
         return;
     }
     assert!(

@@ -3,8 +3,9 @@
 //! linked against the `libsmoe.a` this `cargo test` built (plus the native
 //! libraries Rust's std needs), and run on a synthetic vault made here.
 //!
-//! The compiler is `$CC`, else `cc`; `clang`, when it is on the PATH, is
-//! tried too, because only clang sees the header's nullability macros.
+//! The compiler is `$CC`, else `cc`; then `clang`, because only clang sees
+//! the header's nullability macros (without it that pass is skipped, saying
+//! so; under CI, which installs it, that is a failure).
 
 use std::process::Command;
 

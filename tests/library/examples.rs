@@ -13,9 +13,9 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use smoe_test_support::native;
+use smoe_test_support::{native, skip_or_fail};
 
-use native::{in_ci, lib_dir, manifest_dir, on_path, smoe_tool};
+use native::{lib_dir, manifest_dir, on_path, smoe_tool};
 
 /// Runs `command` with its output captured, killing it after `limit`.
 /// Returns (success, stdout + stderr).
@@ -76,16 +76,14 @@ fn examples_build_and_run() {
     if smoe_tool().is_none() {
         // `cargo test` at the root builds the tool (package smoe-cli, a
         // default member); `cargo test -p smoe` builds the library alone.
-        assert!(
-            !in_ci(),
-            "the smoe tool is not next to the libraries; CI runs `cargo test` at the root"
+        skip_or_fail(
+            "the smoe tool is not next to the libraries: `cargo test -p smoe` builds the \
+             library alone; run `cargo test` at the root",
         );
-        eprintln!("skipped: the smoe tool is not built (`cargo test -p smoe`)");
         return;
     }
     if !on_path("make") {
-        assert!(!in_ci(), "make is not installed; CI must install it");
-        eprintln!("skipped: make is not installed");
+        skip_or_fail("make is not installed (install make; .ci/run does, APT_PACKAGES)");
         return;
     }
     let build = tempfile::tempdir().unwrap();
@@ -113,8 +111,15 @@ fn examples_build_and_run() {
 /// places; the examples must build warning-free with it too.
 #[test]
 fn examples_build_with_clang() {
-    if !on_path("make") || !on_path("clang") || !on_path("clang++") {
-        eprintln!("skipped: make, clang or clang++ is not installed");
+    let missing: Vec<&str> = ["make", "clang", "clang++"]
+        .into_iter()
+        .filter(|tool| !on_path(tool))
+        .collect();
+    if !missing.is_empty() {
+        skip_or_fail(&format!(
+            "not on the PATH: {} (install make and clang; .ci/run does, APT_PACKAGES)",
+            missing.join(", ")
+        ));
         return;
     }
     let build = tempfile::tempdir().unwrap();

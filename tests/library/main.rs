@@ -20,6 +20,7 @@ mod install;
 mod popularity;
 mod prewarm;
 mod roundtrip;
+mod skip;
 mod streamer;
 mod swift;
 mod trace;

@@ -439,7 +439,8 @@ fn direct_io_on_a_filesystem_that_supports_it() {
 }
 
 /// ramfs refuses O_DIRECT. Mounting it needs root; CI runs as root and sets
-/// SMOE_ROOT_TESTS=1 so this test cannot pass by skipping there.
+/// SMOE_ROOT_TESTS=1 so this test cannot pass by skipping there
+/// ([`smoe_test_support::skip_or_fail_root`]).
 #[test]
 fn direct_io_refused_auto_falls_back_require_fails() {
     let mnt = tempfile::tempdir().unwrap();
@@ -449,11 +450,11 @@ fn direct_io_refused_auto_falls_back_require_fails() {
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        assert!(
-            std::env::var_os("SMOE_ROOT_TESTS").is_none(),
-            "SMOE_ROOT_TESTS is set but mounting ramfs failed"
-        );
-        eprintln!("skipped: mounting ramfs needs root (set SMOE_ROOT_TESTS=1 to require it)");
+        smoe_test_support::skip_or_fail_root(&format!(
+            "mounting ramfs on {} failed: it needs root (run as root; SMOE_ROOT_TESTS=1 \
+             requires it)",
+            mnt.path().display()
+        ));
         return;
     }
     struct Unmount(std::path::PathBuf);

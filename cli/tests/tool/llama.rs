@@ -12,8 +12,11 @@
 //! last test runs), the same tree builds a `llama-simple` with nothing of
 //! smoe in it, and that binary is stock llama.cpp.
 //!
-//! Without the build the tests say why they skip, except under CI (`CI`
-//! set), where `.ci/run` builds it first and a missing build is a failure.
+//! Without the build every test says why and what to build, and returns at
+//! once, except under CI (`CI` set), where `.ci/run` builds it first and a
+//! missing build is a failure ([`smoe_test_support::skip_or_fail`]). The
+//! helpers that run llama.cpp return an Option, None when skipped, so no
+//! test can assert on the result of a run that never happened.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -42,20 +45,17 @@ fn llama_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/cache/smoe-llama"))
 }
 
-/// The patched llama-simple, or None (after saying why) when it is not built.
+/// The patched llama-simple, or None (after saying why, or failing under
+/// CI) when it is not built.
 fn llama_simple() -> Option<PathBuf> {
     let bin = llama_dir().join("build/bin/llama-simple");
     if bin.is_file() {
         return Some(bin);
     }
-    let why = format!(
+    smoe_test_support::skip_or_fail(&format!(
         "{} is not built: run scripts/llama.sh build (SMOE_LLAMA_DIR picks the cache)",
         bin.display()
-    );
-    if std::env::var_os("CI").is_some_and(|v| !v.is_empty()) {
-        panic!("CI: {why}");
-    }
-    eprintln!("skipped: {why}");
+    ));
     None
 }
 
@@ -242,23 +242,21 @@ fn setup(fixture: &str) -> Option<Setup> {
 }
 
 /// Stock (repack off), smoe through a ring of `slots`, stock (repack on):
-/// same text, bitwise equal logits against the first; returns the largest
-/// difference against the third.
-fn identical(fixture: &str, slots: u32) -> f32 {
-    identical_with(fixture, slots, PROMPT).0
+/// same text, bitwise equal logits against the first; prints the largest
+/// difference against the third. Returns smoe's waves per layer, or None
+/// when llama.cpp is not built (and the test is skipped).
+fn identical(fixture: &str, slots: u32) -> Option<f64> {
+    identical_with(fixture, slots, PROMPT)
 }
 
-/// [`identical`] with another prompt; also returns smoe's waves per layer.
-fn identical_with(fixture: &str, slots: u32, prompt: &str) -> (f32, f64) {
-    let Some(Setup {
+/// [`identical`] with another prompt.
+fn identical_with(fixture: &str, slots: u32, prompt: &str) -> Option<f64> {
+    let Setup {
         bin,
         gguf,
         tmp,
         vault,
-    }) = setup(fixture)
-    else {
-        return (0.0, 0.0);
-    };
+    } = setup(fixture)?;
     let slots = slots.to_string();
     let run = |bin: &Path, gguf: &Path, dir: &Path, name: &str, env: &[(&str, &str)]| {
         run_prompt(bin, gguf, dir, name, prompt, env)
@@ -347,7 +345,7 @@ fn identical_with(fixture: &str, slots: u32, prompt: &str) -> (f32, f64) {
         stock.logits.len() / N_VOCAB,
         smoe_line(&smoe.stderr())
     );
-    (max_diff, waves)
+    Some(waves)
 }
 
 #[test]
@@ -380,7 +378,9 @@ fn qwen3moe_bf16_identical() {
 /// every step are stock's, bit for bit, and the statistics say waves ran.
 #[test]
 fn qwen3moe_half_a_layer_prefill_in_waves_identical() {
-    let (_, waves) = identical_with("qwen3moe-q8_0.gguf", 8, LONG_PROMPT);
+    let Some(waves) = identical_with("qwen3moe-q8_0.gguf", 8, LONG_PROMPT) else {
+        return;
+    };
     // a layer's 16 experts through 8 slots: prefill's layers take two waves
     // or more (a shrunk n_ubatch instead would show one)
     assert!(waves > 1.0, "{waves} waves per layer");
@@ -394,7 +394,9 @@ fn qwen3moe_half_a_layer_prefill_in_waves_identical() {
 /// waves: stock's text and logits.
 #[test]
 fn qwen3moe_8_layers_one_slot_sixteen_waves_identical() {
-    let (_, waves) = identical_with("derived/qwen3moe-q8_0-8layers.gguf", 1, LONG_PROMPT);
+    let Some(waves) = identical_with("derived/qwen3moe-q8_0-8layers.gguf", 1, LONG_PROMPT) else {
+        return;
+    };
     // prefill's layers in 16 waves, decode's in as many as a token's top-k
     assert!(waves > 2.0, "{waves} waves per layer");
 }
@@ -539,10 +541,10 @@ fn root_tests(name: &str) -> bool {
     if unsafe { libc::geteuid() } == 0 {
         return true;
     }
-    if std::env::var_os("SMOE_ROOT_TESTS").is_some_and(|v| !v.is_empty()) {
-        panic!("{name}: SMOE_ROOT_TESTS is set but this is not root");
-    }
-    eprintln!("skipped: {name} needs root (a mount namespace)");
+    smoe_test_support::skip_or_fail_root(&format!(
+        "{name} needs root (a mount namespace), and this is not root (run as root; \
+         SMOE_ROOT_TESTS=1 requires it)"
+    ));
     false
 }
 
