@@ -24,7 +24,13 @@
 #                                 and smoe::smoe_shared (from cmake/*.in)
 #
 # The CMake package finds the tree relative to itself, so the tree can be
-# moved; smoe.pc names PREFIX.
+# moved; smoe.pc names PREFIX, each space in it escaped with a backslash, as
+# pkg-config reads a value (pkg-config and pkgconf print it escaped again,
+# `-I/opt/my\ tools/include`, which make, a shell's eval, CMake's
+# FindPkgConfig and SwiftPM read back as one argument). A PREFIX with a
+# character smoe.pc cannot carry that way (a quote, a backslash, `$`, `#`,
+# a parenthesis, a control character, ...) is refused before anything is
+# written.
 #
 # It runs `cargo build --release` first. Environment:
 #   SMOE_SKIP_BUILD=1        do not run cargo; install what SMOE_LIB_DIR holds
@@ -42,8 +48,32 @@ if [ $# -ne 1 ] || [ -z "$1" ]; then
   exit 2
 fi
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# What smoe.pc can name: letters, digits, / . _ - + , @ : = % ~, spaces
+# (escaped there) and any non-ASCII byte; checked on the absolute path, the
+# current directory included.
+case $1 in
+  /*) WANTED=$1 ;;
+  *) WANTED=$PWD/$1 ;;
+esac
+UNSAFE=$(printf '%s' "$WANTED" | LC_ALL=C tr -d 'A-Za-z0-9/._+,@:=%~ \200-\377-')
+if [ -n "$UNSAFE" ]; then
+  # shown TEXT: TEXT, or bash's quoting of it where it holds a control
+  # character (a tab, a newline).
+  shown() {
+    case $1 in
+      *[[:cntrl:]]*) printf '%q' "$1" ;;
+      *) printf '%s' "$1" ;;
+    esac
+  }
+  echo "$0: PREFIX \"$(shown "$WANTED")\" holds $(shown "$UNSAFE"): smoe.pc cannot name such a" \
+    "path (pkg-config would split or expand it); use letters, digits, spaces, non-ASCII" \
+    "letters and / . _ - + , @ : = % ~" >&2
+  exit 2
+fi
 mkdir -p "$1"
 PREFIX=$(cd "$1" && pwd)
+# smoe.pc's prefix: each space escaped with a backslash.
+PC_PREFIX=${PREFIX// /\\ }
 
 # The C ABI's version, which names the shared library:
 # `pub const SMOE_ABI_VERSION: u32 = N;` (build.rs reads the same line).
@@ -113,7 +143,7 @@ module CSMoE {
 MODULEMAP
 
 cat >"$PREFIX/lib/pkgconfig/smoe.pc" <<PC
-prefix=$PREFIX
+prefix=$PC_PREFIX
 libdir=\${prefix}/lib
 includedir=\${prefix}/include
 

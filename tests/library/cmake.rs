@@ -1,7 +1,7 @@
 //! A CMake project uses smoe (`tests/cmake/`): configured, built and run
-//! against the tree `scripts/install.sh` writes (`find_package(smoe 0.1
-//! CONFIG REQUIRED)`), and against the source tree through
-//! `add_subdirectory`, whose root `CMakeLists.txt` runs cargo. Each build
+//! against the tree `scripts/install.sh` writes into a prefix with a space
+//! (`find_package(smoe 0.1 CONFIG REQUIRED)`), and against the source tree
+//! through `add_subdirectory`, whose root `CMakeLists.txt` runs cargo. Each build
 //! links the program twice, to `smoe::smoe` (static) and `smoe::smoe_shared`,
 //! and runs both on a synthetic vault.
 //!
@@ -104,7 +104,9 @@ fn find_package_from_the_install_tree() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let prefix = dir.path().join("prefix");
+    // A space in the prefix: the package finds the tree from its own place
+    // and quotes every path.
+    let prefix = dir.path().join("install prefix");
     run(Command::new("bash")
         .arg(manifest_dir().join("scripts/install.sh"))
         .arg(&prefix)

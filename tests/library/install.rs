@@ -4,8 +4,11 @@
 //! a C program can use through pkg-config: shared (`pkg-config --cflags
 //! --libs smoe`, found at run time through LD_LIBRARY_PATH) and static
 //! (`pkg-config --static --cflags --libs smoe`, which adds Libs.private: the
-//! native libraries of Rust's std). `tests/library/cmake.rs` builds against its CMake
-//! package, `scripts/swift-chroot.sh` a Swift package against its smoe.pc.
+//! native libraries of Rust's std), under a prefix with spaces too (smoe.pc
+//! escapes them); a prefix smoe.pc cannot name is refused.
+//! `tests/library/cmake.rs` builds against its CMake package (under a prefix
+//! with a space), `scripts/swift-chroot.sh` a Swift package against its
+//! smoe.pc.
 //!
 //! The script installs the libraries this `cargo test` built
 //! (SMOE_SKIP_BUILD=1, SMOE_LIB_DIR = their directory), so it runs no cargo.
@@ -32,12 +35,48 @@ fn shared_file_name() -> String {
 /// Installs into a fresh prefix; returns the temporary directory holding it.
 fn install() -> tempfile::TempDir {
     let prefix = tempfile::tempdir().unwrap();
-    run(Command::new("bash")
-        .arg(manifest_dir().join("scripts/install.sh"))
-        .arg(prefix.path())
-        .env("SMOE_SKIP_BUILD", "1")
-        .env("SMOE_LIB_DIR", lib_dir()));
+    run(&mut install_command(prefix.path()));
     prefix
+}
+
+/// `scripts/install.sh PREFIX` on the libraries this `cargo test` built.
+fn install_command(prefix: &Path) -> Command {
+    let mut command = Command::new("bash");
+    command
+        .arg(manifest_dir().join("scripts/install.sh"))
+        .arg(prefix)
+        .env("SMOE_SKIP_BUILD", "1")
+        .env("SMOE_LIB_DIR", lib_dir());
+    command
+}
+
+/// Whether pkg-config runs; false (after saying why) when the test must
+/// skip.
+fn have_pkg_config() -> bool {
+    if native::on_path("pkg-config") {
+        return true;
+    }
+    skip_or_fail("pkg-config is not installed (install pkg-config; .ci/run does, APT_PACKAGES)");
+    false
+}
+
+/// Splits pkg-config's output into arguments as the shell of a make recipe
+/// or an `eval` does: at blanks, except a blank after a backslash, which
+/// stays in the argument (pkg-config and pkgconf escape the spaces of a path
+/// so).
+fn shell_words(text: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => word.get_or_insert_with(String::new).extend(chars.next()),
+            c if c.is_whitespace() => words.extend(word.take()),
+            c => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    words.extend(word);
+    words
 }
 
 const PROGRAM: &str = r#"
@@ -159,22 +198,72 @@ fn shared_library_has_its_soname() {
 
 #[test]
 fn pkg_config_links_shared_and_static() {
-    if !native::on_path("pkg-config") {
-        skip_or_fail(
-            "pkg-config is not installed (install pkg-config; .ci/run does, APT_PACKAGES)",
-        );
+    if !have_pkg_config() {
         return;
     }
     let prefix = install();
-    let pkgconfig_dir = prefix.path().join("lib/pkgconfig");
+    pkg_config_links(prefix.path());
+}
+
+/// A prefix with spaces: smoe.pc escapes them (`prefix=/a\ b`), pkg-config
+/// prints `-I/a\ b/include`, and a build that reads that as a shell does
+/// compiles, links and runs. (smoe.pc named the prefix as it was, and
+/// pkg-config printed `-I/a b/include`: two arguments.)
+#[test]
+fn pkg_config_links_under_a_prefix_with_spaces() {
+    if !have_pkg_config() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("PREFIX WITH SPACE");
+    run(&mut install_command(&prefix));
+    pkg_config_links(&prefix);
+    let pc = fs::read_to_string(prefix.join("lib/pkgconfig/smoe.pc")).unwrap();
+    let line = format!(
+        "prefix={}",
+        prefix.display().to_string().replace(' ', "\\ ")
+    );
+    assert!(pc.lines().any(|l| l == line), "no {line:?} in:\n{pc}");
+}
+
+/// A prefix smoe.pc cannot name (pkg-config expands `$`, splits at quotes)
+/// is refused, naming the prefix and the character, before anything is
+/// written.
+#[test]
+fn install_refuses_a_prefix_pkg_config_cannot_name() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["price$5", "it's", "a\"b", "tab\there"] {
+        let prefix = dir.path().join(name);
+        let out = install_command(&prefix).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name:?}: {stderr}");
+        assert!(
+            stderr.contains("smoe.pc cannot name such a path"),
+            "{name:?}: {stderr}"
+        );
+        let bad = name.chars().find(|c| !c.is_alphanumeric()).unwrap();
+        let named = if bad == '\t' {
+            "holds $'\\t'".to_owned()
+        } else {
+            format!("holds {bad}:")
+        };
+        assert!(
+            stderr.contains(&named),
+            "{name:?}: no {named:?} in {stderr}"
+        );
+        assert!(!prefix.exists(), "{name:?}: the prefix was made");
+    }
+}
+
+/// `pkg-config --cflags --libs smoe` (shared) and `--static` under the
+/// installed `prefix` build a C program that runs.
+fn pkg_config_links(prefix: &Path) {
+    let pkgconfig_dir = prefix.join("lib/pkgconfig");
     let pkg_config = |args: &[&str]| -> Vec<String> {
-        run(Command::new("pkg-config")
+        shell_words(&run(Command::new("pkg-config")
             .args(args)
             .arg("smoe")
-            .env("PKG_CONFIG_PATH", &pkgconfig_dir))
-        .split_whitespace()
-        .map(str::to_string)
-        .collect()
+            .env("PKG_CONFIG_PATH", &pkgconfig_dir)))
     };
     let compiler = native::default_c_compiler();
     let dir = tempfile::tempdir().unwrap();
@@ -193,7 +282,7 @@ fn pkg_config_links_shared_and_static() {
     // Shared: the loader finds libsmoe through LD_LIBRARY_PATH.
     let shared = dir.path().join("app-shared");
     compile(&shared, &pkg_config(&["--cflags", "--libs"]));
-    let lib_path = prefix.path().join("lib");
+    let lib_path = prefix.join("lib");
     let output = run(Command::new(&shared)
         .env("LD_LIBRARY_PATH", &lib_path)
         .env("DYLD_LIBRARY_PATH", &lib_path));
@@ -211,7 +300,7 @@ fn pkg_config_links_shared_and_static() {
     // Static: --static adds Libs.private. With both libsmoe.a and the shared
     // library in libdir a linker prefers the shared one for -lsmoe, so name
     // the archive (what the README tells users to do).
-    let archive = prefix.path().join("lib/libsmoe.a").display().to_string();
+    let archive = prefix.join("lib/libsmoe.a").display().to_string();
     let static_flags: Vec<String> = pkg_config(&["--static", "--cflags", "--libs"])
         .into_iter()
         .map(|flag| {
