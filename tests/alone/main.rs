@@ -1,7 +1,7 @@
 //! The library's tests that need the process to themselves, one binary: they
 //! measure its CPU time or RSS (`claim_wait`, `id_space`, `idle_workers`,
 //! `lazy_ring`, `ring_memory`), change its working directory
-//! (`trace_cwd`), move it into a memory cgroup (`elastic`), or keep every
+//! (`trace_cwd`), move it into a memory cgroup (`elastic`, `pinned_ring`'s child), or keep every
 //! core busy (`stress`). Every test takes [`alone`] first, so they run one
 //! at a time whatever `--test-threads` says, and no other test of the suite
 //! shares their process (those are in the `library` binary).
@@ -16,6 +16,7 @@ mod elastic;
 mod id_space;
 mod idle_workers;
 mod lazy_ring;
+mod pinned_ring;
 mod ring_memory;
 mod stress;
 mod trace_cwd;

@@ -213,8 +213,17 @@ fn cli_pinned_plans_a_ring_committed_at_open() {
     let avail = u64_of(&v, "avail_bytes");
     let slots = u64_of(&v, "slots");
     assert!(u64_of(&v, "ring_bytes") <= avail - avail / 8, "{v}");
-    assert!(slots <= (u64_of(&v, "budget_bytes") / (64 * MIB)).max(1), "{v}");
-    let text = smoe(&["budget", path.to_str().unwrap(), "--slot-mb", "64", "--pinned"]);
+    assert!(
+        slots <= (u64_of(&v, "budget_bytes") / (64 * MIB)).max(1),
+        "{v}"
+    );
+    let text = smoe(&[
+        "budget",
+        path.to_str().unwrap(),
+        "--slot-mb",
+        "64",
+        "--pinned",
+    ]);
     let stdout = String::from_utf8_lossy(&text.stdout);
     assert!(stdout.contains("\npages             pinned ("), "{stdout}");
 }
