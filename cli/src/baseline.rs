@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use smoe::internals::files::{open_regular, OpenRegularError};
 use smoe::internals::router::TraceTokens;
+use smoe::internals::sys::process_exists;
 use smoe::vault::Vault;
 
 use crate::output::Failure;
@@ -156,6 +157,36 @@ impl CgroupParent {
             "cgroup v1"
         }
     }
+
+    /// Removes the cgroups that capped runs killed before they could remove
+    /// them left here: a directory `smoe-bench-<pid>-<side>` whose `pid` is
+    /// no live process (`kill(pid, 0)`) and which holds no process
+    /// (`cgroup.procs` empty; `rmdir` refuses one that does, too). Nothing
+    /// else removes them. Best effort: one that cannot be removed stays.
+    pub fn remove_stale(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.filter_map(|e| e.ok()) {
+            let name = entry.file_name();
+            let pid = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(CGROUP_PREFIX))
+                .and_then(|rest| rest.split_once('-'))
+                .filter(|(pid, _)| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|(pid, _)| pid.parse::<u32>().ok());
+            let Some(pid) = pid else { continue };
+            if pid == std::process::id() || process_exists(pid) {
+                continue;
+            }
+            let path = entry.path();
+            let empty = std::fs::read_to_string(path.join("cgroup.procs"))
+                .is_ok_and(|procs| procs.trim().is_empty());
+            if empty {
+                let _ = std::fs::remove_dir(&path);
+            }
+        }
+    }
 }
 
 /// Finds where this process may make a memory cgroup: under its own cgroup
@@ -237,10 +268,18 @@ pub fn find_parent() -> Result<CgroupParent, String> {
     Err("no memory cgroup is mounted (neither v1's memory hierarchy nor cgroup v2)".into())
 }
 
+/// The names of the cgroups a capped run makes: `smoe-bench-<pid>-<side>`,
+/// `pid` the run's (the parent of the sides).
+const CGROUP_PREFIX: &str = "smoe-bench-";
+
 impl Cgroup {
-    /// Makes `<parent>/<name>` with a memory limit of `cap` bytes.
-    pub fn create(parent: &CgroupParent, name: &str, cap: u64) -> Result<Cgroup, Failure> {
-        let path = parent.dir.join(name);
+    /// Makes the cgroup of one side of this process's capped run,
+    /// `<parent>/smoe-bench-<pid>-<side>`, with a memory limit of `cap`
+    /// bytes.
+    pub fn create(parent: &CgroupParent, side: &str, cap: u64) -> Result<Cgroup, Failure> {
+        let path = parent
+            .dir
+            .join(format!("{CGROUP_PREFIX}{}-{side}", std::process::id()));
         let _ = std::fs::remove_dir(&path);
         std::fs::create_dir(&path)
             .map_err(|e| smoe::Error::io("cannot create cgroup", &path, &e))?;

@@ -33,6 +33,7 @@ mod budget;
 mod demo;
 mod flags;
 mod inspect;
+mod interrupt;
 mod output;
 mod pack;
 mod plot;

@@ -3,13 +3,13 @@
 //! this file parses, shows progress, handles Ctrl-C and prints.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Args;
 use smoe::internals::budget::{plan_for, BudgetConfig};
 use smoe::vault::Vault;
 use smoe_pack::{pack, PackOptions, PackSummary};
 
+use crate::interrupt;
 use crate::output::{human_bytes, out, Failure};
 use crate::progress::bytes_bar;
 
@@ -28,43 +28,18 @@ pub struct PackArgs {
     pub force: bool,
 }
 
-/// Set by the SIGINT/SIGTERM handler; the packer polls it.
-static CANCEL: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    // Relaxed: a flag polled by the packing loop; it publishes nothing else.
-    CANCEL.store(true, Ordering::Relaxed);
-}
-
-/// Ctrl-C and `kill` stop the pack cleanly: the packer sees the flag, removes
-/// its temporary directory and creates no OUT_DIR.
-fn catch_interrupts() {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: a zeroed `sigaction` is a valid empty one; `on_signal`
-        // only stores to an atomic, which is async-signal-safe, and stays
-        // valid for the process's life. SA_RESETHAND restores the default
-        // action after the first signal, so a second Ctrl-C kills a pack
-        // stuck where it does not look at the flag (sigaction(2)).
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-            action.sa_flags = libc::SA_RESETHAND;
-            libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(sig, &action, std::ptr::null_mut());
-        }
-    }
-}
-
 /// Runs `smoe pack`.
 pub fn run(args: &PackArgs) -> Result<(), Failure> {
-    catch_interrupts();
+    // Ctrl-C and `kill` stop the pack cleanly: the packer sees the flag,
+    // removes its temporary directory and creates no OUT_DIR.
+    interrupt::catch();
     let bar = bytes_bar(0, "pack");
     let summary = pack(
         &args.source,
         &args.out_dir,
         &PackOptions {
             force: args.force,
-            cancel: Some(&CANCEL),
+            cancel: Some(interrupt::flag()),
         },
         &mut |done, total| {
             bar.set_length(total);
@@ -75,7 +50,7 @@ pub fn run(args: &PackArgs) -> Result<(), Failure> {
     // A signal after the last check lets the pack finish: then the vault is
     // there, and saying otherwise would be wrong.
     let summary = match summary {
-        Err(_) if CANCEL.load(Ordering::Relaxed) => {
+        Err(_) if interrupt::requested() => {
             return Err(Failure::Message(format!(
                 "interrupted; {} was not created",
                 args.out_dir.display()

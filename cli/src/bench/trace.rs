@@ -3,6 +3,7 @@
 //! baseline and plot, each a step of its own.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use smoe::internals::trace::TraceTokens;
 use smoe::vault::Vault;
@@ -13,6 +14,7 @@ use super::report::{
     SweepRow, TopK, TraceResult,
 };
 use crate::baseline::{drop_page_cache, find_parent, mmap_replay, Cgroup, CgroupParent};
+use crate::interrupt;
 use crate::output::{out, warning_line, Failure};
 use crate::plot::{self, Measured, PlotData, PlotTarget, Waits};
 use crate::progress::{self, Unit};
@@ -136,6 +138,11 @@ pub fn run_trace(
     drop(vault);
     let isolation = isolation(args)?;
     let (smoe, mmap) = run_sides(&replay, isolation.as_ref(), ring_slots)?;
+    if isolation.is_some() && interrupt::requested() {
+        return Err(Failure::Message(
+            "interrupted after the capped sides ran; nothing printed".into(),
+        ));
+    }
     let result = measure(&replay, isolation.as_ref(), &smoe, mmap.as_ref());
     if let Some(plot) = plot {
         let rows = replay.sweep_rows(smoe.ring_slots as u32);
@@ -236,12 +243,19 @@ fn ring_for_cap(replay: &Replay) -> Result<u32, Failure> {
 
 /// Where the capped sides run: a memory cgroup parent, or none (no
 /// `--mem-cap`, or `--no-isolation` where none can be made, with a warning).
+/// With a parent, the cgroups killed runs left there are removed first, and
+/// from then on SIGINT and SIGTERM stop the run and remove its cgroup
+/// ([`side_capped`]).
 fn isolation(args: &BenchArgs) -> Result<Option<CgroupParent>, Failure> {
     let Some(cap) = &args.mem_cap else {
         return Ok(None);
     };
     match find_parent() {
-        Ok(p) => Ok(Some(p)),
+        Ok(p) => {
+            interrupt::catch();
+            p.remove_stale();
+            Ok(Some(p))
+        }
         Err(why) if args.no_isolation => {
             // With --json, `"isolation": "none"` says it.
             if !args.json {
@@ -327,7 +341,8 @@ fn side_here(side: Side, replay: &Replay, ring_slots: u32) -> Result<SideReport,
 }
 
 /// Runs one side as a child process inside a fresh memory cgroup of `cap`
-/// bytes, the page cache dropped first.
+/// bytes, the page cache dropped first. A SIGINT or SIGTERM stops the
+/// child, and the cgroup is removed before the error returns.
 fn side_capped(
     side: Side,
     replay: &Replay,
@@ -336,8 +351,7 @@ fn side_capped(
     cap: u64,
 ) -> Result<SideReport, Failure> {
     let args = replay.args;
-    let name = format!("smoe-bench-{}-{}", std::process::id(), side.name());
-    let cg = Cgroup::create(parent, &name, cap)?;
+    let cg = Cgroup::create(parent, side.name(), cap)?;
     drop_page_cache().map_err(Failure::Message)?;
     let exe = std::env::current_exe()
         .map_err(|e| Failure::Message(format!("cannot find this program to run a side: {e}")))?;
@@ -371,24 +385,91 @@ fn side_capped(
     if let Some(seed) = args.check_seed {
         cmd.args(["--check-seed", &seed.to_string()]);
     }
-    let output = cmd
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .map_err(|e| Failure::Message(format!("cannot run a side of the comparison: {e}")))?;
+    let ran = run_child(&mut cmd);
+    let path = cg.path.clone();
     drop(cg);
-    if !output.status.success() {
+    let (status, stdout) = match ran {
+        Ok(Some(ran)) => ran,
+        Ok(None) => {
+            let removed = if path.exists() {
+                "could not be removed"
+            } else {
+                "is removed"
+            };
+            return Err(Failure::Message(format!(
+                "interrupted: the capped {} side stopped, and its memory cgroup {} {removed}",
+                side.name(),
+                path.display()
+            )));
+        }
+        Err(e) => {
+            return Err(Failure::Message(format!(
+                "cannot run a side of the comparison: {e}"
+            )))
+        }
+    };
+    if !status.success() {
         return Err(Failure::Message(format!(
-            "the capped {} side failed ({})",
+            "the capped {} side failed ({status})",
             side.name(),
-            output.status
         )));
     }
-    serde_json::from_slice(&output.stdout).map_err(|e| {
+    serde_json::from_slice(&stdout).map_err(|e| {
         Failure::Message(format!(
             "the {} side of the comparison printed no report: {e}",
             side.name()
         ))
     })
+}
+
+/// Runs `cmd` (stderr inherited) to its end and returns its status and
+/// stdout; or, once a SIGINT or SIGTERM has come ([`interrupt::catch`]),
+/// kills it, waits for it and returns `None`, so that its cgroup can go.
+fn run_child(
+    cmd: &mut std::process::Command,
+) -> std::io::Result<Option<(std::process::ExitStatus, Vec<u8>)>> {
+    use std::io::Read;
+    use std::process::Stdio;
+    if interrupt::requested() {
+        return Ok(None);
+    }
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    // Read on a thread of its own, so that a long report never fills the
+    // pipe while this one polls.
+    let reader = child.stdout.take().map(|mut stdout| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            stdout.read_to_end(&mut bytes).map(|_| bytes)
+        })
+    });
+    let status = loop {
+        if interrupt::requested() {
+            let _ = child.kill();
+            child.wait()?;
+            return Ok(None);
+        }
+        match child.try_wait()? {
+            Some(status) => break status,
+            None => std::thread::sleep(Duration::from_millis(10)),
+        }
+    };
+    // A Ctrl-C reaches the child too, which may end first.
+    if !status.success() && interrupt::requested() {
+        return Ok(None);
+    }
+    let stdout = match reader.map(std::thread::JoinHandle::join) {
+        Some(Ok(read)) => read?,
+        Some(Err(_)) => {
+            return Err(std::io::Error::other(
+                "the thread reading its output failed",
+            ))
+        }
+        None => Vec::new(),
+    };
+    Ok(Some((status, stdout)))
 }
 
 /// The replay's result: the smoe side's measurements, the simulated

@@ -794,3 +794,261 @@ fn the_plot_renders_with_each_series_once_and_plain_ticks() {
         assert!(lru > 100, "{name}: {lru} LRU-coloured pixels");
     }
 }
+
+// ------------------------------------ --mem-cap's memory cgroups (issue 33)
+
+/// A memory cgroup of one test's own, made under this process's (v1's
+/// memory hierarchy, else cgroup v2's), where the test's capped runs make
+/// theirs (`SMOE_CGROUP_ROOT`). On drop, the processes left in its children
+/// are killed (the test started them) and the children and it removed.
+struct TestCgroup {
+    dir: PathBuf,
+}
+
+impl TestCgroup {
+    /// `None`, with a note, where no memory cgroup can be made here.
+    fn new(name: &str) -> Option<TestCgroup> {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let mount = |kind: &str, option: Option<&str>| {
+            mounts.lines().find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let matches = f.len() > 3
+                    && f[2] == kind
+                    && option.is_none_or(|o| f[3].split(',').any(|x| x == o));
+                matches.then(|| PathBuf::from(f[1]))
+            })
+        };
+        let own_path = |wanted: &dyn Fn(&str) -> bool| {
+            own.lines().find_map(|l| {
+                let mut parts = l.splitn(3, ':');
+                let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+                wanted(controllers).then(|| path.trim_start_matches('/').to_owned())
+            })
+        };
+        let (mount, own) = match mount("cgroup", Some("memory")) {
+            Some(m) => (m, own_path(&|c| c.split(',').any(|c| c == "memory"))),
+            None => match mount("cgroup2", None) {
+                Some(m) => (m, own_path(&|c| c.is_empty())),
+                None => {
+                    println!("note: no memory cgroup is mounted; skipping");
+                    return None;
+                }
+            },
+        };
+        let parent = mount.join(own.unwrap_or_default());
+        if parent.join("cgroup.subtree_control").is_file() {
+            // v2: children get the memory controller only when it is
+            // delegated (impossible where this cgroup holds processes).
+            let _ = std::fs::write(parent.join("cgroup.subtree_control"), "+memory");
+        }
+        let dir = parent.join(format!("smoe-test-{name}-{}", std::process::id()));
+        if let Err(e) = std::fs::create_dir(&dir) {
+            println!("note: cannot make {}: {e}; skipping", dir.display());
+            return None;
+        }
+        let cg = TestCgroup { dir };
+        let controllers = std::fs::read_to_string(cg.dir.join("cgroup.controllers"));
+        if controllers.is_ok_and(|c| !c.split_whitespace().any(|c| c == "memory")) {
+            println!(
+                "note: {} has no memory controller; skipping",
+                cg.dir.display()
+            );
+            return None;
+        }
+        Some(cg)
+    }
+
+    /// The cgroups made under it.
+    fn children(&self) -> Vec<PathBuf> {
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir(&self.dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.path())
+            .collect();
+        dirs.sort();
+        dirs
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        for child in self.children() {
+            let procs = std::fs::read_to_string(child.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.lines().filter_map(|p| p.trim().parse::<i32>().ok()) {
+                // SAFETY: kill has no memory preconditions; these are
+                // processes this test started.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            for _ in 0..250 {
+                if std::fs::remove_dir(&child).is_ok() || !child.exists() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// A trace of `tokens` tokens over layers 1 to 3 of [`support::synth`]'s
+/// vault, top-2, each row two experts the previous one did not name.
+fn rotating_trace(path: &Path, tokens: u32) {
+    let mut csv = String::from("token,layer,r0,r1\n");
+    for t in 0..tokens {
+        for l in 1..4 {
+            csv.push_str(&format!("{t},{l},{},{}\n", (t + l) % 6, (t + l + 3) % 6));
+        }
+    }
+    std::fs::write(path, csv).unwrap();
+}
+
+/// SIGINT (Ctrl-C) or SIGTERM during a capped run stops it, removes the
+/// memory cgroup of the side that was running, and exits 1 with one line;
+/// the cgroup was once left behind, and nothing ever removed it.
+#[test]
+fn mem_cap_removes_its_cgroup_on_a_signal() {
+    let name = "mem_cap_removes_its_cgroup_on_a_signal";
+    if !support::root_tests(name, "a memory cgroup") {
+        return;
+    }
+    let Some(cg) = TestCgroup::new("signal") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let v = support::synth(dir.path(), &[]);
+    let t = dir.path().join("long.csv");
+    // Long enough that the run is still in its first side when signalled
+    // (a whole run takes over a minute); the cap of 1G holds the side's
+    // parsed trace (some 75 MB), so the kernel never kills it first.
+    rotating_trace(&t, 300_000);
+    // Into a file, not a pipe: a side the run left behind would hold a
+    // pipe open, and reading it would wait for that side to end.
+    let log = dir.path().join("stderr.txt");
+    let said = || std::fs::read_to_string(&log).unwrap();
+    for (signal, signal_name) in [(libc::SIGINT, "SIGINT"), (libc::SIGTERM, "SIGTERM")] {
+        let mut run = Command::new(env!("CARGO_BIN_EXE_smoe"))
+            .args(["bench", v.to_str().unwrap(), "--trace", t.to_str().unwrap()])
+            .args(["--top-k", "2", "--ring-slots", "2", "--mem-cap", "1G"])
+            .args(["--baseline", "mmap", "--json"])
+            .env("SMOE_CGROUP_ROOT", &cg.dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let side = cg.dir.join(format!("smoe-bench-{}-smoe", run.id()));
+        let start = std::time::Instant::now();
+        // Until the side's process is in its cgroup.
+        while std::fs::read_to_string(side.join("cgroup.procs")).map_or(true, |p| p.is_empty()) {
+            if let Some(status) = run.try_wait().unwrap() {
+                panic!("{signal_name}: the run ended ({status}) first: {}", said());
+            }
+            assert!(
+                start.elapsed().as_secs() < 60,
+                "no cgroup at {}",
+                side.display()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // SAFETY: kill has no memory preconditions; `run` is this test's
+        // child, not yet waited for.
+        assert_eq!(unsafe { libc::kill(run.id() as i32, signal) }, 0);
+        let start = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = run.try_wait().unwrap() {
+                break status;
+            }
+            if start.elapsed().as_secs() >= 10 {
+                let _ = run.kill();
+                panic!("{signal_name}: the run did not stop within 10 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        let err = said();
+        assert!(!side.exists(), "{signal_name}: {} is left", side.display());
+        {
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(status.signal(), None, "{signal_name}: killed: {err}");
+        }
+        assert_eq!(status.code(), Some(1), "{signal_name}: {err}");
+        // The side may have said the streamer's warnings first.
+        let said: Vec<&str> = err
+            .lines()
+            .filter(|l| !l.starts_with("smoe: warning: "))
+            .collect();
+        assert_eq!(said.len(), 1, "{signal_name}: {err}");
+        assert!(
+            said[0].starts_with("smoe: interrupted"),
+            "{signal_name}: {err}"
+        );
+        assert!(cg.children().is_empty(), "{:?}", cg.children());
+    }
+}
+
+/// A capped run first removes the cgroups earlier runs left: named
+/// `smoe-bench-<pid>-<side>`, whose pid is no live process and which hold
+/// no process. One named after a live process, or holding one, is kept.
+#[test]
+fn mem_cap_removes_stale_cgroups_of_dead_runs_only() {
+    let name = "mem_cap_removes_stale_cgroups_of_dead_runs_only";
+    if !support::root_tests(name, "a memory cgroup") {
+        return;
+    }
+    let Some(cg) = TestCgroup::new("stale") else {
+        return;
+    };
+    let dead = {
+        let mut gone = Command::new("true").spawn().unwrap();
+        let pid = gone.id();
+        gone.wait().unwrap();
+        pid
+    };
+    let mut sleeper = Command::new("sleep").arg("60").spawn().unwrap();
+    let stale = [
+        format!("smoe-bench-{dead}-smoe"),
+        format!("smoe-bench-{dead}-mmap"),
+    ];
+    let kept = [
+        format!("smoe-bench-{}-smoe", std::process::id()),
+        format!("smoe-bench-{}-mmap", sleeper.id()),
+        format!("smoe-bench-{dead}-busy"),
+        "smoe-bench-x-smoe".to_owned(),
+        "other".to_owned(),
+    ];
+    for n in stale.iter().chain(&kept) {
+        std::fs::create_dir(cg.dir.join(n)).unwrap();
+    }
+    let busy = cg.dir.join(&kept[2]).join("cgroup.procs");
+    std::fs::write(&busy, sleeper.id().to_string()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let v = support::synth(dir.path(), &[]);
+    let t = dir.path().join("t.csv");
+    rotating_trace(&t, 20);
+    let o = smoe_env(
+        &[
+            "bench",
+            v.to_str().unwrap(),
+            "--trace",
+            t.to_str().unwrap(),
+            "--top-k",
+            "2",
+            "--ring-slots",
+            "2",
+            "--mem-cap",
+            "64M",
+            "--json",
+        ],
+        &[("SMOE_CGROUP_ROOT", cg.dir.to_str().unwrap())],
+    );
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    let j = json_of(&o);
+    assert!(
+        j["isolation"].as_str().unwrap().starts_with("cgroup v"),
+        "{j}"
+    );
+    let mut want: Vec<PathBuf> = kept.iter().map(|n| cg.dir.join(n)).collect();
+    want.sort();
+    assert_eq!(cg.children(), want);
+}

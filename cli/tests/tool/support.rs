@@ -69,3 +69,18 @@ pub fn synth_shape(
 pub fn assert_contains(text: &str, needle: &str) {
     assert!(text.contains(needle), "{needle:?} not in: {text}");
 }
+
+/// Whether a root-only test runs: as root; otherwise it prints that `name`
+/// is skipped for want of `needs` and returns `false`, unless
+/// SMOE_ROOT_TESTS is set (CI), where not being root is a failure.
+pub fn root_tests(name: &str, needs: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var_os("SMOE_ROOT_TESTS").is_some_and(|v| !v.is_empty()) {
+        panic!("{name}: SMOE_ROOT_TESTS is set but this is not root");
+    }
+    eprintln!("skipped: {name} needs root ({needs})");
+    false
+}
