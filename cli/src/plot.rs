@@ -3,12 +3,14 @@
 //! token's working set marked and this run's measured points labelled;
 //! (b) per-token wait, smoe against mmap, when the baseline ran.
 //!
-//! The plot never replaces a file that is not one: [`PlotTarget::judge`]
-//! accepts only a missing file, an empty one or an SVG (by its first bytes,
-//! a regular file; a symbolic link is followed), before the run, and
-//! [`write`] checks again just before it renames its temporary file over
-//! the target. The judging and the atomic save are the library's, the ones
-//! its histogram and trace files follow.
+//! The plot never replaces a file that is not an earlier plot of its own:
+//! every SVG it writes begins with its mark ([`MARK`]), and
+//! [`PlotTarget::judge`] accepts only a missing file, an empty one or a
+//! regular file that begins with that mark (a symbolic link is followed),
+//! before the run; [`write`] checks again just before it renames its
+//! temporary file over the target. An SVG drawn by anything else, or a web
+//! page holding one inline, is the user's. The judging and the atomic save
+//! are the library's, the ones its histogram and trace files follow.
 
 use std::cell::RefCell;
 use std::io::Write;
@@ -23,8 +25,14 @@ use smoe::internals::files::{
 use crate::output::{human_bytes, Failure};
 use crate::replay::WorkingSet;
 
-/// Bytes of an existing file read to tell whether it is an SVG.
-const HEAD_BYTES: usize = 4096;
+/// How every plot smoe writes begins: its root element carries
+/// `data-generator="smoe bench"` first. Only a file that begins so is
+/// replaced.
+const MARK: &str = "<svg data-generator=\"smoe bench\" ";
+
+/// Bytes of an existing file read to judge it: the mark, and the start of
+/// the line a refusal quotes.
+const HEAD_BYTES: usize = 256;
 
 /// Where the plot goes, judged before the run.
 #[derive(Debug)]
@@ -33,18 +41,19 @@ pub struct PlotTarget {
     given: PathBuf,
     /// The file written (a symbolic link at `given` followed).
     path: PathBuf,
-    /// The identity of the SVG found there at judging, if any.
+    /// The identity of the earlier plot found there at judging, if any.
     seen: Option<FileId>,
     /// The vault file, never replaced.
     vault_file: Option<(PathBuf, FileId)>,
 }
 
 impl PlotTarget {
-    /// Judges `given`: a missing file, an empty regular file or an SVG may
-    /// be replaced; anything else (the vault, a trace, a directory, a FIFO,
-    /// a device, a link to one of these or a dangling link) is a usage
-    /// error naming it (exit 2), and a directory where no file can be
-    /// created is an error (exit 1). `vault_file` is the vault's
+    /// Judges `given`: a missing file, an empty regular file or a plot smoe
+    /// wrote (it begins with [`MARK`]) may be replaced; anything else (the
+    /// vault, a trace, an SVG drawn by anything else, a web page, a
+    /// directory, a FIFO, a device, a link to one of these or a dangling
+    /// link) is a usage error naming it (exit 2), and a directory where no
+    /// file can be created is an error (exit 1). `vault_file` is the vault's
     /// `experts.smoe`.
     pub fn judge(given: &Path, vault_file: &Path) -> Result<PlotTarget, Failure> {
         let vault_file = vault_file_key(vault_file);
@@ -67,14 +76,9 @@ impl PlotTarget {
         }
     }
 
-    /// The file the plot will replace or create (links followed).
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Whether the file at the target is still one the plot may replace:
     /// the file judged before the run, or again a missing file, an empty
-    /// one or an SVG; else what is there.
+    /// one or a plot smoe wrote; else what is there.
     fn recheck(&self) -> Result<(), String> {
         if let (Some(seen), Ok(m)) = (self.seen, std::fs::symlink_metadata(&self.path)) {
             if m.file_type().is_file() && file_id(&m) == seen {
@@ -88,38 +92,35 @@ impl PlotTarget {
     }
 }
 
-/// Why a plot target that is not an SVG is refused, in one line.
+/// Why a plot target that is not an earlier plot is refused, in one line.
 fn refused(given: &Path, what: &str) -> String {
     format!(
-        "--plot {}: {what}; the plot replaces only an SVG file or a missing one, so nothing \
-         was written",
+        "--plot {}: {what}; the plot replaces only a plot smoe wrote, an empty file or a \
+         missing one, so nothing was written",
         given.display()
     )
 }
 
 /// What is at `path` for the plot: nothing, a regular file that is empty or
-/// an SVG (ours), or anything else (foreign, saying what).
+/// begins with [`MARK`] (ours), or anything else (foreign, saying what).
 fn examine_plot(path: &Path, vault_file: Option<&(PathBuf, FileId)>) -> Found {
     examine_file(path, vault_file, HEAD_BYTES, |head| {
-        if head.is_empty() || is_svg(head) {
+        if head.is_empty() || head.starts_with(MARK.as_bytes()) {
             return None;
         }
         let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
         let shown: String = String::from_utf8_lossy(&line[..line.len().min(40)]).into();
-        Some(format!("is not an SVG file (it begins {shown:?})"))
+        Some(format!("is not a plot smoe wrote (it begins {shown:?})"))
     })
 }
 
-/// Whether `head`, a file's first bytes, is an SVG's: after an optional
-/// UTF-8 byte order mark and white space, an XML declaration, a DOCTYPE or
-/// a comment, or the `<svg` element itself; and `<svg` within these bytes.
-fn is_svg(head: &[u8]) -> bool {
-    let head = head.strip_prefix(b"\xef\xbb\xbf").unwrap_or(head);
-    let start = head.trim_ascii_start();
-    let prolog = [&b"<?xml"[..], b"<!DOCTYPE svg", b"<!--", b"<svg"]
-        .iter()
-        .any(|p| start.starts_with(p));
-    prolog && head.windows(4).any(|w| w == b"<svg")
+/// `svg`, as plotters draws it (`<svg width=...`), with [`MARK`] in place
+/// of its first `<svg `.
+fn mark(svg: &str) -> Result<String, Failure> {
+    match svg.strip_prefix("<svg ") {
+        Some(rest) => Ok(format!("{MARK}{rest}")),
+        None => Err(err("the drawing does not begin with `<svg `")),
+    }
 }
 
 /// One point measured by this run: a policy's coverage at a ring size.
@@ -173,12 +174,14 @@ fn err(e: impl std::fmt::Display) -> Failure {
     Failure::Message(format!("cannot draw the plot: {e}"))
 }
 
-/// Draws the plot and writes it to `target` atomically (a temporary file
-/// in the same directory, fsync, rename), after checking once more, just
-/// before the rename, that the file there may be replaced.
+/// Draws the plot, marks it as smoe's ([`MARK`]) and writes it to `target`
+/// atomically (a temporary file in the same directory, fsync, rename),
+/// after checking once more, just before the rename, that the file there
+/// may be replaced.
 pub fn write(target: &PlotTarget, d: &PlotData) -> Result<(), Failure> {
-    let mut svg = String::new();
-    draw(&mut svg, d)?;
+    let mut drawn = String::new();
+    draw(&mut drawn, d)?;
+    let svg = mark(&drawn)?;
     let refusal = RefCell::new(None);
     let saved = save_checked(
         &target.path,
@@ -545,17 +548,22 @@ mod tests {
         match write(&target, &data()) {
             Err(Failure::Usage(m)) => {
                 assert!(m.contains("put there during the run"), "{m}");
-                assert!(m.contains("is not an SVG file"), "{m}");
+                assert!(m.contains("is not a plot smoe wrote"), "{m}");
             }
             other => panic!("{other:?}"),
         }
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "token,layer,r0\n");
         assert_eq!(names(dir.path()), ["experts.smoe", "plot.svg"]);
-        // An SVG put there meanwhile is replaced, and so is the file judged.
+        // So is an SVG drawn by anything else.
         std::fs::write(&path, "<svg/>").unwrap();
+        assert!(matches!(write(&target, &data()), Err(Failure::Usage(_))));
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "<svg/>");
+        // An earlier plot put there meanwhile is replaced, and so is the
+        // file judged.
+        std::fs::write(&path, format!("{MARK}/>")).unwrap();
         write(&target, &data()).unwrap();
         let svg = std::fs::read_to_string(&path).unwrap();
-        assert!(svg.starts_with("<svg") && svg.contains("Hit rate"));
+        assert!(svg.starts_with(MARK) && svg.contains("Hit rate"));
         let target = PlotTarget::judge(&path, &vault).unwrap();
         write(&target, &data()).unwrap();
         assert_eq!(names(dir.path()), ["experts.smoe", "plot.svg"]);
@@ -568,23 +576,34 @@ mod tests {
     }
 
     #[test]
-    fn svg_is_judged_by_content() {
-        for svg in [
-            &b"<svg xmlns=\"http://www.w3.org/2000/svg\"/>"[..],
-            b"<?xml version=\"1.0\"?>\n<svg>",
-            b"\xef\xbb\xbf  \n<?xml version=\"1.0\"?><!DOCTYPE svg PUBLIC \"x\"><svg>",
-            b"<!-- drawn by hand -->\n<svg width=\"1\">",
-        ] {
-            assert!(is_svg(svg), "{}", String::from_utf8_lossy(svg));
+    fn only_a_plot_smoe_wrote_is_ours() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plot.svg");
+        let ours = mark("<svg width=\"1\" height=\"1\"/>").unwrap();
+        assert_eq!(ours, format!("{MARK}width=\"1\" height=\"1\"/>"));
+        for content in [ours.as_str(), ""] {
+            std::fs::write(&path, content).unwrap();
+            assert!(
+                matches!(examine_plot(&path, None), Found::Ours(_)),
+                "{content}"
+            );
         }
         for other in [
-            &b"token,layer,r0\n<svg>"[..],
-            b"<?xml version=\"1.0\"?><plist>",
-            b"<html><svg>",
-            b"SMOEVLT1",
-            b"",
+            "<svg xmlns=\"http://www.w3.org/2000/svg\"/>",
+            "<?xml version=\"1.0\"?>\n<svg data-generator=\"smoe bench\" />",
+            " <svg data-generator=\"smoe bench\" />",
+            "<!-- saved from url=(0014)about:internet -->\n<html><svg/></html>",
+            "<html><body><svg data-generator=\"smoe bench\" /></body></html>",
+            "token,layer,r0\n",
         ] {
-            assert!(!is_svg(other), "{}", String::from_utf8_lossy(other));
+            std::fs::write(&path, other).unwrap();
+            match examine_plot(&path, None) {
+                Found::Foreign(what) => {
+                    assert!(what.contains("is not a plot smoe wrote"), "{what}")
+                }
+                found => panic!("{other}: {found:?}"),
+            }
         }
+        assert!(mark("<?xml version=\"1.0\"?>").is_err());
     }
 }

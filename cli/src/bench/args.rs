@@ -94,8 +94,9 @@ pub struct BenchArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub tokens: u32,
     /// Experts each token claims per layer, from 1 to the vault's n_experts
+    /// and, with --trace, to the most ranks a row of the trace names
     /// [default: the vault's metadata top_k; without one 8, or n_experts
-    /// when fewer].
+    /// when fewer; with --trace at most the trace's ranks].
     #[arg(long, value_name = "K", allow_negative_numbers = true,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub top_k: Option<u32>,
@@ -125,7 +126,9 @@ pub struct BenchArgs {
     /// Decode mode: record every claim and write it to FILE as a routing
     /// trace (docs/format.md §5.3 in smoe's source) when the run ends, for
     /// --trace replays; replaces only a missing file or an earlier trace
-    /// (anything else is a warning on stderr, and nothing is recorded).
+    /// (anything else is a warning on stderr, and nothing is recorded), and
+    /// never the --trace input, the vault file, its histogram or the --plot
+    /// file (refused before the run).
     #[arg(long, value_name = "FILE", help_heading = TRACE)]
     pub capture: Option<PathBuf>,
 
@@ -170,7 +173,8 @@ pub struct BenchArgs {
 
     /// With --trace: draw hit rate against ring size (and, with --baseline,
     /// per-token waits) into this SVG file; replaces only a missing file, an
-    /// empty one or an SVG, anything else is refused before the run.
+    /// empty one or a plot smoe wrote, anything else (an SVG drawn by
+    /// anything else too) is refused before the run.
     #[arg(long, value_name = "FILE.svg", help_heading = OUTPUT)]
     pub plot: Option<PathBuf>,
     /// Print one JSON object (and no progress bars).

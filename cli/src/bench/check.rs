@@ -1,12 +1,18 @@
 //! `smoe bench`'s checks of its command line: flags the rest of the line
 //! leaves without effect (before anything is opened), then the flags whose
-//! range depends on the vault, and the top-k the run uses.
+//! range depends on the vault, the outputs that would replace the run's own
+//! files, and the top-k the run uses (against the vault, then the trace).
 
-use smoe::vault::Vault;
+use std::path::Path;
+
+use smoe::internals::files::same_file;
+use smoe::internals::trace::TraceTokens;
+use smoe::vault::{Vault, FREQ_FILE};
 
 use super::args::{BenchArgs, Mode};
 use super::report::{TopK, TopKFrom};
 use crate::output::{warning_line, Failure};
+use crate::replay::WorkingSet;
 
 /// The top-k when neither `--top-k` nor the vault's metadata gives one
 /// (Qwen3's), lowered to the vault's n_experts when fewer.
@@ -111,4 +117,73 @@ pub fn check_against(args: &BenchArgs, vault: &Vault) -> Result<TopK, Failure> {
         )));
     }
     Ok(top_k)
+}
+
+/// Refuses an output that is one of the run's own files, before anything
+/// is read or written (a usage error naming both, exit 2): `--plot` that is
+/// the vault file, the vault's histogram or the `--trace` input, and
+/// `--capture` that is one of these or the `--plot` file. "Is" is by
+/// identity ([`same_file`]: device and inode, links followed), so `./t.csv`
+/// and a symbolic or hard link to the trace are the trace; a file that
+/// does not exist yet is told by its directory and name.
+pub fn check_outputs(args: &BenchArgs, vault: &Vault) -> Result<(), Failure> {
+    let histogram = vault.dir().join(FREQ_FILE);
+    let mut own: Vec<(&str, &Path)> = vec![
+        ("the vault file", vault.path()),
+        ("the vault's histogram", &histogram),
+    ];
+    if let Some(trace) = &args.trace {
+        own.push(("the --trace input", trace));
+    }
+    for (flag, what, output) in [
+        ("--plot", "the --plot file", &args.plot),
+        ("--capture", "the --capture file", &args.capture),
+    ] {
+        let Some(output) = output else { continue };
+        if let Some((is, path)) = own.iter().find(|(_, path)| same_file(output, path)) {
+            return Err(Failure::Usage(format!(
+                "{flag} {}: is {is} {}; an output never replaces a file the run reads or \
+                 writes, so nothing was run",
+                output.display(),
+                path.display()
+            )));
+        }
+        own.push((what, output));
+    }
+    Ok(())
+}
+
+/// The top-k of a replay of `tokens`, read from `trace` at `top_k`: a row
+/// may leave its last ranks empty (a capture does), so the ranks the trace
+/// has are the most any replayed row names. A `--top-k` above them is a
+/// usage error naming the trace, its ranks and the flag (exit 2); a top-k
+/// from the metadata or the default is lowered to them. A trace of no rows
+/// keeps the top-k.
+pub fn top_k_for_trace(
+    args: &BenchArgs,
+    top_k: TopK,
+    trace: &Path,
+    tokens: &TraceTokens,
+) -> Result<TopK, Failure> {
+    // The rows were cut to `top_k` ranks: fewer means the trace has fewer.
+    let ranks = WorkingSet::of_trace(tokens).top_k;
+    if ranks == 0 || ranks >= top_k.value {
+        return Ok(top_k);
+    }
+    if top_k.from != TopKFrom::Flag {
+        return Ok(TopK {
+            value: ranks,
+            from: TopKFrom::Trace,
+        });
+    }
+    let rows = match args.max_tokens {
+        Some(n) => format!("rows of its first {n} tokens"),
+        None => "rows".to_owned(),
+    };
+    Err(Failure::Usage(format!(
+        "--top-k {} is more than the {ranks} ranks of the trace {} (the most its {rows} \
+         name): expected 1..={ranks}",
+        top_k.value,
+        trace.display()
+    )))
 }

@@ -16,12 +16,11 @@ mod trace;
 pub use args::BenchArgs;
 pub use report::TraceResult;
 
-use smoe::internals::files::same_file;
 use smoe::internals::trace::read_trace_file;
 use smoe::vault::Vault;
 
 use self::args::Mode;
-use self::check::{check_against, check_flags};
+use self::check::{check_against, check_flags, check_outputs, top_k_for_trace};
 use self::report::{DecodeResult, RunMode, ScanResult, SmoeSide, TopK};
 use crate::output::{out, warning_line, Failure};
 use crate::plot::PlotTarget;
@@ -53,26 +52,19 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     }
     let vault = Vault::open(&args.vault)?;
     let top_k = check_against(args, &vault)?;
-    // The plot's file is judged now, before the run: a file that is not an
-    // SVG is refused before any work is done.
+    check_outputs(args, &vault)?;
+    // The plot's file is judged now, before the run: a file that is not a
+    // plot smoe wrote is refused before any work is done.
     let plot = match &args.plot {
         Some(given) => Some(PlotTarget::judge(given, vault.path())?),
         None => None,
     };
-    if let (Some(plot), Some(capture)) = (&plot, &args.capture) {
-        if same_file(plot.path(), capture) {
-            return Err(Failure::Usage(format!(
-                "--plot {} and --capture {} name the same file",
-                plot.path().display(),
-                capture.display()
-            )));
-        }
-    }
     match (args.mode, &args.trace) {
         (Mode::Scan, _) => run_scan(args, vault),
         (Mode::Decode, Some(path)) => {
             let max_tokens = args.max_tokens.map(|n| n as usize);
             let tokens = read_trace_file(path, top_k.value as usize, max_tokens)?;
+            let top_k = top_k_for_trace(args, top_k, path, &tokens)?;
             trace::run_trace(args, vault, top_k, tokens, plot.as_ref())
         }
         (Mode::Decode, None) => run_decode(args, vault, top_k),

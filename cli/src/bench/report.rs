@@ -50,6 +50,9 @@ pub enum TopKFrom {
     Metadata,
     /// Neither: 8, or the vault's n_experts when fewer.
     Default,
+    /// The ranks of the trace replayed, fewer than the metadata's or the
+    /// default top-k.
+    Trace,
 }
 
 /// The experts a token claims per layer, and where that number came from.
@@ -68,6 +71,7 @@ impl TopK {
             TopKFrom::Flag => "from --top-k",
             TopKFrom::Metadata => "from the vault's metadata",
             TopKFrom::Default => "the default: the vault's metadata has no top_k",
+            TopKFrom::Trace => "all the trace's ranks, fewer than the metadata's or default top-k",
         };
         format!("top-{} ({from})", self.value)
     }

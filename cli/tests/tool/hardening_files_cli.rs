@@ -276,7 +276,7 @@ fn bench_plot_replaces_nothing_but_an_svg() {
 }
 
 #[test]
-fn bench_plot_writes_a_new_file_and_replaces_an_svg() {
+fn bench_plot_writes_a_new_file_and_replaces_its_own_plot() {
     let v = small_vault();
     let root = v.dir.path();
     let vs = root.to_str().unwrap();
@@ -284,15 +284,9 @@ fn bench_plot_writes_a_new_file_and_replaces_an_svg() {
     std::fs::write(&trace, TRACE).unwrap();
     let names = names_in(root);
     let plot = root.join("plot.svg");
-    let hand_made = root.join("prolog.svg");
-    std::fs::write(
-        &hand_made,
-        "\u{feff}<?xml version=\"1.0\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\"/>\n",
-    )
-    .unwrap();
     let empty = root.join("empty.svg");
     std::fs::write(&empty, "").unwrap();
-    for target in [&plot, &plot, &hand_made, &empty] {
+    for target in [&plot, &plot, &empty] {
         let p = target.to_str().unwrap();
         let args = [
             "bench",
@@ -316,12 +310,12 @@ fn bench_plot_writes_a_new_file_and_replaces_an_svg() {
         );
         let svg = std::fs::read_to_string(target).unwrap();
         assert!(
-            svg.starts_with("<svg") && svg.contains("Hit rate"),
+            svg.starts_with("<svg data-generator=\"smoe bench\" ") && svg.contains("Hit rate"),
             "{p}: {svg:.80}"
         );
     }
     let mut want = names;
-    want.extend(["empty.svg", "expert_freq.bin", "plot.svg", "prolog.svg"].map(String::from));
+    want.extend(["empty.svg", "expert_freq.bin", "plot.svg"].map(String::from));
     want.sort();
     assert_eq!(names_in(root), want, "no temporary file left");
 }
@@ -338,7 +332,6 @@ fn bench_prints_the_streamers_warnings() {
     let missing_dir = root.join("no-such-dir").join("t.csv");
     for (capture, what) in [
         (notes.as_path(), "is not a routing trace"),
-        (vault_file.as_path(), "is the vault file"),
         (std::path::Path::new("/dev/null"), "is a character device"),
         (missing_dir.as_path(), "not writable"),
     ] {
@@ -386,4 +379,163 @@ fn bench_prints_the_streamers_warnings() {
         assert_one_line(&out, 2, &["--capture"], &format!("{args:?}"));
         assert!(!capture.exists(), "{args:?}");
     }
+}
+
+// ----------------------------------------- bench's own files (issue 33)
+
+/// `--capture` never replaces a file the run reads: the `--trace` input
+/// (named as given, through `./` or `..`, a symbolic link or a hard link),
+/// the vault file or the vault's histogram. Each is refused before the
+/// run, one line naming it and exit 2, and nothing is written. It once
+/// replaced the trace with a capture of the run cut to `--top-k` ranks.
+#[test]
+fn bench_capture_never_replaces_the_runs_own_files() {
+    let v = small_vault();
+    let root = v.dir.path();
+    let vs = root.to_str().unwrap();
+    let trace = root.join("t.csv");
+    std::fs::write(&trace, "token,layer,r0,r1,r2\n0,0,0,1,2\n0,1,2,3,0\n").unwrap();
+    let dotted = format!("{vs}/./t.csv");
+    let up = format!(
+        "{vs}/../{}/t.csv",
+        root.file_name().unwrap().to_str().unwrap()
+    );
+    let link = root.join("link.csv");
+    std::os::unix::fs::symlink(&trace, &link).unwrap();
+    let hard = root.join("hard.csv");
+    std::fs::hard_link(&trace, &hard).unwrap();
+    let vault_file = root.join("experts.smoe");
+    let histogram = root.join(smoe::vault::FREQ_FILE);
+    let before: Vec<(std::path::PathBuf, Vec<u8>)> = [&trace, &vault_file]
+        .into_iter()
+        .map(|p| (p.clone(), std::fs::read(p).unwrap()))
+        .collect();
+    let names = names_in(root);
+    let t = trace.to_str().unwrap();
+    for capture in [
+        t,
+        &dotted,
+        &up,
+        link.to_str().unwrap(),
+        hard.to_str().unwrap(),
+        vault_file.to_str().unwrap(),
+        histogram.to_str().unwrap(),
+    ] {
+        for extra in [&[][..], &["--baseline", "mmap"]] {
+            let mut args = vec![
+                "bench",
+                vs,
+                "--trace",
+                t,
+                "--top-k",
+                "2",
+                "--ring-slots",
+                "4",
+                "--workers",
+                "1",
+                "--capture",
+                capture,
+            ];
+            args.extend_from_slice(extra);
+            let out = smoe_within_timeout(&args);
+            assert_one_line(&out, 2, &[capture, "--capture"], &format!("{args:?}"));
+            assert!(out.stdout.is_empty(), "{args:?}: nothing was run");
+        }
+    }
+    // Nor the --plot file, not yet there: the same directory and name.
+    let plot = format!("{vs}/plot.svg");
+    let capture = format!("{vs}/./plot.svg");
+    let args = [
+        "bench",
+        vs,
+        "--trace",
+        t,
+        "--top-k",
+        "2",
+        "--plot",
+        &plot,
+        "--capture",
+        &capture,
+    ];
+    let out = smoe_within_timeout(&args);
+    assert_one_line(
+        &out,
+        2,
+        &[&capture, "the --plot file"],
+        &format!("{args:?}"),
+    );
+    for (path, bytes) in &before {
+        assert_eq!(&std::fs::read(path).unwrap(), bytes, "{}", path.display());
+    }
+    assert_eq!(names_in(root), names, "nothing written");
+    // A capture beside them is written, and is a trace of the run.
+    let capture = root.join("captured.csv");
+    let c = capture.to_str().unwrap();
+    let args = [
+        "bench",
+        vs,
+        "--trace",
+        t,
+        "--top-k",
+        "2",
+        "--ring-slots",
+        "4",
+        "--workers",
+        "1",
+        "--capture",
+        c,
+    ];
+    let out = smoe_within_timeout(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let captured = std::fs::read_to_string(&capture).unwrap();
+    assert!(captured.starts_with("token,layer,r0,r1\n"), "{captured}");
+}
+
+/// A saved web page:
+/// its first line is the comment browsers add, and it holds an inline SVG.
+const SAVED_PAGE: &str = "<!-- saved from url=(0022)http://example.com/ -->\n<html><head>\
+    <title>Results</title></head><body><p>My notes</p><svg width=\"10\" height=\"10\">\
+    <rect width=\"10\" height=\"10\"/></svg></body></html>\n";
+
+/// An XHTML document with an inline SVG.
+const XHTML: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<!DOCTYPE html>\n\
+    <html xmlns=\"http://www.w3.org/1999/xhtml\"><body><svg \
+    xmlns=\"http://www.w3.org/2000/svg\" width=\"1\" height=\"1\"/></body></html>\n";
+
+/// `--plot` replaces only a plot smoe wrote (or a missing or empty file):
+/// a saved web page, an XHTML document holding an inline `<svg`, or an SVG
+/// drawn by anything else is refused before the run, one line naming it
+/// and exit 2, and left as it was. The first two were once replaced.
+#[test]
+fn bench_plot_replaces_only_a_plot_smoe_wrote() {
+    let v = small_vault();
+    let root = v.dir.path();
+    let vs = root.to_str().unwrap();
+    let trace = root.join("t.csv");
+    std::fs::write(&trace, TRACE).unwrap();
+    let t = trace.to_str().unwrap();
+    let page = root.join("page.svg");
+    std::fs::write(&page, SAVED_PAGE).unwrap();
+    let xhtml = root.join("doc.svg");
+    std::fs::write(&xhtml, XHTML).unwrap();
+    let drawn = root.join("drawn.svg");
+    let hand_made = "<?xml version=\"1.0\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\"/>\n";
+    std::fs::write(&drawn, hand_made).unwrap();
+    let names = names_in(root);
+    for (plot, content) in [(&page, SAVED_PAGE), (&xhtml, XHTML), (&drawn, hand_made)] {
+        let p = plot.to_str().unwrap();
+        for extra in [&["--ring-slots", "4", "--workers", "1"][..], &["--sweep"]] {
+            let mut args = vec!["bench", vs, "--trace", t, "--top-k", "2", "--plot", p];
+            args.extend_from_slice(extra);
+            let out = smoe_within_timeout(&args);
+            assert_one_line(&out, 2, &[p, "--plot"], &format!("{args:?}"));
+            assert!(out.stdout.is_empty(), "{args:?}: nothing was run");
+            assert_eq!(std::fs::read_to_string(plot).unwrap(), content, "{p}");
+        }
+    }
+    assert_eq!(names_in(root), names, "nothing written");
 }

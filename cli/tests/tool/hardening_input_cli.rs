@@ -533,3 +533,56 @@ fn trace_numbers_encoding_and_bom() {
     let out = bench_trace(v.dir.path(), &trace, &[]);
     assert_one_line(&out, 1, &["trace line 2", "token"], "a BOM on line 2");
 }
+
+/// A `--top-k` above the ranks the trace has is refused, one line naming
+/// the trace, its ranks and the flag (exit 2): it once ran, and said
+/// "top-5" beside a working set of top-4. The ranks are the most any
+/// replayed row names: a row may leave its last ranks empty, as a capture
+/// does. A top-k from the vault's metadata (here 6, `smoe synth`'s for 6
+/// experts) is lowered to the trace's ranks, and the output says so.
+#[test]
+fn bench_top_k_above_the_traces_ranks_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = synth(dir.path(), &[]);
+    let vs = v.to_str().unwrap();
+    let trace = dir.path().join("t.csv");
+    let ts = trace.to_str().unwrap();
+    // Six rank columns, at most four named in a row.
+    std::fs::write(
+        &trace,
+        "token,layer,r0,r1,r2,r3,r4,r5\n0,1,0,1,2,3,,\n0,2,4,5,,,,\n0,3,1,,,,,\n1,1,1,2,,,,\n1,3,0,1,2,,,\n",
+    )
+    .unwrap();
+    for extra in [&[][..], &["--sweep"], &["--max-tokens", "1"]] {
+        for k in ["5", "6"] {
+            let mut args = vec![
+                "bench",
+                vs,
+                "--trace",
+                ts,
+                "--top-k",
+                k,
+                "--ring-slots",
+                "6",
+            ];
+            args.extend_from_slice(extra);
+            let flag = format!("--top-k {k}");
+            let out = smoe(&args);
+            assert_one_line(&out, 2, &[ts, "4 ranks", &flag], &format!("{args:?}"));
+            assert!(out.stdout.is_empty(), "{args:?}");
+        }
+    }
+    // The trace's own ranks are accepted, and what the run says is top-4.
+    let out = smoe(&["bench", vs, "--trace", ts, "--top-k", "4", "--sweep"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("at top-4 (from --top-k)"), "{stdout}");
+    assert!(stdout.contains("3 layers × top-4"), "{stdout}");
+    // A top-k from the metadata: lowered, and said so.
+    let out = smoe(&["bench", vs, "--trace", ts, "--ring-slots", "6", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["top_k"], 4, "{json}");
+    assert_eq!(json["top_k_from"], "trace", "{json}");
+    assert_eq!(json["working_set"]["top_k"], 4, "{json}");
+}
