@@ -29,7 +29,7 @@ fn trace() -> Option<PathBuf> {
     if p.is_file() {
         Some(p)
     } else {
-        println!("note: {} is absent; skipping", p.display());
+        smoe_test_support::skip::skip(&format!("{} is absent (the shared traces)", p.display()));
         None
     }
 }
@@ -257,9 +257,10 @@ fn mem_cap_is_refused_in_one_line_where_it_cannot_isolate() {
 #[test]
 fn mem_cap_runs_each_side_in_a_memory_cgroup_as_root() {
     let Some(t) = trace() else { return };
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        println!("note: not root; skipping the capped run");
+    if !support::root_tests(
+        "mem_cap_runs_each_side_in_a_memory_cgroup_as_root",
+        "a memory cgroup",
+    ) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -279,7 +280,7 @@ fn mem_cap_runs_each_side_in_a_memory_cgroup_as_root() {
     );
     let err = text(&o.stderr);
     if o.status.code() == Some(1) && err.contains("cannot cap memory") {
-        println!("note: no memory cgroup here ({}); skipping", err.trim());
+        smoe_test_support::skip_or_fail_root(&format!("no memory cgroup here ({})", err.trim()));
         return;
     }
     let j = json_of(&o);
@@ -579,7 +580,7 @@ fn progress_bars_show_on_a_terminal_only_and_not_with_json() {
         "mmap",
     ];
     let Some(shown) = on_a_terminal(&run) else {
-        println!("note: no script(1) here; skipping");
+        smoe_test_support::skip_or_fail("no script(1) here (Debian's bsdutils has it)");
         return;
     };
     for bar in ["  replay [", "    mmap [", "/200"] {
@@ -831,7 +832,7 @@ impl TestCgroup {
             None => match mount("cgroup2", None) {
                 Some(m) => (m, own_path(&|c| c.is_empty())),
                 None => {
-                    println!("note: no memory cgroup is mounted; skipping");
+                    smoe_test_support::skip_or_fail_root("no memory cgroup is mounted");
                     return None;
                 }
             },
@@ -844,16 +845,16 @@ impl TestCgroup {
         }
         let dir = parent.join(format!("smoe-test-{name}-{}", std::process::id()));
         if let Err(e) = std::fs::create_dir(&dir) {
-            println!("note: cannot make {}: {e}; skipping", dir.display());
+            smoe_test_support::skip_or_fail_root(&format!("cannot make {}: {e}", dir.display()));
             return None;
         }
         let cg = TestCgroup { dir };
         let controllers = std::fs::read_to_string(cg.dir.join("cgroup.controllers"));
         if controllers.is_ok_and(|c| !c.split_whitespace().any(|c| c == "memory")) {
-            println!(
-                "note: {} has no memory controller; skipping",
+            smoe_test_support::skip_or_fail_root(&format!(
+                "{} has no memory controller",
                 cg.dir.display()
-            );
+            ));
             return None;
         }
         Some(cg)

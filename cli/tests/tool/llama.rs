@@ -534,20 +534,6 @@ fn vault_with_fewer_layers_than_the_model_is_refused() {
     );
 }
 
-/// Whether the root-only tests run: as root; otherwise they skip, unless
-/// SMOE_ROOT_TESTS is set (CI), where not being root is a failure.
-fn root_tests(name: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    smoe_test_support::skip_or_fail_root(&format!(
-        "{name} needs root (a mount namespace), and this is not root (run as root; \
-         SMOE_ROOT_TESTS=1 requires it)"
-    ));
-    false
-}
-
 /// The elastic ring shrunk by memory pressure before the first batch: a
 /// 16-slot ring under a fake /proc/meminfo (bind-mounted in a mount
 /// namespace of the run's own, so only it sees 100 MiB available) keeps 8
@@ -558,7 +544,10 @@ fn root_tests(name: &str) -> bool {
 /// stock, at once.
 #[test]
 fn elastic_ring_shrunk_under_pressure_never_hangs() {
-    if !root_tests("elastic_ring_shrunk_under_pressure_never_hangs") {
+    if !crate::support::root_tests(
+        "elastic_ring_shrunk_under_pressure_never_hangs",
+        "a mount namespace",
+    ) {
         return;
     }
     let Some(Setup {

@@ -78,9 +78,9 @@ pub fn root_tests(name: &str, needs: &str) -> bool {
     if unsafe { libc::geteuid() } == 0 {
         return true;
     }
-    if std::env::var_os("SMOE_ROOT_TESTS").is_some_and(|v| !v.is_empty()) {
-        panic!("{name}: SMOE_ROOT_TESTS is set but this is not root");
-    }
-    eprintln!("skipped: {name} needs root ({needs})");
+    smoe_test_support::skip_or_fail_root(&format!(
+        "{name} needs root ({needs}), and this is not root (run as root; SMOE_ROOT_TESTS=1 \
+         requires it)"
+    ));
     false
 }
