@@ -14,6 +14,8 @@
 
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use crate::config::{select_budget, Config};
 use crate::error::{Error, ErrorKind, Result};
@@ -203,10 +205,59 @@ impl BudgetConfig {
     }
 }
 
-/// The part of the available memory a ring whose pages are all committed
-/// may take: all but an eighth, which stays the host's.
-pub fn eager_limit_bytes(avail_bytes: u64) -> u64 {
-    avail_bytes - avail_bytes / 8
+/// The part of the committable memory ([`MemorySnapshot::committable_bytes`])
+/// a ring whose pages are all committed may take: all but an eighth, which
+/// stays the host's.
+pub fn eager_limit_bytes(committable_bytes: u64) -> u64 {
+    committable_bytes - committable_bytes / 8
+}
+
+/// Bytes of this process's rings committed at open whose pages are not
+/// committed yet (a populate thread is still filling them): the memory
+/// probe cannot see them, so the next open subtracts them (issue 33: two
+/// pinned rings opened one after the other each fitted alone).
+static PROMISED: AtomicU64 = AtomicU64::new(0);
+
+/// Held from the memory probe to the promise of [`plan_to_open`], so that
+/// two opens at once each see the other's ring.
+static PLANNING: Mutex<()> = Mutex::new(());
+
+/// A ring's share of the bytes promised to rings committed at open: given
+/// back as its pages are committed ([`Promise::settle`]), and whatever is
+/// left when it drops (the ring is closed, or its open failed).
+#[derive(Debug)]
+pub struct Promise {
+    left: AtomicU64,
+}
+
+impl Promise {
+    /// A promise of nothing: a ring committed as slots are loaded.
+    pub fn none() -> Promise {
+        Promise {
+            left: AtomicU64::new(0),
+        }
+    }
+
+    /// `bytes` of the ring's pages are committed now.
+    pub fn settle(&self, bytes: u64) {
+        let mut taken = 0;
+        // Relaxed: counters; the planning mutex orders a check against the
+        // promises, and a promise settled a little late only makes an open
+        // more careful.
+        let _ = self
+            .left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                taken = left.min(bytes);
+                Some(left - taken)
+            });
+        PROMISED.fetch_sub(taken, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Promise {
+    fn drop(&mut self) {
+        self.settle(u64::MAX);
+    }
 }
 
 impl fmt::Display for SlotClamp {
@@ -244,6 +295,9 @@ pub struct PlanSources {
     /// Of `slots`: "auto" or "config ring_slots", plus the clamp when one
     /// applied ("auto, raised to the minimum of 64").
     pub slots: String,
+    /// Of `committable_bytes`, e.g. "cgroup v2 memory.max - (memory.current
+    /// - file cache) in /sys/fs/cgroup/app".
+    pub committable: String,
 }
 
 /// The ring size docs/c-api.md, "Ring sizing" gives, with every input and intermediate value.
@@ -288,9 +342,13 @@ pub struct RingPlan {
     /// locked nor pinned ([`BudgetConfig::is_elastic`]).
     pub elastic: bool,
     /// When the ring's pages are committed; a ring committed at open must
-    /// fit in [`eager_limit_bytes`] of the available memory
+    /// fit in [`eager_limit_bytes`] of `committable_bytes`
     /// ([`check_fits`]).
     pub commit: Commit,
+    /// Memory that pages committed now would get
+    /// ([`MemorySnapshot::committable_bytes`]), less what this process
+    /// promised to its other rings committed at open.
+    pub committable_bytes: u64,
     /// `ram_bytes` is a cgroup's limit, so the floor had no 4 GiB minimum
     /// when the ring is elastic.
     pub cgroup_limited: bool,
@@ -387,7 +445,8 @@ pub fn plan_ring(
             // A ring committed at open is never raised to the minimum
             // past its budget: the host keeps the rest, as an elastic ring
             // would give it back.
-            let eager = budget_bytes.min(eager_limit_bytes(avail_bytes)) / slot_bytes;
+            let eager =
+                budget_bytes.min(eager_limit_bytes(snapshot.committable_bytes)) / slot_bytes;
             let fitting = if commit.is_eager() {
                 fitting.min(eager)
             } else {
@@ -454,6 +513,7 @@ pub fn plan_ring(
         elastic,
         commit,
         cgroup_limited: snapshot.cgroup_limited,
+        committable_bytes: snapshot.committable_bytes,
         sources: PlanSources {
             avail: snapshot.avail_source.clone(),
             ram: snapshot.ram_source.clone(),
@@ -461,6 +521,7 @@ pub fn plan_ring(
             overhead: overhead_source.to_owned(),
             slot: slot_source,
             slots: slots_source,
+            committable: snapshot.committable_source.clone(),
         },
     };
     check_fits(&plan)?;
@@ -477,22 +538,22 @@ pub fn plan_ring(
 ///
 /// [`ErrorKind::NoMemory`], naming the ring's size and the memory.
 pub fn check_fits(plan: &RingPlan) -> Result<()> {
-    let limit = eager_limit_bytes(plan.avail_bytes);
+    let limit = eager_limit_bytes(plan.committable_bytes);
     if plan.commit.is_eager() && plan.ram_bytes > 0 && plan.ring_bytes > limit {
         let fit = limit / plan.slot_bytes.max(1);
         return Err(Error::new(
             ErrorKind::NoMemory,
             format!(
                 "the ring of {} slots × {} bytes = {} bytes is {}, and does not fit in the {} \
-                 bytes of memory available ({}) less an eighth kept for the host: at most {fit} \
-                 slots of {} bytes ({} bytes) fit; ask for fewer slots, or leave ring_slots at \
-                 0 to size it",
+                 bytes of memory that can be committed ({}) less an eighth kept for the host: \
+                 at most {fit} slots of {} bytes ({} bytes) fit; ask for fewer slots, or leave \
+                 ring_slots at 0 to size it",
                 plan.slots,
                 plan.slot_bytes,
                 plan.ring_bytes,
                 plan.commit,
-                plan.avail_bytes,
-                plan.sources.avail,
+                plan.committable_bytes,
+                plan.sources.committable,
                 plan.slot_bytes,
                 fit.saturating_mul(plan.slot_bytes),
             ),
@@ -518,6 +579,13 @@ impl RingPlan {
     /// What a person should hear about this plan: fewer slots than the
     /// automatic minimum because only those fit.
     pub fn warning(&self) -> Option<String> {
+        if self.commit.is_eager() && self.ram_bytes == 0 {
+            return Some(format!(
+                "the ring of {} bytes is {}, and could not be checked against the memory that \
+                 can be committed ({}): make sure it fits",
+                self.ring_bytes, self.commit, self.sources.committable
+            ));
+        }
         if self.clamp == SlotClamp::Committed && self.slots < MIN_AUTO_SLOTS {
             return Some(format!(
                 "the ring has {} slots of {} bytes, fewer than the automatic minimum of \
@@ -526,7 +594,8 @@ impl RingPlan {
                 self.slots,
                 self.slot_bytes,
                 self.commit,
-                self.budget_bytes,
+                self.budget_bytes
+                    .min(eager_limit_bytes(self.committable_bytes)),
                 self.avail_bytes,
                 self.sources.avail
             ));
@@ -586,7 +655,37 @@ fn slot_size(largest: &LargestBlob, slot_mb: u32) -> Result<(u64, String)> {
 /// [`ErrorKind::Io`] when the probe fails and `ring_slots` is 0 (the message
 /// names the file or sysctl); otherwise those of [`plan_ring`].
 pub fn plan_for(vault: &Vault, config: &BudgetConfig) -> Result<RingPlan> {
-    let snapshot = match crate::sys::memory_snapshot() {
+    plan_promised(vault, config, 0)
+}
+
+/// [`plan_for`] for a ring `smoe_open` is about to allocate: its committable
+/// memory lowered by what this process promised to its other rings
+/// committed at open and has not committed yet; and, when this ring is one
+/// too, its own promise, which the streamer settles as it commits the
+/// pages.
+///
+/// # Errors
+///
+/// Those of [`plan_for`].
+pub fn plan_to_open(vault: &Vault, config: &BudgetConfig) -> Result<(RingPlan, Promise)> {
+    let _planning = PLANNING.lock().unwrap_or_else(PoisonError::into_inner);
+    // Relaxed: see `Promise::settle`.
+    let promised = PROMISED.load(Ordering::Relaxed);
+    let plan = plan_promised(vault, config, promised)?;
+    if !plan.commit.is_eager() {
+        return Ok((plan, Promise::none()));
+    }
+    PROMISED.fetch_add(plan.ring_bytes, Ordering::Relaxed);
+    let promise = Promise {
+        left: AtomicU64::new(plan.ring_bytes),
+    };
+    Ok((plan, promise))
+}
+
+/// [`plan_for`] with `promised` bytes of this process's rings not yet
+/// committed taken off the committable memory.
+fn plan_promised(vault: &Vault, config: &BudgetConfig, promised: u64) -> Result<RingPlan> {
+    let mut snapshot = match crate::sys::memory_snapshot() {
         Ok(snapshot) => snapshot,
         Err(err) if config.ring_slots != 0 => {
             let source = format!("not probed ({err})");
@@ -594,8 +693,10 @@ pub fn plan_for(vault: &Vault, config: &BudgetConfig) -> Result<RingPlan> {
                 avail_bytes: 0,
                 ram_bytes: 0,
                 avail_source: source.clone(),
-                ram_source: source,
+                ram_source: source.clone(),
                 cgroup_limited: false,
+                committable_bytes: 0,
+                committable_source: source,
             }
         }
         Err(err) => {
@@ -605,6 +706,13 @@ pub fn plan_for(vault: &Vault, config: &BudgetConfig) -> Result<RingPlan> {
             ))
         }
     };
+    if promised > 0 {
+        snapshot.committable_bytes = snapshot.committable_bytes.saturating_sub(promised);
+        snapshot.committable_source = format!(
+            "{}, less {promised} bytes promised to this process's other rings committed at open",
+            snapshot.committable_source
+        );
+    }
     plan_ring(&snapshot, &VaultShape::of(vault), config)
 }
 
@@ -651,6 +759,8 @@ mod tests {
             avail_source: "test avail".to_owned(),
             ram_source: "test ram".to_owned(),
             cgroup_limited: false,
+            committable_bytes: avail_bytes,
+            committable_source: "test avail".to_owned(),
         }
     }
 
@@ -662,7 +772,29 @@ mod tests {
             avail_source: "cgroup v2 memory.max - memory.current".to_owned(),
             ram_source: "cgroup v2 memory.max".to_owned(),
             cgroup_limited: true,
+            committable_bytes: limit - 256 * MIB,
+            committable_source: "cgroup v2 memory.max - (memory.current - file cache)".to_owned(),
         }
+    }
+
+    /// A promise is given back as the pages are committed, never more than
+    /// it holds, and the rest when it drops.
+    #[test]
+    fn a_promise_is_settled_once() {
+        let p = Promise {
+            left: AtomicU64::new(100),
+        };
+        PROMISED.fetch_add(100, Ordering::Relaxed);
+        let before = PROMISED.load(Ordering::Relaxed);
+        p.settle(30);
+        assert_eq!(p.left.load(Ordering::Relaxed), 70);
+        p.settle(500);
+        assert_eq!(p.left.load(Ordering::Relaxed), 0);
+        drop(p);
+        // No other test promises anything: the counter fell by 100.
+        assert_eq!(before - PROMISED.load(Ordering::Relaxed), 100);
+        drop(Promise::none());
+        assert_eq!(before - PROMISED.load(Ordering::Relaxed), 100);
     }
 
     /// A ring whose pages are all committed at open (pinned, locked, or
@@ -704,7 +836,7 @@ mod tests {
             assert_eq!(err.kind(), ErrorKind::NoMemory, "{config:?}: {err}");
             let msg = err.to_string();
             assert!(
-                msg.contains("268435456 bytes of memory available")
+                msg.contains("268435456 bytes of memory that can be committed")
                     && msg.contains("at most 28 slots of 8388608 bytes (234881024 bytes) fit"),
                 "{msg}"
             );

@@ -155,6 +155,7 @@ pub(crate) fn run(shared: Arc<Shared>, populate: bool, probe: Option<PressurePro
                     // Advice: a refusal only means the first load commits
                     // those pages.
                     let _ = shared.ring.reservation().populate(start + done, len);
+                    shared.promise.settle(len as u64);
                     done += len;
                 }
             }
@@ -201,6 +202,10 @@ pub(crate) fn run(shared: Arc<Shared>, populate: bool, probe: Option<PressurePro
                     offline.push(slot);
                 }
                 if offline.len() > before {
+                    // A slot seized for retirement counted as loading when a
+                    // full ring's dropped reservation looked: wake the
+                    // waiters it did not (`dropped_reservation`).
+                    shared.landed.notify();
                     state.shrinks.fetch_add(1, Ordering::Relaxed);
                 }
             }

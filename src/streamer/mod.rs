@@ -124,6 +124,9 @@ mod imp {
         pub(crate) trace: Option<TraceRecorder>,
         /// The elastic ring's slot count and counters.
         pub(crate) elastic: ElasticState,
+        /// The ring's pages promised to the sizing and not committed yet
+        /// (a ring committed at open): the populate loop settles them.
+        pub(crate) promise: crate::budget::Promise,
     }
 
     /// Streams expert blobs from a vault into a ring of slots. See the module
@@ -274,6 +277,7 @@ mod imp {
                 prewarm_budget,
                 trace,
                 probe,
+                promise,
                 warnings,
             } = resolved;
             let ids = vault.header().expert_ids() as u32;
@@ -304,6 +308,7 @@ mod imp {
                 wake: worker::Wake::new(workers),
                 landed: worker::Landed::new(),
                 reader,
+                promise,
                 vault,
             });
             let mut threads = start_workers(&shared, files)?;
@@ -1112,6 +1117,9 @@ mod imp {
         trace: Option<TraceRecorder>,
         /// The elastic ring's memory probe, when the ring is elastic.
         probe: Option<PressureProbe>,
+        /// The ring's pages promised and not yet committed (a ring
+        /// committed at open), settled by the populate loop.
+        promise: crate::budget::Promise,
         /// The open-time warnings, for [`Streamer::warnings`].
         warnings: Vec<String>,
     }
@@ -1123,11 +1131,37 @@ mod imp {
         /// thread.
         fn new(vault: &Vault, config: &Config) -> Result<Resolved> {
             let workers = worker_count(config.workers)?;
+            let mut warnings: Vec<String> = Vec::new();
+            // The pressure probe first: a ring that was to be elastic and
+            // cannot read memory pressure is a fixed one, sized and (when
+            // populated) checked as such.
+            let budget = config.budget();
+            let probe = if budget.is_elastic() {
+                let probe = match &config.pressure_root {
+                    Some(root) => PressureProbe::from_root(root),
+                    None => PressureProbe::new(),
+                };
+                match probe {
+                    Ok(probe) => Some(probe),
+                    Err(e) => {
+                        warnings.push(format!(
+                            "the elastic ring is off: memory pressure cannot be read ({e})"
+                        ));
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            let budget = crate::budget::BudgetConfig {
+                elastic: probe.is_some(),
+                ..budget
+            };
             // The sizing decides whether the ring is elastic (neither locked
             // nor pinned) and when its pages are committed, and checks that
             // it fits (budget::check_fits): the rules `smoe budget` applies.
-            let plan = crate::budget::plan_for(vault, &config.budget())?;
-            let elastic = plan.elastic;
+            // A ring committed at open is promised until its pages are.
+            let (plan, promise) = crate::budget::plan_to_open(vault, &budget)?;
             let ring_bytes = plan.ring_bytes;
             // Huge pages where blobs fill most of a huge page: slots of at
             // least 1 MiB that an override has not made much larger than the
@@ -1158,25 +1192,10 @@ mod imp {
                     )
                     .with_os_error(e.raw_os_error())
                 })?;
+                // mlock committed every page.
+                promise.settle(ring_bytes);
             }
-            let mut warnings: Vec<String> = plan.warning().into_iter().collect();
-            let probe = if elastic {
-                let probe = match &config.pressure_root {
-                    Some(root) => PressureProbe::from_root(root),
-                    None => PressureProbe::new(),
-                };
-                match probe {
-                    Ok(probe) => Some(probe),
-                    Err(e) => {
-                        warnings.push(format!(
-                            "the elastic ring is off: memory pressure cannot be read ({e})"
-                        ));
-                        None
-                    }
-                }
-            } else {
-                None
-            };
+            warnings.extend(plan.warning());
             let files = open_worker_files(vault, workers, config.direct_io)?;
             let direct_all = files.iter().all(|f| f.direct);
             if !direct_all && config.direct_io == DirectIo::Auto {
@@ -1205,6 +1224,7 @@ mod imp {
                 histogram,
                 trace,
                 probe,
+                promise,
                 warnings,
             })
         }
@@ -1404,9 +1424,15 @@ mod imp {
     /// here only when none is. Waking them always made a waiting
     /// `claim_any`, whose every pass over a set larger than the ring found
     /// it full, wake itself and never sleep (issue 33: 59-75% of a core).
-    /// Should the scan miss a load that is about to finish, the cap on one
-    /// sleep ([`worker::Landed::wait_for`]) bounds the wait.
+    /// A slot being retired by the elastic ring also counts as loading;
+    /// the retirement wakes the waiters. Should the scan miss a load that
+    /// lands as it runs, the cap on one sleep
+    /// ([`worker::Landed::wait_for`]) bounds the wait.
     fn dropped_reservation(shared: &Shared) {
+        // SeqCst: the reservation's drop (a Release store) is not reordered
+        // after the scan's loads, so a load the scan counts as in flight
+        // lands after the drop and its notify wakes the waiter.
+        std::sync::atomic::fence(Ordering::SeqCst);
         if shared.table.occupancy().loading == 0 {
             shared.landed.notify();
         }

@@ -186,9 +186,11 @@ impl Landed {
             }
             // A spurious wake-up or the timeout only costs another attempt.
             // Every path that ends a wait without a read landing (a failed
-            // read, a reservation dropped for a full ring, a panicked
-            // worker) notifies; the cap on one sleep is a safety net should
-            // a path be missed, at ten wake-ups a second.
+            // read, a slot taken offline, a panicked worker, a reservation
+            // dropped for a full ring while nothing loads, whose landing
+            // would) notifies; the cap on one sleep bounds the rare wait a
+            // scan misses (a load that lands as the dropped reservation's
+            // scan runs), at ten wake-ups a second.
             let _ = self
                 .cv
                 .wait_timeout(guard, (deadline - now).min(MAX_SLEEP))

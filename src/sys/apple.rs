@@ -129,6 +129,10 @@ pub(super) fn memory_snapshot() -> io::Result<MemorySnapshot> {
         avail_source: "sysctl hw.memsize × kern.memorystatus_level / 100".to_owned(),
         ram_source: "sysctl hw.memsize".to_owned(),
         cgroup_limited: false,
+        // No cgroup: the memory-status level already counts what is
+        // reclaimable.
+        committable_bytes: avail_bytes,
+        committable_source: "sysctl hw.memsize × kern.memorystatus_level / 100".to_owned(),
     })
 }
 

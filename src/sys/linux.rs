@@ -146,6 +146,9 @@ pub(super) fn memory_snapshot_from(root: &Path) -> io::Result<MemorySnapshot> {
         avail_source: "/proc/meminfo MemAvailable".to_owned(),
         ram_source: "/proc/meminfo MemTotal".to_owned(),
         cgroup_limited: false,
+        // MemAvailable counts the reclaimable page cache already.
+        committable_bytes: meminfo.available_bytes,
+        committable_source: "/proc/meminfo MemAvailable".to_owned(),
     };
     // No /proc/self/cgroup (no cgroup support, a sandbox hiding it): no limit.
     let Ok(cgroup_text) = fs::read_to_string(root.join("proc/self/cgroup")) else {
@@ -176,6 +179,23 @@ pub(super) fn memory_snapshot_from(root: &Path) -> io::Result<MemorySnapshot> {
         }
         let usage = read_limit(&level.dir, hierarchy.usage_file);
         let headroom = limit.saturating_sub(usage.unwrap_or(0));
+        // The usage counts the file cache, which the kernel reclaims before
+        // it kills: committable is the limit less the rest, as the elastic
+        // ring's probe measures it.
+        let file = fs::read_to_string(level.dir.join("memory.stat"))
+            .map(|text| file_cache_bytes(&text, hierarchy.name == "v1"))
+            .unwrap_or(0);
+        let committable = limit.saturating_sub(usage.unwrap_or(0).saturating_sub(file));
+        if committable < snapshot.committable_bytes {
+            snapshot.committable_bytes = committable;
+            snapshot.committable_source = format!(
+                "cgroup {} {} - ({} - file cache) in {}",
+                hierarchy.name,
+                hierarchy.limit_file,
+                hierarchy.usage_file,
+                level.shown.display()
+            );
+        }
         if headroom < snapshot.avail_bytes {
             snapshot.avail_bytes = headroom;
             snapshot.avail_source = match usage {
@@ -644,6 +664,14 @@ mod tests {
             s.avail_source,
             "cgroup v1 memory.limit_in_bytes - memory.usage_in_bytes in /sys/fs/cgroup/memory/docker/abc"
         );
+        // 1 GiB of the 3 GiB used is file cache (memory.stat's
+        // total_inactive_file): 6 GiB can still be committed.
+        assert_eq!(s.committable_bytes, 6 * GIB);
+        assert_eq!(
+            s.committable_source,
+            "cgroup v1 memory.limit_in_bytes - (memory.usage_in_bytes - file cache) in \
+             /sys/fs/cgroup/memory/docker/abc"
+        );
     }
 
     #[test]
@@ -679,6 +707,8 @@ mod tests {
             s.avail_source,
             "cgroup v2 memory.max - memory.current in /sys/fs/cgroup/user.slice/app.scope"
         );
+        // Half of the 1 GiB used is file cache.
+        assert_eq!(s.committable_bytes, 3 * GIB + GIB / 2);
     }
 
     #[test]
@@ -697,6 +727,10 @@ mod tests {
         let s = snapshot("v2_max");
         assert_eq!((s.avail_bytes, s.ram_bytes), (50 * GIB, 64 * GIB));
         assert_eq!(s.avail_source, "/proc/meminfo MemAvailable");
+        assert_eq!(
+            (s.committable_bytes, s.committable_source.as_str()),
+            (50 * GIB, "/proc/meminfo MemAvailable")
+        );
     }
 
     #[test]

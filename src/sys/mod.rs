@@ -672,6 +672,14 @@ pub struct MemorySnapshot {
     /// process lives in a container whose limit already protects the rest
     /// of the machine.
     pub cgroup_limited: bool,
+    /// Memory that pages committed now would get before the OS must kill:
+    /// `avail_bytes`, except inside a memory cgroup, whose usage counts its
+    /// file cache, which the kernel reclaims first: there the limit less
+    /// the usage without it (what the elastic ring's probe watches). A
+    /// ring committed at open must fit in it (`budget::check_fits`).
+    pub committable_bytes: u64,
+    /// Where `committable_bytes` came from.
+    pub committable_source: String,
 }
 
 /// Probes the OS for a [`MemorySnapshot`].

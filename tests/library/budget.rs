@@ -32,6 +32,8 @@ mod budget_plan {
             avail_source: "fixture MemAvailable".to_owned(),
             ram_source: "fixture MemTotal".to_owned(),
             cgroup_limited: false,
+            committable_bytes: avail_bytes,
+            committable_source: "fixture MemAvailable".to_owned(),
         }
     }
 
@@ -184,6 +186,8 @@ mod budget_plan {
             avail_source: "fixture cgroup".to_owned(),
             ram_source: "fixture cgroup v2 memory.max".to_owned(),
             cgroup_limited: true,
+            committable_bytes: 140 * MIB,
+            committable_source: "fixture cgroup".to_owned(),
         };
         let p = plan_ring(&limited, &shape(3 * MIB, 10_000, 0), &auto()).unwrap();
         assert_eq!((p.slots, p.clamp), (46, SlotClamp::Fit));

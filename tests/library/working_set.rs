@@ -494,3 +494,34 @@ fn prefetch_set_of_a_layer_beyond_the_vault() {
     }
     assert_eq!(s.prefetch_set(1, &[], Priority::Demand).unwrap(), 0);
 }
+
+/// A member whose read failed, named twice in a set, is reported once and
+/// not read again by the same pass through its duplicate (it was: a new
+/// read was queued for the copy while the error was reported).
+#[test]
+fn a_failed_member_named_twice_is_not_read_again() {
+    let v = common::vault(2, 8, 20_000, &[]);
+    let probe = Streamer::open(v.dir.path(), common::quiet_config(8, 2)).unwrap();
+    let bad = blob(&probe, 1, 5);
+    drop(probe);
+    let s = with_disk(
+        &v,
+        common::quiet_config(8, 2),
+        Disk {
+            slow: 0..0,
+            delay: Duration::ZERO,
+            bad,
+        },
+    );
+    s.prefetch(1, 5, Priority::Demand).unwrap();
+    let deadline = Instant::now() + WAIT;
+    while s.stats().io_errors == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let err = s.claim_any(1, &[3, 5, 5], Duration::ZERO).unwrap_err();
+    assert_eq!(err.layer_expert(), Some((1, 5)), "{err}");
+    std::thread::sleep(Duration::from_millis(100));
+    let st = s.stats();
+    // One read failed (5), one landed (3): none of 5 again.
+    assert_eq!((st.io_errors, st.reads_demand), (1, 1), "{st:?}");
+}

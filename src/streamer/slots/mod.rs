@@ -957,14 +957,15 @@ impl SlotTable {
         }
         let spare = spare();
         let mut error_pending = false;
+        // The expert found (claimed, or its failure reported just now), by
+        // id: a duplicate of it in the set is passed over too, so a new
+        // read of a member whose read failed waits for a later prefetch.
         let found = match pass.found {
-            SetClaim::Member { member, .. } => member,
-            _ => n,
+            SetClaim::Member { member, .. } => Some(id(member)),
+            _ => None,
         };
         for k in 0..n {
-            if k == found {
-                // Claimed, or its failure reported just now: a new read of
-                // a member whose read failed waits for a later prefetch.
+            if Some(id(k)) == found {
                 continue;
             }
             match self.prefetch_sparing(id(k), Origin::Demand, spare) {
