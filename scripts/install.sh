@@ -42,6 +42,8 @@
 #                            --print native-static-libs` prints on this OS;
 #                            tests/library/examples.rs checks the Linux list)
 set -euo pipefail
+# `cd DIR` would search CDPATH and print where it went, into $(...).
+unset CDPATH
 
 if [ $# -ne 1 ] || [ -z "$1" ]; then
   echo "usage: $0 PREFIX" >&2
@@ -70,6 +72,23 @@ if [ -n "$UNSAFE" ]; then
     "letters and / . _ - + , @ : = % ~" >&2
   exit 2
 fi
+# pkg-config drops a value's trailing blank, escaped or not: the prefix's
+# last name (trailing / and /. aside) must not end with a space.
+TAIL=$WANTED
+while :; do
+  case $TAIL in
+    */) TAIL=${TAIL%/} ;;
+    */.) TAIL=${TAIL%/.} ;;
+    *) break ;;
+  esac
+done
+case $TAIL in
+  *' ')
+    echo "$0: PREFIX \"$WANTED\" ends with a space: smoe.pc cannot name such a path" \
+      "(pkg-config drops a trailing blank); remove it" >&2
+    exit 2
+    ;;
+esac
 mkdir -p "$1"
 PREFIX=$(cd "$1" && pwd)
 # smoe.pc's prefix: each space escaped with a backslash.

@@ -253,6 +253,42 @@ fn install_refuses_a_prefix_pkg_config_cannot_name() {
         );
         assert!(!prefix.exists(), "{name:?}: the prefix was made");
     }
+    // pkg-config drops a trailing blank, escaped or not (pkgconf printed
+    // -I.../end/include for "end "): refused too, whatever follows it.
+    for name in ["end ", "end /", "end /./"] {
+        let prefix = format!("{}/{name}", dir.path().display());
+        let out = install_command(Path::new(&prefix)).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name:?}: {stderr}");
+        assert!(stderr.contains("ends with a space"), "{name:?}: {stderr}");
+        assert!(!dir.path().join("end ").exists(), "{name:?}: the prefix was made");
+    }
+}
+
+/// An exported CDPATH does not move the install elsewhere: `cd pp` once
+/// printed the directory CDPATH found, and the prefix became
+/// "CDPATH/pp\nCDPATH/pp".
+#[test]
+fn install_ignores_cdpath() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = dir.path().join("cdpath");
+    fs::create_dir_all(elsewhere.join("pp")).unwrap();
+    let work = dir.path().join("work");
+    fs::create_dir(&work).unwrap();
+    let out = install_command(Path::new("pp"))
+        .current_dir(&work)
+        .env("CDPATH", &elsewhere)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let pc = fs::read_to_string(work.join("pp/lib/pkgconfig/smoe.pc")).unwrap();
+    let prefix_line = pc.lines().find(|l| l.starts_with("prefix=")).unwrap();
+    assert_eq!(prefix_line, format!("prefix={}", work.join("pp").display()));
+    assert!(
+        fs::read_dir(elsewhere.join("pp")).unwrap().next().is_none(),
+        "installed under CDPATH"
+    );
 }
 
 /// `pkg-config --cflags --libs smoe` (shared) and `--static` under the
