@@ -11,17 +11,22 @@
 //!   allocation, memory probes), one file for Linux and one for Apple.
 //! - `streamer`: the ring, the slot state machine, the queues and the I/O
 //!   workers. Knows nothing of C.
+//! - `model`: GGUF and safetensors models read from their headers, their
+//!   expert tensors found by name, and the vault a packer makes of them
+//!   planned. Knows nothing of C either. The safetensors side (and the JSON
+//!   parser it needs, serde_json) is the default feature `safetensors`; a
+//!   host that reads only GGUF turns it off.
 //! - `ffi`: the C API. Converts pointers and errors, catches panics; no logic.
 //!
 //! The Rust API is what a host uses: [`Streamer`] and its types at the crate
 //! root (with [`RingPlan`], what [`Streamer::plan`] returns), [`streamer`]'s
 //! constants, [`vault`] (reader, writer, [`vault::synth`] for synthetic
-//! vaults) and [`ffi`]. The ring sizing, the histogram, file safety, the
-//! queue, the router and `sys` are private; `internals` (hidden) lends the
-//! `smoe` tool, the packer (`smoe-pack`), the benchmarks and the tests what
-//! they need of them, with no stability promise. The packer, which turns
-//! GGUF and safetensors models into vaults, is a crate of its own
-//! (`pack/`), so a host never compiles it.
+//! vaults) and [`ffi`]. The model readers, the ring sizing, the histogram,
+//! file safety, the queue, the router and `sys` are private; `internals`
+//! (hidden) lends the `smoe` tool, the packer (`smoe-pack`), the benchmarks
+//! and the tests what they need of them, with no stability promise. The
+//! packer, which writes vaults and scouts of the models `model` reads, is a
+//! crate of its own (`pack/`), so a host never compiles it.
 //!
 //! The formats (vault bytes, metadata, histogram file, routing traces) are
 //! described in the repository's `docs/format.md`, the C API's rules in
@@ -45,6 +50,7 @@ mod budget;
 mod config;
 mod error;
 mod fs_safe;
+mod model;
 mod popularity;
 mod queue;
 mod router;
@@ -66,9 +72,10 @@ pub use sys::DirectIo;
 /// What a host needs is at the crate root, in [`streamer`], in [`vault`] and
 /// in the C API. This module lends the tool and the tests the pieces under
 /// it: the ring sizing a `smoe budget` prints, the histogram file, file
-/// safety (for the tool's own files and the packer's), the synthetic router
-/// and trace parser of `smoe bench`, the platform calls of `smoe verify`
-/// and the packer, and the queue for its benchmark.
+/// safety (for the tool's own files and the packer's), the model readers
+/// the packer opens and plans through, the synthetic router and trace
+/// parser of `smoe bench`, the platform calls of `smoe verify` and the
+/// packer, and the queue for its benchmark.
 #[doc(hidden)]
 pub mod internals {
     /// Ring sizing (docs/c-api.md, "Ring sizing") from fixed inputs: `smoe budget`, and the
@@ -104,6 +111,22 @@ pub mod internals {
             same_file, save_checked, sync_dir, vault_file_key, FileId, Found, Target,
         };
         pub use crate::sys::{open_regular, FileKind, OpenRegularError};
+    }
+
+    /// GGUF and safetensors models read from their headers (`src/model/`):
+    /// the packer opens a model, checks and plans it here, and only writes.
+    /// Private to the library's API because an in-place open is to grow
+    /// these types (slot offsets, a model's identity) and they promise
+    /// nothing yet. `json` (and safetensors) only with the `safetensors`
+    /// feature.
+    pub mod model {
+        #[cfg(feature = "safetensors")]
+        pub use crate::model::json;
+        pub use crate::model::{
+            check_no_overlap, interrupted, open_model, plan, Cancel, ExpertTensor, LayerPlan,
+            LayoutItem, Model, Slice, SourceKind, Tensor, ITEM_ALIGNMENT,
+        };
+        pub use crate::model::{gguf, names};
     }
 
     /// The synthetic router of `smoe demo`/`smoe bench`, and (also under

@@ -4,36 +4,18 @@
 //! kernels once per layer and reads expert `e`'s slice at
 //! `slot + item.offset`.
 //!
-//! The library (`smoe`) never reads layouts: a C host parses
+//! The library (`smoe`) plans the items (`LayoutItem`, from the model's
+//! headers) but never reads them back from a vault: a C host parses
 //! `smoe_vault_metadata`, a Rust host or the tool calls
 //! [`BlobLayouts::of`].
 
+use smoe::internals::model::json::{self, Value};
 use smoe::vault::Vault;
 use smoe::{Error, Result};
 
-use crate::json::{self, Value};
-
-/// Items start at multiples of this many bytes inside a blob.
-pub const ITEM_ALIGNMENT: u64 = 256;
-
-/// One tensor slice inside every blob of a layer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LayoutItem {
-    /// `gate`, `up`, `down`, `gate_up` (fused: gate rows then up rows),
-    /// their `_bias` forms, or the source's own suffix.
-    pub role: String,
-    /// The source tensor; `{expert}` stands for the expert number where the
-    /// source has one tensor per expert.
-    pub tensor: String,
-    /// The source's element type name (`Q8_0`, `BF16`, `F32`, ...).
-    pub dtype: String,
-    /// The slice's shape, outermost dimension first.
-    pub shape: Vec<u64>,
-    /// Bytes from the start of the blob (a multiple of [`ITEM_ALIGNMENT`]).
-    pub offset: u64,
-    /// Bytes of the slice, as in the source.
-    pub bytes: u64,
-}
+/// The items every blob of a layer holds, as the library plans them from
+/// the model (`smoe::internals::model`), and their alignment.
+pub use smoe::internals::model::{LayoutItem, ITEM_ALIGNMENT};
 
 /// The layouts of every layer that has experts, by layer.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -192,19 +174,6 @@ impl BlobLayouts {
                 })
                 .collect(),
         )
-    }
-}
-
-impl LayoutItem {
-    /// The end of the item inside the blob.
-    pub fn end(&self) -> u64 {
-        self.offset + self.bytes
-    }
-
-    /// The shape as text, outermost first: `[768, 2048]`.
-    pub fn shape_text(&self) -> String {
-        let dims: Vec<String> = self.shape.iter().map(u64::to_string).collect();
-        format!("[{}]", dims.join(", "))
     }
 }
 

@@ -1,6 +1,7 @@
-//! safetensors files, single or sharded, read the way the packer needs:
-//! the header's tensor table (names, dtypes, shapes, byte ranges) and
-//! `__metadata__`; tensor data is never read here, only located.
+//! safetensors files, single or sharded, read the way the packer and an
+//! in-place open need: the header's tensor table (names, dtypes, shapes,
+//! byte ranges) and `__metadata__`; tensor data is never read here, only
+//! located.
 //!
 //! A file is a u64 header length `n`, `n` bytes of JSON (an object of
 //! tensor name → `{"dtype", "shape", "data_offsets": [begin, end]}` plus an
@@ -14,11 +15,11 @@ use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use smoe::internals::files::{self, FileId, OpenRegularError};
-use smoe::{Error, Result};
-
-use super::{open_input, read_json, Cancel, Tensor};
-use crate::json::{self, MembersError, Value};
+use super::json::{self, read_json, MembersError, Value};
+use super::{first_duplicate, interrupted, open_input, Cancel, Tensor};
+use crate::error::{Error, Result};
+use crate::fs_safe::{self as files, FileId};
+use crate::sys::{self, OpenRegularError};
 
 /// Largest header this reader accepts (the format's own writers cap it at
 /// 100 MB).
@@ -88,7 +89,7 @@ pub fn read_header(mut file: &File, path: &Path, cancel: Cancel<'_>) -> Result<F
     // Member by member: a million-tensor header is never held as a tree.
     let mut each = |name: String, v: Value| -> Result<()> {
         if tensors.len() % 4096 == 4095 && cancel() {
-            return Err(super::interrupted());
+            return Err(interrupted());
         }
         if name == "__metadata__" {
             let m = v
@@ -179,20 +180,28 @@ pub struct Checkpoint {
     pub inputs: Vec<FileId>,
 }
 
+/// Where a checkpoint's list of files comes from.
+enum Start {
+    /// `model.safetensors.index.json`: its `weight_map` names the shards.
+    Index(PathBuf),
+    /// One `.safetensors` file.
+    Single(PathBuf),
+}
+
 impl Checkpoint {
     /// Opens `source`: a `.safetensors` file, a directory holding
     /// `model.safetensors` or `model.safetensors.index.json`, or that index.
     /// Every file is opened without blocking and must be a regular file.
     pub fn open(source: &Path, cancel: Cancel<'_>) -> Result<Checkpoint> {
-        let (dir, index, single) = if source.is_dir() {
+        let (dir, start) = if source.is_dir() {
             let index = source.join("model.safetensors.index.json");
             let single = source.join("model.safetensors");
             // lstat: a link there counts (and is then opened, or refused).
             let present = |p: &Path| std::fs::symlink_metadata(p).is_ok();
             if present(&index) {
-                (source.to_path_buf(), Some(index), None)
+                (source.to_path_buf(), Start::Index(index))
             } else if present(&single) {
-                (source.to_path_buf(), None, Some(single))
+                (source.to_path_buf(), Start::Single(single))
             } else {
                 return Err(Error::argument(format!(
                     "{}: no model.safetensors or model.safetensors.index.json in this directory",
@@ -205,30 +214,29 @@ impl Checkpoint {
                 _ => PathBuf::from("."),
             };
             if source.to_string_lossy().ends_with(".index.json") {
-                (dir, Some(source.to_path_buf()), None)
+                (dir, Start::Index(source.to_path_buf()))
             } else {
-                (dir, None, Some(source.to_path_buf()))
+                (dir, Start::Single(source.to_path_buf()))
             }
         };
         let mut inputs = Vec::new();
-        let shards = match (&index, single) {
-            (Some(index), _) => {
-                let (v, meta) = read_json(index, cancel)?;
+        let shards = match start {
+            Start::Index(index) => {
+                let (v, meta) = read_json(&index, cancel)?;
                 inputs.push(files::file_id(&meta));
-                shard_files(&v, index, &dir)?
+                shard_files(&v, &index, &dir)?
             }
-            (None, Some(single)) => {
+            Start::Single(single) => {
                 let (file, _) = open_input(&single)?;
                 vec![(single, file)]
             }
-            (None, None) => unreachable!("one of the two is set above"),
         };
         let mut files = Vec::new();
         let mut handles = Vec::new();
         let mut tensors = Vec::new();
         for (i, (path, file)) in shards.into_iter().enumerate() {
             if cancel() {
-                return Err(super::interrupted());
+                return Err(interrupted());
             }
             let mut h = read_header(&file, &path, cancel)?;
             let meta = file
@@ -255,7 +263,7 @@ impl Checkpoint {
         // Within a file the JSON reader refused a repeated name already.
         let duplicate = match files.len() {
             1 => None,
-            _ => super::first_duplicate(tensors.iter().map(|t| t.name.as_str())),
+            _ => first_duplicate(tensors.iter().map(|t| t.name.as_str())),
         };
         if let Some(name) = duplicate {
             return Err(Error::format(format!(
@@ -327,7 +335,7 @@ fn shard_files(v: &Value, index: &Path, dir: &Path) -> Result<Vec<(PathBuf, File
         .into_iter()
         .map(|n| {
             let p = dir.join(n);
-            match files::open_regular(&p) {
+            match sys::open_regular(&p) {
                 Ok((file, _)) => Ok((p, file)),
                 Err(OpenRegularError::Os(e)) if e.kind() == std::io::ErrorKind::NotFound => {
                     Err(bad(format!(

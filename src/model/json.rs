@@ -1,7 +1,7 @@
-//! JSON as the packer reads and writes it: `config.json`,
-//! `model.safetensors.index.json`, safetensors headers and the vault's
-//! metadata. The syntax is serde_json's; this module adds what the packer's
-//! inputs need on top of it:
+//! JSON as smoe reads and writes it: `config.json`,
+//! `model.safetensors.index.json`, safetensors headers and a vault's
+//! metadata. The syntax is serde_json's; this module adds what a model's
+//! files need on top of it:
 //!
 //! - objects keep their members in document order ([`Value::Object`] is a
 //!   list), so a scout's `__metadata__` and an index's shards come out in
@@ -14,10 +14,14 @@
 //! - a long parse can be stopped ([`parse_cancellable`]), and a big object
 //!   can be read member by member ([`parse_members`]) without holding it
 //!   whole: a million-tensor safetensors header is never a tree;
-//! - errors name the byte offset in the text.
+//! - errors name the byte offset in the text;
+//! - a JSON file is read whole only up to [`MAX_JSON_BYTES`] ([`read_json`]).
 //!
 //! Numbers are serde_json's: an integer that fits a `u64` (a tensor's byte
 //! offset) is exact. It must never panic on untrusted text.
+//!
+//! Only the safetensors side needs JSON: this module, with serde and
+//! serde_json, is built with the `safetensors` feature alone.
 
 use std::borrow::Cow;
 use std::cell::Cell;
@@ -25,9 +29,14 @@ use std::collections::hash_map::RandomState;
 use std::collections::HashSet;
 use std::fmt;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::io::Read;
+use std::path::Path;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
+
+use super::{open_input, Cancel};
+use crate::error::{Error, Result as SmoeResult};
 
 /// Deepest nesting of arrays and objects the parser accepts.
 pub const MAX_DEPTH: usize = 64;
@@ -234,6 +243,45 @@ pub fn parse_cancellable(text: &str, cancelled: &dyn Fn() -> bool) -> Result<Val
     .deserialize(&mut de)
     .and_then(|v| de.end().map(|()| v));
     value.map_err(|e| ctx.error(&e))
+}
+
+/// Largest JSON file (`config.json`, `model.safetensors.index.json`)
+/// [`read_json`] reads; DeepSeek-V3's index, about 92,000 entries, is 8.9 MB.
+pub const MAX_JSON_BYTES: u64 = 64 << 20;
+
+/// Reads the JSON file at `path` (opened without blocking, a regular file,
+/// at most [`MAX_JSON_BYTES`], UTF-8) and parses it. Returns the value and
+/// the file's metadata.
+pub fn read_json(path: &Path, cancel: Cancel<'_>) -> SmoeResult<(Value, std::fs::Metadata)> {
+    let (file, meta) = open_input(path)?;
+    let too_big = |n: u64| {
+        Error::format(format!(
+            "{}: {n} bytes, above the {} MiB cap on JSON files",
+            path.display(),
+            MAX_JSON_BYTES >> 20
+        ))
+    };
+    if meta.len() > MAX_JSON_BYTES {
+        return Err(too_big(meta.len()));
+    }
+    // Bounded even if the file grows meanwhile.
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_JSON_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io("cannot read", path, &e))?;
+    if bytes.len() as u64 > MAX_JSON_BYTES {
+        return Err(too_big(bytes.len() as u64));
+    }
+    let text = String::from_utf8(bytes).map_err(|e| {
+        Error::format(format!(
+            "{}: not UTF-8 (invalid byte at offset {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        ))
+    })?;
+    let value = parse_cancellable(&text, cancel)
+        .map_err(|e| Error::format(format!("{}: {e}", path.display())))?;
+    Ok((value, meta))
 }
 
 /// Why [`parse_members`] stopped.

@@ -1,6 +1,7 @@
-//! GGUF (v3) read and written the way the packer needs: the header, every
-//! key/value kept as its raw bytes (so the scout copies them unchanged),
-//! and the tensor infos; tensor data is never read here, only located.
+//! GGUF (v3) read the way the packer and an in-place open need: the
+//! header, every key/value kept as its raw bytes (so the packer's scout
+//! copies them unchanged), and the tensor infos; tensor data is never read
+//! here, only located. Also the parts of a split model ([`gguf_parts`]).
 //!
 //! Layout of a GGUF file, all little-endian:
 //! `"GGUF"`, u32 version, u64 tensor count, u64 key/value count; the
@@ -15,11 +16,12 @@
 //! claims.
 
 use std::fs::File;
-use std::io::{BufReader, Read, Write};
-use std::path::Path;
+use std::io::{BufReader, Read};
+use std::path::{Path, PathBuf};
 
-use super::Cancel;
-use smoe::{Error, Result};
+use super::{first_duplicate, interrupted, open_input, Cancel};
+use crate::error::{Error, ErrorKind, Result};
+use crate::sys::{self, OpenRegularError};
 
 /// The four bytes every GGUF file starts with.
 pub const MAGIC: [u8; 4] = *b"GGUF";
@@ -148,14 +150,14 @@ impl KeyValue {
     pub fn as_u64(&self) -> Option<u64> {
         let b = &self.raw;
         Some(match self.value_type {
-            0 => u64::from(b[0]),
-            2 => u64::from(u16::from_le_bytes(b[..2].try_into().ok()?)),
-            4 => u64::from(u32::from_le_bytes(b[..4].try_into().ok()?)),
-            10 => u64::from_le_bytes(b[..8].try_into().ok()?),
-            1 => u64::try_from(b[0] as i8).ok()?,
-            3 => u64::try_from(i16::from_le_bytes(b[..2].try_into().ok()?)).ok()?,
-            5 => u64::try_from(i32::from_le_bytes(b[..4].try_into().ok()?)).ok()?,
-            11 => u64::try_from(i64::from_le_bytes(b[..8].try_into().ok()?)).ok()?,
+            0 => u64::from(*b.first()?),
+            2 => u64::from(u16::from_le_bytes(b.get(..2)?.try_into().ok()?)),
+            4 => u64::from(u32::from_le_bytes(b.get(..4)?.try_into().ok()?)),
+            10 => u64::from_le_bytes(b.get(..8)?.try_into().ok()?),
+            1 => u64::try_from(*b.first()? as i8).ok()?,
+            3 => u64::try_from(i16::from_le_bytes(b.get(..2)?.try_into().ok()?)).ok()?,
+            5 => u64::try_from(i32::from_le_bytes(b.get(..4)?.try_into().ok()?)).ok()?,
+            11 => u64::try_from(i64::from_le_bytes(b.get(..8)?.try_into().ok()?)).ok()?,
             _ => return None,
         })
     }
@@ -351,7 +353,7 @@ impl Gguf {
                 )));
             }
         }
-        if let Some(name) = super::first_duplicate(tensors.iter().map(|t| t.name.as_str())) {
+        if let Some(name) = first_duplicate(tensors.iter().map(|t| t.name.as_str())) {
             return Err(bad(format!("tensor {name} appears twice")));
         }
         Ok(Gguf {
@@ -391,7 +393,7 @@ impl Reader<'_> {
         if self.countdown == 0 {
             self.countdown = CANCEL_EVERY;
             if (self.cancel)() {
-                return Err(super::interrupted());
+                return Err(interrupted());
             }
         }
         Ok(())
@@ -500,87 +502,74 @@ impl Reader<'_> {
     }
 }
 
-/// Writes a GGUF v3 file: `kvs` as given (raw bytes), then the tensor
-/// infos of `tensors` with offsets laid out at `alignment`, then each
-/// tensor's data, copied by `copy(index, writer)` in order.
-pub fn write(
-    path: &Path,
-    kvs: &[KeyValue],
-    tensors: &[TensorInfo],
-    alignment: u64,
-    copy: &mut dyn FnMut(usize, &mut dyn Write) -> Result<()>,
-) -> Result<()> {
-    let mut w = super::ScoutFile::create(path)?;
-    let io = |e: std::io::Error| Error::io("cannot write", path, &e);
-    let mut head = Vec::new();
-    head.extend_from_slice(&MAGIC);
-    head.extend_from_slice(&3u32.to_le_bytes());
-    head.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
-    head.extend_from_slice(&(kvs.len() as u64).to_le_bytes());
-    let put_str = |head: &mut Vec<u8>, s: &str| {
-        head.extend_from_slice(&(s.len() as u64).to_le_bytes());
-        head.extend_from_slice(s.as_bytes());
+/// The parts of a split GGUF (`name-00001-of-0000N.gguf`), or just `path`,
+/// each opened (without blocking: it must be a regular file).
+pub fn gguf_parts(path: &Path) -> Result<Vec<(PathBuf, File)>> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let single = || open_input(path).map(|(file, _)| vec![(path.to_path_buf(), file)]);
+    let Some(stem) = name.strip_suffix(".gguf") else {
+        return single();
     };
-    for kv in kvs {
-        put_str(&mut head, &kv.key);
-        head.extend_from_slice(&kv.value_type.to_le_bytes());
-        head.extend_from_slice(&kv.raw);
+    // ...-00001-of-00003
+    let split = stem.rsplit_once("-of-").and_then(|(head, count)| {
+        let (base, index) = head.rsplit_once('-')?;
+        let n: u32 = count.parse().ok()?;
+        let i: u32 = index.parse().ok()?;
+        (count.len() == 5 && index.len() == 5).then_some((base.to_owned(), i, n))
+    });
+    let Some((base, index, count)) = split else {
+        return single();
+    };
+    if count == 0 || index > count {
+        return Err(Error::format(format!(
+            "{}: a split part {index} of {count} is not a valid name",
+            path.display()
+        )));
     }
-    let mut offset = 0u64;
-    let mut offsets = Vec::with_capacity(tensors.len());
-    for t in tensors {
-        put_str(&mut head, &t.name);
-        head.extend_from_slice(&(t.ne.len() as u32).to_le_bytes());
-        for &n in &t.ne {
-            head.extend_from_slice(&n.to_le_bytes());
-        }
-        head.extend_from_slice(&t.ggml_type.id.to_le_bytes());
-        head.extend_from_slice(&offset.to_le_bytes());
-        offsets.push(offset);
-        offset = (offset + t.bytes).next_multiple_of(alignment);
+    if index != 1 {
+        return Err(Error::argument(format!(
+            "{}: is part {index} of a split model; give the first part, {base}-00001-of-{count:05}.gguf",
+            path.display()
+        )));
     }
-    let data_start = (head.len() as u64).next_multiple_of(alignment);
-    head.resize(data_start as usize, 0);
-    w.write_all(&head).map_err(io)?;
-    let mut at = 0u64;
-    for (i, t) in tensors.iter().enumerate() {
-        let pad = offsets[i] - at;
-        w.write_all(&vec![0u8; pad as usize]).map_err(io)?;
-        let mut counted = CountingWriter {
-            inner: &mut w,
-            written: 0,
-        };
-        copy(i, &mut counted)?;
-        if counted.written != t.bytes {
-            return Err(Error::new(
-                smoe::ErrorKind::Internal,
-                format!(
-                    "tensor {}: copied {} bytes, expected {}",
-                    t.name, counted.written, t.bytes
-                ),
-            ));
-        }
-        at = offsets[i] + t.bytes;
-    }
-    let end = at.next_multiple_of(alignment);
-    w.write_all(&vec![0u8; (end - at) as usize]).map_err(io)?;
-    w.finish()
+    let dir = path.parent().unwrap_or(Path::new("."));
+    (1..=count)
+        .map(|i| {
+            let p = dir.join(format!("{base}-{i:05}-of-{count:05}.gguf"));
+            match sys::open_regular(&p) {
+                Ok((file, _)) => Ok((p, file)),
+                Err(OpenRegularError::Os(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                    Err(Error::new(
+                        ErrorKind::NotFound,
+                        format!(
+                            "{}: part {i} of {count} of the split model is missing",
+                            p.display()
+                        ),
+                    ))
+                }
+                Err(OpenRegularError::Os(e)) => Err(Error::io("cannot open", &p, &e)),
+                Err(OpenRegularError::NotRegular(kind)) => Err(Error::path_is(
+                    ErrorKind::Argument,
+                    &p,
+                    format!(
+                        "(part {i} of {count} of the split model) is {kind}, not a regular file"
+                    ),
+                )),
+            }
+        })
+        .collect()
 }
 
-struct CountingWriter<'w> {
-    inner: &'w mut dyn Write,
-    written: u64,
-}
-
-impl Write for CountingWriter<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.written += n as u64;
-        Ok(n)
+/// Whether `file` starts with the GGUF magic, or `path` is named `.gguf`.
+pub fn looks_like_gguf(path: &Path, mut file: &File) -> bool {
+    if path.extension().is_some_and(|e| e == "gguf") {
+        return true;
     }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
+    let mut magic = [0u8; 4];
+    file.read_exact(&mut magic).is_ok_and(|()| magic == MAGIC)
 }
 
 #[cfg(test)]
@@ -604,5 +593,29 @@ mod tests {
         assert!(GgmlType::from_id(99).is_none());
         assert_eq!(t("Q8_0").row_bytes(64), Some(68));
         assert_eq!(t("Q8_0").row_bytes(48), None);
+    }
+
+    #[test]
+    fn split_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = |n: &str| dir.path().join(n);
+        std::fs::write(p("m-00001-of-00002.gguf"), b"x").unwrap();
+        let e = gguf_parts(&p("m-00001-of-00002.gguf")).unwrap_err();
+        assert!(e.to_string().contains("part 2 of 2"), "{e}");
+        std::fs::write(p("m-00002-of-00002.gguf"), b"x").unwrap();
+        let paths = |path: &Path| {
+            gguf_parts(path).map(|parts| parts.into_iter().map(|(p, _)| p).collect::<Vec<_>>())
+        };
+        assert_eq!(
+            paths(&p("m-00001-of-00002.gguf")).unwrap(),
+            vec![p("m-00001-of-00002.gguf"), p("m-00002-of-00002.gguf")]
+        );
+        assert!(gguf_parts(&p("m-00002-of-00002.gguf")).is_err());
+        std::fs::write(p("plain.gguf"), b"x").unwrap();
+        assert_eq!(paths(&p("plain.gguf")).unwrap(), vec![p("plain.gguf")]);
+        std::fs::write(p("z-00001-of-00000.gguf"), b"x").unwrap();
+        let e = gguf_parts(&p("z-00001-of-00000.gguf")).unwrap_err();
+        assert!(e.to_string().contains("not a valid name"), "{e}");
+        assert!(gguf_parts(&p("m-00003-of-00002.gguf")).is_err());
     }
 }

@@ -1,0 +1,371 @@
+//! What a vault of a model holds, planned from the model's headers alone:
+//! the checks before anything is sized (tensors that share bytes, expert
+//! counts, the vault's id cap) and each layer's blob layout, the same for
+//! every expert of the layer: its items in the order gate, up or gate_up,
+//! down, then biases ([`role_rank`]), each at a multiple of
+//! [`ITEM_ALIGNMENT`] bytes, and, per item, where expert `e`'s slice lies in
+//! the source files ([`LayerPlan::slice`]).
+
+use std::collections::BTreeMap;
+
+use super::names::{expert_template, role_rank};
+use super::{ExpertTensor, Model, SourceKind, Tensor};
+use crate::error::{Error, Result};
+
+/// Items start at multiples of this many bytes inside a blob.
+pub const ITEM_ALIGNMENT: u64 = 256;
+
+/// One tensor slice inside every blob of a layer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayoutItem {
+    /// `gate`, `up`, `down`, `gate_up` (fused: gate rows then up rows),
+    /// their `_bias` forms, or the source's own suffix.
+    pub role: String,
+    /// The source tensor; `{expert}` stands for the expert number where the
+    /// source has one tensor per expert.
+    pub tensor: String,
+    /// The source's element type name (`Q8_0`, `BF16`, `F32`, ...).
+    pub dtype: String,
+    /// The slice's shape, outermost dimension first.
+    pub shape: Vec<u64>,
+    /// Bytes from the start of the blob (a multiple of [`ITEM_ALIGNMENT`]).
+    pub offset: u64,
+    /// Bytes of the slice, as in the source.
+    pub bytes: u64,
+}
+
+impl LayoutItem {
+    /// The end of the item inside the blob.
+    pub fn end(&self) -> u64 {
+        self.offset.saturating_add(self.bytes)
+    }
+
+    /// The shape as text, outermost first: `[768, 2048]`.
+    pub fn shape_text(&self) -> String {
+        let dims: Vec<String> = self.shape.iter().map(u64::to_string).collect();
+        format!("[{}]", dims.join(", "))
+    }
+}
+
+/// Refuses tensors whose data overlap in a file: each is copied whole, so
+/// aliased ranges would let a small file stand for a huge model (a 411 KB
+/// GGUF became a 501 MB vault). Empty tensors overlap nothing.
+pub fn check_no_overlap(model: &Model) -> Result<()> {
+    let mut order: Vec<&Tensor> = model.tensors.iter().filter(|t| t.bytes > 0).collect();
+    order.sort_unstable_by_key(|t| (t.file, t.offset));
+    // The tensor of this file seen so far whose data reaches furthest.
+    let mut reach: Option<&Tensor> = None;
+    let end = |t: &Tensor| t.offset.saturating_add(t.bytes);
+    for t in order {
+        match reach {
+            Some(r) if r.file == t.file && t.offset < end(r) => {
+                return Err(Error::format(format!(
+                    "{}: tensors {} (bytes {}..{}) and {} (bytes {}..{}) share data; each tensor must have bytes of its own",
+                    model.files[t.file].display(),
+                    r.name,
+                    r.offset,
+                    end(r),
+                    t.name,
+                    t.offset,
+                    end(t)
+                )));
+            }
+            Some(r) if r.file == t.file && end(r) >= end(t) => {}
+            _ => reach = Some(t),
+        }
+    }
+    Ok(())
+}
+
+/// Where one item of one expert's blob comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slice {
+    /// Index into the model's files.
+    pub file: usize,
+    /// Absolute offset in that file.
+    pub offset: u64,
+    /// Bytes of the slice.
+    pub bytes: u64,
+}
+
+/// One layer's plan: its layout and, per item, how to find expert e's
+/// slice.
+#[derive(Clone, Debug)]
+pub struct LayerPlan {
+    /// The layer (the source's block number).
+    pub layer: u32,
+    /// The items of every blob of the layer, in blob order.
+    pub items: Vec<LayoutItem>,
+    /// Per item: a stacked tensor (slice e at `offset + e × stride`), or
+    /// one tensor per expert.
+    sources: Vec<ItemSource>,
+    /// Bytes of each blob of the layer: the end of its last item.
+    pub blob_bytes: u64,
+}
+
+/// Where an item's slices lie.
+#[derive(Clone, Debug)]
+enum ItemSource {
+    /// One tensor of all experts: expert e's slice at `offset + e × stride`.
+    Stacked {
+        file: usize,
+        offset: u64,
+        stride: u64,
+    },
+    /// One tensor per expert, by expert.
+    PerExpert(Vec<Slice>),
+}
+
+impl LayerPlan {
+    /// Where expert `expert`'s slice of item `item` lies. Both must be in
+    /// range: `item` below `items.len()`, `expert` below the expert count
+    /// [`plan`] returned.
+    pub fn slice(&self, item: usize, expert: u32) -> Slice {
+        match &self.sources[item] {
+            ItemSource::Stacked {
+                file,
+                offset,
+                stride,
+            } => Slice {
+                file: *file,
+                offset: offset + u64::from(expert) * stride,
+                bytes: *stride,
+            },
+            ItemSource::PerExpert(slices) => slices[expert as usize],
+        }
+    }
+}
+
+/// Checks the expert tensors and plans every layer's blobs: the layer
+/// count, the expert count, and the plan of each layer that has experts,
+/// ascending by layer. Errors name the file (and the tensors).
+pub fn plan(model: &Model) -> Result<(u32, u32, Vec<LayerPlan>)> {
+    // The expert tensor of the highest layer: a name may say any layer up
+    // to 2^32 - 1, so the count is reckoned in u64 and checked below.
+    let Some(top) = model.experts.iter().max_by_key(|x| x.layer) else {
+        return Err(Error::format(format!(
+            "{}: no expert tensors found ({} tensors; expected names like {})",
+            model.files[0].display(),
+            model.tensors.len(),
+            match model.kind {
+                SourceKind::Gguf => "blk.N.ffn_gate_exps.weight",
+                SourceKind::Safetensors =>
+                    "model.layers.N.mlp.experts.E.gate_proj.weight or model.layers.N.block_sparse_moe.experts.E.w1.weight",
+            }
+        )));
+    };
+    let bad = |what: String| Error::format(format!("{}: {what}", model.files[0].display()));
+    // The expert count: what the source says, else what the tensors show.
+    let shown = |x: &ExpertTensor| match x.expert {
+        Some(e) => u64::from(e) + 1,
+        None => *model.tensors[x.tensor].shape.first().unwrap_or(&0),
+    };
+    let n_experts = model
+        .expert_count
+        .or_else(|| model.experts.iter().map(shown).max());
+    if let Some(n) = n_experts {
+        for x in &model.experts {
+            let t = &model.tensors[x.tensor];
+            match x.expert {
+                None if shown(x) != n => {
+                    return Err(bad(format!(
+                        "tensor {} stacks {} experts, the model has {n}",
+                        t.name,
+                        shown(x)
+                    )))
+                }
+                Some(e) if u64::from(e) >= n => {
+                    return Err(bad(format!(
+                        "tensor {} is expert {e}, the model has {n} experts",
+                        t.name
+                    )))
+                }
+                _ => {}
+            }
+        }
+    }
+    let n_experts = n_experts
+        .filter(|&n| n > 0)
+        .ok_or_else(|| bad("no experts".into()))?;
+    let n_experts = u32::try_from(n_experts).map_err(|_| bad(format!("{n_experts} experts")))?;
+    let max_layer = top.layer;
+    let (n_layers, from_tensor) = match model.block_count {
+        Some(b) if b > u64::from(max_layer) => (b, false),
+        Some(b) => {
+            return Err(bad(format!(
+                "expert tensors of layer {max_layer}, but the block count is {b}"
+            )))
+        }
+        None => (u64::from(max_layer) + 1, true),
+    };
+
+    // Before anything is sized by them: a config.json, a header or a
+    // tensor's name may claim any count.
+    let max_ids = crate::vault::MAX_EXPERT_IDS;
+    let ids = n_layers.saturating_mul(u64::from(n_experts));
+    if ids > max_ids {
+        let top = &model.tensors[top.tensor];
+        return Err(Error::format(if from_tensor {
+            format!(
+                "{}: tensor {} is in layer {max_layer}, so the model would have {n_layers} layers × {n_experts} experts = {ids} ids, above the vault's limit of {max_ids}",
+                model.files[top.file].display(),
+                top.name
+            )
+        } else {
+            format!(
+                "{}: {n_layers} layers × {n_experts} experts = {ids} ids, above the vault's limit of {max_ids}",
+                model.files[0].display()
+            )
+        }));
+    }
+    // At most MAX_EXPERT_IDS, so it fits.
+    let n_layers = u32::try_from(n_layers).map_err(|_| bad(format!("{n_layers} layers")))?;
+    let mut by_layer: BTreeMap<u32, BTreeMap<String, Vec<&ExpertTensor>>> = BTreeMap::new();
+    for x in &model.experts {
+        by_layer
+            .entry(x.layer)
+            .or_default()
+            .entry(x.role.clone())
+            .or_default()
+            .push(x);
+    }
+    let mut plans = Vec::new();
+    for (layer, roles) in by_layer {
+        let mut roles: Vec<(String, Vec<&ExpertTensor>)> = roles.into_iter().collect();
+        roles.sort_by(|a, b| role_rank(&a.0).cmp(&role_rank(&b.0)));
+        let mut items = Vec::new();
+        let mut sources = Vec::new();
+        let mut offset = 0u64;
+        for (role, xs) in roles {
+            let stacked: Vec<_> = xs.iter().filter(|x| x.expert.is_none()).collect();
+            let (tensor_name, dtype, shape, source) = if let [x] = stacked.as_slice() {
+                if xs.len() > 1 {
+                    return Err(bad(format!(
+                        "layer {layer} {role}: both a stacked tensor and per-expert tensors"
+                    )));
+                }
+                let t = &model.tensors[x.tensor];
+                let stride = t.bytes / u64::from(n_experts);
+                if stride * u64::from(n_experts) != t.bytes || stride == 0 {
+                    return Err(bad(format!(
+                        "tensor {}: {} bytes do not split into {n_experts} experts",
+                        t.name, t.bytes
+                    )));
+                }
+                (
+                    t.name.clone(),
+                    t.dtype.clone(),
+                    t.shape.get(1..).unwrap_or_default().to_vec(),
+                    ItemSource::Stacked {
+                        file: t.file,
+                        offset: t.offset,
+                        stride,
+                    },
+                )
+            } else if !stacked.is_empty() {
+                return Err(bad(format!(
+                    "layer {layer} {role}: more than one stacked tensor"
+                )));
+            } else {
+                let mut slices: Vec<Option<(Slice, &Tensor)>> = vec![None; n_experts as usize];
+                // No stacked tensor here: every tensor is one expert's.
+                for (x, e) in xs.iter().filter_map(|x| Some((x, x.expert?))) {
+                    let t = &model.tensors[x.tensor];
+                    // Below n_experts, checked above.
+                    let Some(slot) = slices.get_mut(e as usize) else {
+                        return Err(bad(format!(
+                            "tensor {} is expert {e}, the model has {n_experts} experts",
+                            t.name
+                        )));
+                    };
+                    if slot.is_some() {
+                        return Err(bad(format!(
+                            "layer {layer} {role}: expert {e} appears twice"
+                        )));
+                    }
+                    *slot = Some((
+                        Slice {
+                            file: t.file,
+                            offset: t.offset,
+                            bytes: t.bytes,
+                        },
+                        t,
+                    ));
+                }
+                let Some(first) = slices.iter().flatten().next().map(|(_, t)| *t) else {
+                    return Err(bad(format!("layer {layer} {role}: no tensor")));
+                };
+                let mut out = Vec::with_capacity(slices.len());
+                for (e, s) in slices.iter().enumerate() {
+                    let Some((slice, t)) = s else {
+                        return Err(bad(format!(
+                            "layer {layer} {role}: expert {e} is missing (the model has {n_experts} experts)"
+                        )));
+                    };
+                    if (&t.dtype, &t.shape) != (&first.dtype, &first.shape) {
+                        return Err(bad(format!(
+                            "layer {layer} {role}: {} is {} {:?}, but {} is {} {:?}; every expert of a layer must match",
+                            t.name, t.dtype, t.shape, first.name, first.dtype, first.shape
+                        )));
+                    }
+                    out.push(*slice);
+                }
+                let template = expert_template(&first.name);
+                (
+                    template,
+                    first.dtype.clone(),
+                    first.shape.clone(),
+                    ItemSource::PerExpert(out),
+                )
+            };
+            let bytes = match &source {
+                ItemSource::Stacked { stride, .. } => *stride,
+                ItemSource::PerExpert(s) => s.first().map_or(0, |s| s.bytes),
+            };
+            items.push(LayoutItem {
+                role,
+                tensor: tensor_name,
+                dtype,
+                shape,
+                offset,
+                bytes,
+            });
+            sources.push(source);
+            offset = (offset + bytes).next_multiple_of(ITEM_ALIGNMENT);
+        }
+        let blob_bytes = items.last().map_or(0, LayoutItem::end);
+        plans.push(LayerPlan {
+            layer,
+            items,
+            sources,
+            blob_bytes,
+        });
+    }
+    Ok((n_layers, n_experts, plans))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config.json may claim any expert count: it is checked against the
+    /// id cap before anything is sized by it.
+    #[cfg(feature = "safetensors")]
+    #[test]
+    fn a_huge_claimed_expert_count_is_refused_before_allocating() {
+        let dir = tempfile::tempdir().unwrap();
+        let header = r#"{"model.layers.0.mlp.experts.0.up_proj.weight":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}"#;
+        let mut file = (header.len() as u64).to_le_bytes().to_vec();
+        file.extend_from_slice(header.as_bytes());
+        file.extend_from_slice(&[0u8; 16]);
+        std::fs::write(dir.path().join("model.safetensors"), file).unwrap();
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"num_local_experts": 4000000000, "num_hidden_layers": 1}"#,
+        )
+        .unwrap();
+        let model = super::super::open_model(dir.path(), &|| false).unwrap();
+        let e = plan(&model).unwrap_err();
+        assert!(e.to_string().contains("above the vault's limit"), "{e}");
+    }
+}
