@@ -84,6 +84,7 @@ struct Sources {
     overhead: String,
     slot: String,
     slots: String,
+    committable: String,
 }
 
 /// How an elastic ring gives memory back (docs/c-api.md, "Elastic ring").
@@ -127,6 +128,9 @@ struct Plan {
     /// When the ring's pages are committed: as slots are first loaded, or
     /// all of them at open (pinned, locked, populated and fixed).
     commit: String,
+    /// Memory that pages committed now would get (the cgroup's file cache
+    /// counted as free); a ring committed at open takes at most 7/8 of it.
+    committable_bytes: u64,
     /// The elastic ring's plan; null for a fixed ring.
     elastic: Option<Elastic>,
     /// How the ring behaves under memory pressure, in one sentence.
@@ -189,6 +193,7 @@ impl Plan {
             slot_clamp: plan.clamp.to_string(),
             ring_bytes: plan.ring_bytes,
             commit: plan.commit.to_string(),
+            committable_bytes: plan.committable_bytes,
             elastic,
             under_pressure,
             warning: plan.warning(),
@@ -199,6 +204,7 @@ impl Plan {
                 overhead: s.overhead.clone(),
                 slot: s.slot.clone(),
                 slots: s.slots.clone(),
+                committable: s.committable.clone(),
             },
         }
     }
@@ -217,6 +223,10 @@ impl Plan {
             format!("{}  from {}", bytes(self.avail_bytes), s.avail),
         );
         line("ram", format!("{}  from {}", bytes(self.ram_bytes), s.ram));
+        line(
+            "committable",
+            format!("{}  from {}", bytes(self.committable_bytes), s.committable),
+        );
         line(
             "scout",
             format!("{}  from {}", bytes(self.scout_bytes), s.scout),
@@ -264,10 +274,21 @@ impl Plan {
         );
         line(
             "slots",
-            format!(
-                "{}  = clamp(budget / slot, 64, 4096), then at most the {} entries; from {}",
-                self.slots, self.entries, s.slots
-            ),
+            if self.commit == "committed as slots are first loaded" {
+                format!(
+                    "{}  = clamp(budget / slot, 64, 4096), then at most the {} entries; from {}",
+                    self.slots, self.entries, s.slots
+                )
+            } else {
+                format!(
+                    "{}  = clamp(budget / slot, 64, 4096), at most min(budget, 7/8 of {}) / slot \
+                     (committed at open), then at most the {} entries; from {}",
+                    self.slots,
+                    bytes(self.committable_bytes),
+                    self.entries,
+                    s.slots
+                )
+            },
         );
         line(
             "ring",

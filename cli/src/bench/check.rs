@@ -101,6 +101,15 @@ pub fn check_against(args: &BenchArgs, vault: &Vault) -> Result<TopK, Failure> {
             },
         },
     };
+    Ok(top_k)
+}
+
+/// Refuses a `--ring-slots` the vault cannot fill, or (decode) smaller
+/// than `top_k`, the top-k the run uses: after [`top_k_for_trace`] has
+/// lowered it to a trace's ranks, so a ring that holds the trace's top-k
+/// is not refused for the metadata's larger one.
+pub fn check_ring_slots(args: &BenchArgs, vault: &Vault, top_k: TopK) -> Result<(), Failure> {
+    let file = vault.path().display();
     let n_entries = vault.entries().len() as u32;
     let least = match args.mode {
         Mode::Decode => top_k.value.min(n_entries),
@@ -116,7 +125,7 @@ pub fn check_against(args: &BenchArgs, vault: &Vault) -> Result<TopK, Failure> {
             args.ring_slots
         )));
     }
-    Ok(top_k)
+    Ok(())
 }
 
 /// Refuses an output that is one of the run's own files, before anything

@@ -20,7 +20,7 @@ use smoe::internals::trace::read_trace_file;
 use smoe::vault::Vault;
 
 use self::args::Mode;
-use self::check::{check_against, check_flags, check_outputs, top_k_for_trace};
+use self::check::{check_against, check_flags, check_outputs, check_ring_slots, top_k_for_trace};
 use self::report::{DecodeResult, RunMode, ScanResult, SmoeSide, TopK};
 use crate::output::{out, warning_line, Failure};
 use crate::plot::PlotTarget;
@@ -60,14 +60,21 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
         None => None,
     };
     match (args.mode, &args.trace) {
-        (Mode::Scan, _) => run_scan(args, vault),
+        (Mode::Scan, _) => {
+            check_ring_slots(args, &vault, top_k)?;
+            run_scan(args, vault)
+        }
         (Mode::Decode, Some(path)) => {
             let max_tokens = args.max_tokens.map(|n| n as usize);
             let tokens = read_trace_file(path, top_k.value as usize, max_tokens)?;
             let top_k = top_k_for_trace(args, top_k, path, &tokens)?;
+            check_ring_slots(args, &vault, top_k)?;
             trace::run_trace(args, vault, top_k, tokens, plot.as_ref())
         }
-        (Mode::Decode, None) => run_decode(args, vault, top_k),
+        (Mode::Decode, None) => {
+            check_ring_slots(args, &vault, top_k)?;
+            run_decode(args, vault, top_k)
+        }
     }
 }
 

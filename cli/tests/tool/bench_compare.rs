@@ -877,7 +877,10 @@ impl Drop for TestCgroup {
     fn drop(&mut self) {
         for child in self.children() {
             let procs = std::fs::read_to_string(child.join("cgroup.procs")).unwrap_or_default();
-            for pid in procs.lines().filter_map(|p| p.trim().parse::<i32>().ok()) {
+            // cgroup.procs lists 0 for a process outside this pid
+            // namespace, and kill(0) would kill this test's own group.
+            let pids = procs.lines().filter_map(|p| p.trim().parse::<i32>().ok());
+            for pid in pids.filter(|&pid| pid > 0) {
                 // SAFETY: kill has no memory preconditions; these are
                 // processes this test started.
                 unsafe { libc::kill(pid, libc::SIGKILL) };

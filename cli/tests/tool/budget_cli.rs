@@ -77,6 +77,7 @@ fn check_json(v: &Value, vault: &Vault) {
         "slot_clamp",
         "ring_bytes",
         "commit",
+        "committable_bytes",
         "elastic",
         "under_pressure",
         "warning",
@@ -113,8 +114,16 @@ fn check_json(v: &Value, vault: &Vault) {
     }
     let sources = v["sources"].as_object().unwrap();
     let source_keys: BTreeSet<&str> = sources.keys().map(String::as_str).collect();
-    let want_sources: BTreeSet<&str> =
-        ["avail", "ram", "scout", "overhead", "slot", "slots"].into();
+    let want_sources: BTreeSet<&str> = [
+        "avail",
+        "ram",
+        "scout",
+        "overhead",
+        "slot",
+        "slots",
+        "committable",
+    ]
+    .into();
     assert_eq!(source_keys, want_sources);
     for (key, value) in sources {
         assert!(
@@ -156,7 +165,8 @@ fn check_json(v: &Value, vault: &Vault) {
     let mut fitting = avail.min(ram) / slot;
     if v["commit"].as_str().unwrap() != "committed as slots are first loaded" {
         // Committed at open: never past the budget nor 7/8 of avail.
-        fitting = fitting.min(budget.min(avail - avail / 8) / slot);
+        let committable = u64_of(v, "committable_bytes");
+        fitting = fitting.min(budget.min(committable - committable / 8) / slot);
     }
     assert_eq!(
         slots,
@@ -212,7 +222,12 @@ fn cli_pinned_plans_a_ring_committed_at_open() {
     );
     let avail = u64_of(&v, "avail_bytes");
     let slots = u64_of(&v, "slots");
-    assert!(u64_of(&v, "ring_bytes") <= avail - avail / 8, "{v}");
+    let committable = u64_of(&v, "committable_bytes");
+    assert!(committable >= avail, "{v}");
+    assert!(
+        u64_of(&v, "ring_bytes") <= committable - committable / 8,
+        "{v}"
+    );
     assert!(
         slots <= (u64_of(&v, "budget_bytes") / (64 * MIB)).max(1),
         "{v}"

@@ -585,4 +585,16 @@ fn bench_top_k_above_the_traces_ranks_is_refused() {
     assert_eq!(json["top_k"], 4, "{json}");
     assert_eq!(json["top_k_from"], "trace", "{json}");
     assert_eq!(json["working_set"]["top_k"], 4, "{json}");
+    // A ring that holds the trace's top-4 is enough: it was checked against
+    // the metadata's larger top-k before that was lowered, and refused.
+    let out = smoe(&["bench", vs, "--trace", ts, "--ring-slots", "4", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&json["top_k"], &json["ring_slots"]),
+        (&4.into(), &4.into()),
+        "{json}"
+    );
+    let out = smoe(&["bench", vs, "--trace", ts, "--ring-slots", "3"]);
+    assert_one_line(&out, 1, &["--ring-slots 3", "top-k 4"], "ring of 3");
 }
