@@ -11,7 +11,9 @@
 //!   and `json` (serde_json with duplicate keys refused, order kept,
 //!   cancellable), the last two only with the `safetensors` feature;
 //! - the expert-name grammar ([`names`]);
-//! - the checks and the per-layer blob layouts ([`plan`], [`check_no_overlap`]).
+//! - the checks and the per-layer blob layouts ([`plan`], [`check_no_overlap`]);
+//! - the aligned windows an in-place read will use to bring each expert's
+//!   slices to the same offsets in every slot of its layer ([`window`]).
 //!
 //! What it must never do: read tensor data (only headers: a model of any
 //! size opens in memory that follows its tensor count), block on a FIFO
@@ -26,6 +28,7 @@ pub mod names;
 mod plan;
 #[cfg(feature = "safetensors")]
 mod safetensors;
+pub mod window;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

@@ -261,7 +261,10 @@ fn install_refuses_a_prefix_pkg_config_cannot_name() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{name:?}: {stderr}");
         assert!(stderr.contains("ends with a space"), "{name:?}: {stderr}");
-        assert!(!dir.path().join("end ").exists(), "{name:?}: the prefix was made");
+        assert!(
+            !dir.path().join("end ").exists(),
+            "{name:?}: the prefix was made"
+        );
     }
 }
 
