@@ -228,9 +228,9 @@ typedef struct smoe_config {
    * again would leave the device reading the old pages) and is
    * populated as with `populate` = 1 (docs/c-api.md, "CUDA hosts").
    * A ring whose pages are all committed (`pinned`, `lock`, or
-   * `populate` with `elastic` 0) must fit in 7/8 of the memory
-   * available, else `smoe_open` fails with `SMOE_ERR_NO_MEMORY` saying
-   * how many slots fit; sized automatically, it takes its budget
+   * `populate` with `elastic` 0) must fit in 7/8 of the memory that
+   * can be committed, else `smoe_open` fails with `SMOE_ERR_NO_MEMORY`
+   * saying how many slots fit; sized automatically, it takes its budget
    * (docs/c-api.md, "Ring sizing").
    */
   uint32_t pinned;

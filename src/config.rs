@@ -135,7 +135,7 @@ macro_rules! config_schema {
             /// `populate`), so that registering finds its pages committed
             /// (docs/c-api.md, "CUDA hosts"). A ring whose pages are all
             /// committed (pinned, locked, or populated and not elastic)
-            /// must fit in 7/8 of the available memory
+            /// must fit in 7/8 of the memory that can be committed
             /// ([`crate::budget::check_fits`]).
             pinned: bool = false,
         }
