@@ -73,13 +73,15 @@ if [ -n "$UNSAFE" ]; then
   exit 2
 fi
 # pkg-config drops a value's trailing blank, escaped or not: the prefix's
-# last name (trailing / and /. aside) must not end with a space.
-TAIL=$WANTED
-while :; do
-  case $TAIL in
-    */) TAIL=${TAIL%/} ;;
-    */.) TAIL=${TAIL%/.} ;;
-    *) break ;;
+# last name must not end with a space. The path is resolved by its names
+# first (`.`, `..` and empty names), as `cd` then `pwd` will.
+TAIL=
+IFS=/ read -r -a NAMES <<<"$WANTED"
+for NAME in "${NAMES[@]}"; do
+  case $NAME in
+    '' | .) ;;
+    ..) TAIL=${TAIL%/*} ;;
+    *) TAIL=$TAIL/$NAME ;;
   esac
 done
 case $TAIL in

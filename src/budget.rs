@@ -5,8 +5,11 @@
 //! [`VaultShape`] and a [`BudgetConfig`]; fixed snapshots test it, and
 //! `smoe budget` prints it. Its [`RingPlan`] keeps every input, every
 //! intermediate value and where each input came from, so a person can see
-//! why the ring has the size it has. [`plan_for`] is the only part that
-//! touches the OS: it probes memory and lists the vault's `scout.*` files.
+//! why the ring has the size it has. [`plan_for`] and [`plan_to_open`] are
+//! the only parts that touch the OS: they probe memory and list the vault's
+//! `scout.*` files. The one process-wide state is the bytes promised to
+//! rings committed at open and not committed yet ([`Promise`]), which
+//! [`plan_to_open`] takes off the memory it plans with.
 //!
 //! This module must never allocate the ring or read a blob; it only decides
 //! sizes. All arithmetic saturates or is checked: any input, however odd,
@@ -215,7 +218,9 @@ pub fn eager_limit_bytes(committable_bytes: u64) -> u64 {
 /// Bytes of this process's rings committed at open whose pages are not
 /// committed yet (a populate thread is still filling them): the memory
 /// probe cannot see them, so the next open subtracts them (issue 33: two
-/// pinned rings opened one after the other each fitted alone).
+/// pinned rings opened one after the other each fitted alone). A child
+/// made by `fork` inherits the parent's count without its threads: its
+/// opens are more careful than they need be, never less.
 static PROMISED: AtomicU64 = AtomicU64::new(0);
 
 /// Held from the memory probe to the promise of [`plan_to_open`], so that
@@ -241,16 +246,17 @@ impl Promise {
     /// `bytes` of the ring's pages are committed now.
     pub fn settle(&self, bytes: u64) {
         let mut taken = 0;
-        // Relaxed: counters; the planning mutex orders a check against the
-        // promises, and a promise settled a little late only makes an open
-        // more careful.
+        // Relaxed: this promise's own count, touched by its ring's threads.
         let _ = self
             .left
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
                 taken = left.min(bytes);
                 Some(left - taken)
             });
-        PROMISED.fetch_sub(taken, Ordering::Relaxed);
+        // Release: the commit of those pages (the madvise or mlock before
+        // this call) happens before an open that Acquires the smaller sum,
+        // so that open's memory probe sees them.
+        PROMISED.fetch_sub(taken, Ordering::Release);
     }
 }
 
@@ -473,7 +479,12 @@ pub fn plan_ring(
                          the limit, or pack the model with smaller experts",
                         snapshot.avail_source,
                         if commit.is_eager() {
-                            format!(" for a ring that is {commit}, whose budget is {budget_bytes} bytes")
+                            format!(
+                                " for a ring that is {commit}, whose budget is {budget_bytes} \
+                                 bytes and which may take 7/8 of the {} bytes that can be \
+                                 committed ({})",
+                                snapshot.committable_bytes, snapshot.committable_source
+                            )
                         } else {
                             String::new()
                         }
@@ -529,10 +540,13 @@ pub fn plan_ring(
 }
 
 /// Whether `smoe_open` accepts the ring `plan` describes: no larger than
-/// this machine's memory (or its cgroup limit). The ring is reserved, not
+/// this machine's memory (or its cgroup limit), and, for a ring committed
+/// at open ([`Commit::is_eager`]), no larger than 7/8 of the memory that
+/// can be committed ([`eager_limit_bytes`]). The ring is reserved, not
 /// committed, so the OS would accept a larger one, and its reads would
 /// exhaust memory later. A plan whose memory was not probed (`ram_bytes`
-/// 0, with `ring_slots` set) passes.
+/// 0, with `ring_slots` set) passes, with a warning when it is committed
+/// at open ([`RingPlan::warning`]).
 ///
 /// # Errors
 ///
@@ -589,15 +603,15 @@ impl RingPlan {
         if self.clamp == SlotClamp::Committed && self.slots < MIN_AUTO_SLOTS {
             return Some(format!(
                 "the ring has {} slots of {} bytes, fewer than the automatic minimum of \
-                 {MIN_AUTO_SLOTS}: it is {}, and only these fit in its budget of {} bytes ({} \
-                 bytes of memory available, {})",
+                 {MIN_AUTO_SLOTS}: it is {}, and only these fit in its budget of {} bytes (the \
+                 plan's budget, at most 7/8 of the {} bytes that can be committed: {})",
                 self.slots,
                 self.slot_bytes,
                 self.commit,
                 self.budget_bytes
                     .min(eager_limit_bytes(self.committable_bytes)),
-                self.avail_bytes,
-                self.sources.avail
+                self.committable_bytes,
+                self.sources.committable
             ));
         }
         (self.clamp == SlotClamp::Fit).then(|| {
@@ -669,12 +683,14 @@ pub fn plan_for(vault: &Vault, config: &BudgetConfig) -> Result<RingPlan> {
 /// Those of [`plan_for`].
 pub fn plan_to_open(vault: &Vault, config: &BudgetConfig) -> Result<(RingPlan, Promise)> {
     let _planning = PLANNING.lock().unwrap_or_else(PoisonError::into_inner);
-    // Relaxed: see `Promise::settle`.
-    let promised = PROMISED.load(Ordering::Relaxed);
+    // Acquire: pairs with `Promise::settle`'s Release; read before the
+    // probe, so a promise settled meanwhile is counted twice, never none.
+    let promised = PROMISED.load(Ordering::Acquire);
     let plan = plan_promised(vault, config, promised)?;
     if !plan.commit.is_eager() {
         return Ok((plan, Promise::none()));
     }
+    // Relaxed: the planning mutex orders it before the next open's load.
     PROMISED.fetch_add(plan.ring_bytes, Ordering::Relaxed);
     let promise = Promise {
         left: AtomicU64::new(plan.ring_bytes),

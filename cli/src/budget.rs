@@ -44,7 +44,7 @@ pub struct BudgetArgs {
     pub no_elastic: bool,
     /// Plan a ring the host pins for a device (config `pinned`, as for
     /// `cudaHostRegister`): never elastic, every page committed after
-    /// open, so it must fit in 7/8 of the memory available.
+    /// open, so it must fit in 7/8 of the memory that can be committed.
     #[arg(long)]
     pub pinned: bool,
 }

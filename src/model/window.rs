@@ -91,7 +91,8 @@ pub enum WindowError {
         /// The first expert's.
         want: u64,
     },
-    /// The layout's slot would pass `u64`: no real model's does.
+    /// A slice ends past 2^64, or the layout's slot would: no real model's
+    /// does.
     TooLarge,
 }
 
@@ -114,7 +115,9 @@ impl fmt::Display for WindowError {
                 "slice {role} of expert {expert} of the layer is {got} bytes, the layer's first \
                  expert's {want}: every expert of a layer must have slices of the same sizes"
             ),
-            WindowError::TooLarge => f.write_str("the layer's slot layout passes 2^64 bytes"),
+            WindowError::TooLarge => {
+                f.write_str("a slice, or the layer's slot layout, passes 2^64 bytes")
+            }
         }
     }
 }
@@ -132,6 +135,9 @@ struct Run {
     /// `window + head` when every expert's head is the same, else
     /// `window` (the payload moved down to the block).
     payload: u64,
+    /// Slot bytes the run's window may fill: the largest head of the
+    /// layer's experts and the span, rounded up to the block.
+    room: u64,
 }
 
 /// The layout of one layer: where each slice's payload sits in every slot
@@ -174,6 +180,9 @@ impl LayerWindows {
                 });
             }
             for (role, (s, f)) in slices.iter().zip(first.iter()).enumerate() {
+                if s.offset.checked_add(s.bytes).is_none() {
+                    return Err(WindowError::TooLarge);
+                }
                 if s.bytes != f.bytes || s.bytes == 0 {
                     return Err(WindowError::Length {
                         expert: e,
@@ -216,16 +225,17 @@ impl LayerWindows {
             for r in start..=last {
                 offsets[r] = payload + (first[r].offset - first[start].offset);
             }
+            let room = max_head
+                .checked_add(span)
+                .and_then(align_up)
+                .ok_or(WindowError::TooLarge)?;
             runs.push(Run {
                 first: start,
                 last,
                 window,
                 payload,
+                room,
             });
-            let room = max_head
-                .checked_add(span)
-                .and_then(align_up)
-                .ok_or(WindowError::TooLarge)?;
             slot = slot.checked_add(room).ok_or(WindowError::TooLarge)?;
             start = last + 1;
         }
@@ -260,6 +270,11 @@ impl LayerWindows {
             let head = a.offset % IO_ALIGN;
             let span = b.offset - a.offset + b.bytes;
             let need = head + span;
+            // An expert of the layer `plan` was given fits its run's room.
+            debug_assert!(
+                need.next_multiple_of(IO_ALIGN) <= run.room,
+                "an expert the layout was not planned for"
+            );
             reads.push(Read {
                 file: a.file,
                 offset: a.offset - head,
@@ -402,6 +417,11 @@ mod tests {
             LayerWindows::plan(&[&[s(0, 4000, u64::MAX - 50)]]),
             Err(WindowError::TooLarge)
         );
+        // A slice that ends past 2^64 is refused, not a panic.
+        assert_eq!(
+            LayerWindows::plan(&[&[s(0, 100, u64::MAX - 50), s(0, 50, 1)]]),
+            Err(WindowError::TooLarge)
+        );
         // Where a slice sits does not size the slot; its head and length do.
         let far = LayerWindows::plan(&[&[s(0, u64::MAX - 10, 10)]]).unwrap();
         assert_eq!((far.offsets(), far.slot_bytes()), (&[4085][..], IO_ALIGN));
@@ -420,8 +440,17 @@ mod tests {
             files in prop::collection::vec(0usize..2, 4),
         ) {
             let roles = lens.len();
+            // A stacked tensor's stride is the expert's slice or more; a
+            // block stride (3 × 4096) lands in place, others are moved.
             let experts: Vec<Vec<Slice>> = (0..n as u64)
-                .map(|e| (0..roles).map(|r| s(files[r], bases[r] + e * (strides[r] + lens[r]), lens[r])).collect())
+                .map(|e| {
+                    (0..roles)
+                        .map(|r| {
+                            let len = lens[r].min(strides[r]);
+                            s(files[r], bases[r] + e * strides[r], len)
+                        })
+                        .collect()
+                })
                 .collect();
             let refs: Vec<&[Slice]> = experts.iter().map(Vec::as_slice).collect();
             let w = LayerWindows::plan(&refs).unwrap();

@@ -152,10 +152,14 @@ pub(crate) fn run(shared: Arc<Shared>, populate: bool, probe: Option<PressurePro
                 let mut done = 0;
                 while done < slot_bytes && !stopping() {
                     let len = POPULATE_CHUNK.min(slot_bytes - done);
-                    // Advice: a refusal only means the first load commits
-                    // those pages.
-                    let _ = shared.ring.reservation().populate(start + done, len);
-                    shared.promise.settle(len as u64);
+                    // A refusal only means the first load commits those
+                    // pages. Only pages known to be committed settle the
+                    // ring's promise: advice (an old kernel's fallback,
+                    // Apple) keeps it until close, as those pages come
+                    // later, where the memory probe cannot foresee them.
+                    if let Ok(true) = shared.ring.reservation().populate(start + done, len) {
+                        shared.promise.settle(len as u64);
+                    }
                     done += len;
                 }
             }

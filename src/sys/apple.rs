@@ -183,13 +183,14 @@ pub(super) fn page_size() -> usize {
 /// expects to access this address range soon" (advice only; contents
 /// unchanged). Darwin has no populate advice like Linux's.
 /// madvise(2): <https://developer.apple.com/library/archive/documentation/System/Conceptual/ManPages_iPhoneOS/man2/madvise.2.html>
-pub(super) fn populate(addr: *mut libc::c_void, len: usize) -> io::Result<()> {
+pub(super) fn populate(addr: *mut libc::c_void, len: usize) -> io::Result<bool> {
     // SAFETY: `addr..addr + len` is inside a mapping the caller owns;
     // WILLNEED is advice only.
     if unsafe { libc::madvise(addr, len, libc::MADV_WILLNEED) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(())
+    // Advice: nothing is known to be committed.
+    Ok(false)
 }
 
 /// The huge-page size the ring's base is aligned to, as on Linux (macOS

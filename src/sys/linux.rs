@@ -183,18 +183,35 @@ pub(super) fn memory_snapshot_from(root: &Path) -> io::Result<MemorySnapshot> {
         // it kills: committable is the limit less the rest, as the elastic
         // ring's probe measures it.
         let file = fs::read_to_string(level.dir.join("memory.stat"))
-            .map(|text| file_cache_bytes(&text, hierarchy.name == "v1"))
-            .unwrap_or(0);
-        let committable = limit.saturating_sub(usage.unwrap_or(0).saturating_sub(file));
+            .map(|text| file_cache_bytes(&text, hierarchy.name == "v1"));
+        let committable = limit.saturating_sub(
+            usage
+                .unwrap_or(0)
+                .saturating_sub(*file.as_ref().unwrap_or(&0)),
+        );
         if committable < snapshot.committable_bytes {
             snapshot.committable_bytes = committable;
-            snapshot.committable_source = format!(
-                "cgroup {} {} - ({} - file cache) in {}",
-                hierarchy.name,
-                hierarchy.limit_file,
-                hierarchy.usage_file,
-                level.shown.display()
-            );
+            let cache = if file.is_ok() {
+                "file cache"
+            } else {
+                "file cache: memory.stat unreadable, 0"
+            };
+            snapshot.committable_source = match usage {
+                Some(_) => format!(
+                    "cgroup {} {} - ({} - {cache}) in {}",
+                    hierarchy.name,
+                    hierarchy.limit_file,
+                    hierarchy.usage_file,
+                    level.shown.display()
+                ),
+                None => format!(
+                    "cgroup {} {} ({} unreadable) in {}",
+                    hierarchy.name,
+                    hierarchy.limit_file,
+                    hierarchy.usage_file,
+                    level.shown.display()
+                ),
+            };
         }
         if headroom < snapshot.avail_bytes {
             snapshot.avail_bytes = headroom;
@@ -386,12 +403,12 @@ pub(super) const MAP_RESERVE_ONLY: libc::c_int = 0;
 /// have been performed" (madvise(2), Linux 5.14), so the contents stay as
 /// they are. A kernel that does not know it answers `EINVAL`; then
 /// `MADV_WILLNEED` ("expect access in the near future"), which changes
-/// nothing either.
-pub(super) fn populate(addr: *mut libc::c_void, len: usize) -> io::Result<()> {
+/// nothing either, and commits nothing of anonymous memory: `Ok(false)`.
+pub(super) fn populate(addr: *mut libc::c_void, len: usize) -> io::Result<bool> {
     // SAFETY: `addr..addr + len` is inside a mapping the caller owns;
     // populating never changes the contents (see above).
     if unsafe { libc::madvise(addr, len, libc::MADV_POPULATE_WRITE) } == 0 {
-        return Ok(());
+        return Ok(true);
     }
     let err = io::Error::last_os_error();
     if err.raw_os_error() != Some(libc::EINVAL) {
@@ -401,7 +418,7 @@ pub(super) fn populate(addr: *mut libc::c_void, len: usize) -> io::Result<()> {
     if unsafe { libc::madvise(addr, len, libc::MADV_WILLNEED) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(())
+    Ok(false)
 }
 
 /// The size of a transparent huge page on this machine: 2 MiB on x86-64

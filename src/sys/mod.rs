@@ -415,7 +415,9 @@ impl Reservation {
     /// read or write them. Linux: `madvise(MADV_POPULATE_WRITE)` (5.14+),
     /// falling back to `MADV_WILLNEED` where the kernel does not know it;
     /// Apple: `madvise(MADV_WILLNEED)`.
-    pub(crate) fn populate(&self, offset: usize, len: usize) -> io::Result<()> {
+    /// `Ok(true)` when the pages are committed now, `Ok(false)` when the
+    /// call was only advice (the fallback, Apple).
+    pub(crate) fn populate(&self, offset: usize, len: usize) -> io::Result<bool> {
         let at = self.range(offset, len)?;
         imp::populate(at, len)
     }

@@ -255,7 +255,7 @@ fn install_refuses_a_prefix_pkg_config_cannot_name() {
     }
     // pkg-config drops a trailing blank, escaped or not (pkgconf printed
     // -I.../end/include for "end "): refused too, whatever follows it.
-    for name in ["end ", "end /", "end /./"] {
+    for name in ["end ", "end /", "end /./", "end /sub/.."] {
         let prefix = format!("{}/{name}", dir.path().display());
         let out = install_command(Path::new(&prefix)).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -72,11 +72,11 @@ fn metadata_top_k(vault: &Vault) -> Option<u32> {
     }
 }
 
-/// Checks the flags whose range depends on the vault, `--top-k` (its experts
-/// per layer) and `--ring-slots` (its entries; a decode holds a layer's
-/// top-k at once), and returns the top-k to use: `--top-k`, else the
-/// metadata's, else the default. Out of range is exit 1 with one line
-/// naming the flag, the value and the range.
+/// Checks `--top-k` against the vault (its experts per layer) and returns
+/// the top-k to use: `--top-k`, else the metadata's, else the default. Out
+/// of range is exit 1 with one line naming the flag, the value and the
+/// range. `--ring-slots` is checked once the top-k is final
+/// ([`check_ring_slots`]).
 pub fn check_against(args: &BenchArgs, vault: &Vault) -> Result<TopK, Failure> {
     let file = vault.path().display();
     let n_experts = vault.n_experts();
