@@ -13,7 +13,9 @@
 //! - the expert-name grammar ([`names`]);
 //! - the checks and the per-layer blob layouts ([`plan`], [`check_no_overlap`]);
 //! - the aligned windows an in-place read will use to bring each expert's
-//!   slices to the same offsets in every slot of its layer ([`window`]).
+//!   slices to the same offsets in every slot of its layer ([`window`]);
+//! - a model's identity and the cache directory of its own files
+//!   ([`identity`]), since nothing is written beside a model.
 //!
 //! What it must never do: read tensor data (only headers: a model of any
 //! size opens in memory that follows its tensor count), block on a FIFO
@@ -22,6 +24,7 @@
 //! C. Every error names the file and what is wrong.
 
 pub mod gguf;
+pub mod identity;
 #[cfg(feature = "safetensors")]
 pub mod json;
 pub mod names;

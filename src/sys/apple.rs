@@ -111,6 +111,21 @@ pub(super) fn page_cache_bytes() -> Option<u64> {
     None
 }
 
+/// `$HOME/Library/Caches`: the user's caches directory, which
+/// FileManager's `.cachesDirectory` in the `.userDomainMask` names
+/// (<https://developer.apple.com/documentation/foundation/filemanager/searchpathdirectory/cachesdirectory>;
+/// "Library/Caches" in the File System Programming Guide,
+/// <https://developer.apple.com/library/archive/documentation/FileManagement/Conceptual/FileSystemProgrammingGuide/FileSystemOverview/FileSystemOverview.html>).
+/// A relative or empty `HOME` counts as unset.
+pub(super) fn user_cache_home(
+    env: &dyn Fn(&str) -> Option<std::ffi::OsString>,
+) -> Option<std::path::PathBuf> {
+    env("HOME")
+        .map(std::path::PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .map(|home| home.join("Library/Caches"))
+}
+
 /// `hw.memsize` (physical bytes, a 64-bit integer, sysctl(3)) and
 /// `kern.memorystatus_level` (percent of memory available before the
 /// memory-status (jetsam) thresholds; an int `SYSCTL_INT` in XNU's

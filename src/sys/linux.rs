@@ -236,6 +236,15 @@ pub(super) fn memory_snapshot_from(root: &Path) -> io::Result<MemorySnapshot> {
     Ok(snapshot)
 }
 
+/// `$XDG_CACHE_HOME` if absolute, else `$HOME/.cache` (the XDG base
+/// directory specification: "If $XDG_CACHE_HOME is either not set or
+/// empty, a default equal to $HOME/.cache should be used"; a relative path
+/// is invalid and ignored).
+pub(super) fn user_cache_home(env: &dyn Fn(&str) -> Option<std::ffi::OsString>) -> Option<PathBuf> {
+    let absolute = |name: &str| env(name).map(PathBuf::from).filter(|p| p.is_absolute());
+    absolute("XDG_CACHE_HOME").or_else(|| absolute("HOME").map(|home| home.join(".cache")))
+}
+
 fn read_text(path: &Path) -> io::Result<String> {
     fs::read_to_string(path)
         .map_err(|err| io::Error::new(err.kind(), format!("{}: {err}", path.display())))

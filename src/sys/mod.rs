@@ -619,6 +619,16 @@ pub fn drop_file_cache(file: &File) -> io::Result<()> {
     imp::drop_file_cache(file.as_raw_fd())
 }
 
+/// The user's cache directory, from the environment `env` reads: Linux
+/// `$XDG_CACHE_HOME`, else `$HOME/.cache` (the XDG base directory
+/// specification); Apple `$HOME/Library/Caches`. A relative or empty value
+/// counts as unset; `None` without an absolute `HOME`.
+pub fn user_cache_home(
+    env: &dyn Fn(&str) -> Option<std::ffi::OsString>,
+) -> Option<std::path::PathBuf> {
+    imp::user_cache_home(env)
+}
+
 /// Bytes in the page cache system-wide (`Cached:` in `/proc/meminfo`), for
 /// tests that check direct reads do not fill it. `None` where the platform
 /// has no such figure (Apple) or it cannot be read.

@@ -1,0 +1,153 @@
+//! A model's identity and its cache directory (SPEC §6, issue 34 point 4).
+//!
+//! A model opened in place has no vault id, and nothing may be written
+//! beside it: its histogram lives in a cache directory named by an
+//! identity derived from the model's headers and file sizes, never from
+//! paths or times, so a copy of the same files has the same identity and
+//! finds the same histogram, and a model whose tensor table or sizes
+//! changed gets another.
+//!
+//! This module computes; it creates no directory.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use xxhash_rust::xxh3::Xxh3;
+
+use super::Model;
+use crate::error::{Error, Result};
+
+/// The identity's recipe, hashed first: a new recipe gives every model a
+/// new identity (its histogram starts over) instead of colliding with an
+/// old one.
+const RECIPE: &[u8] = b"smoe model identity 1\0";
+
+/// The environment variable that overrides where models' own files go.
+pub const CACHE_DIR_VAR: &str = "SMOE_CACHE_DIR";
+
+/// The identity of `model`: xxh3-128 over its kind, each file's size, and
+/// its tensor table (each tensor's name, file, offset, length, type and
+/// shape), in order. 16 bytes, shown as 32 hex digits ([`crate::vault::hex`]).
+///
+/// # Errors
+///
+/// [`crate::ErrorKind::Io`] naming the file whose size cannot be read.
+pub fn identity(model: &Model) -> Result<[u8; 16]> {
+    let mut h = Xxh3::new();
+    let mut field = |bytes: &[u8]| {
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    field(RECIPE);
+    field(model.kind.name().as_bytes());
+    field(&(model.handles.len() as u64).to_le_bytes());
+    for (file, path) in model.handles.iter().zip(&model.files) {
+        let size = file
+            .metadata()
+            .map_err(|e| Error::io("cannot read the size of", path, &e))?
+            .len();
+        field(&size.to_le_bytes());
+    }
+    field(&(model.tensors.len() as u64).to_le_bytes());
+    for t in &model.tensors {
+        field(t.name.as_bytes());
+        field(&(t.file as u64).to_le_bytes());
+        field(&t.offset.to_le_bytes());
+        field(&t.bytes.to_le_bytes());
+        field(t.dtype.as_bytes());
+        field(&(t.shape.len() as u64).to_le_bytes());
+        for d in &t.shape {
+            field(&d.to_le_bytes());
+        }
+    }
+    Ok(h.digest128().to_le_bytes())
+}
+
+/// The directory of a model's own files (its histogram):
+/// `<base>/smoe/<identity in hex>`, where `<base>` is `$SMOE_CACHE_DIR`
+/// if set and not empty, else the platform's user cache directory
+/// ([`crate::sys::user_cache_home`]). `env` reads a variable (the process's
+/// environment, or a test's). `None` when there is no such directory (no
+/// `HOME`): the caller then keeps no histogram, and says so.
+pub fn cache_dir(identity: &[u8; 16], env: impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
+    let base = env(CACHE_DIR_VAR)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| crate::sys::user_cache_home(&env))?;
+    Some(base.join("smoe").join(crate::vault::hex(identity)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::path::Path;
+
+    fn fixture(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/models")
+            .join(name)
+    }
+
+    fn id_of(path: &Path) -> [u8; 16] {
+        identity(&super::super::open_model(path, &|| false).unwrap()).unwrap()
+    }
+
+    /// A copy elsewhere is the same model; another model, or the same file
+    /// one byte longer, is not.
+    #[test]
+    fn the_identity_follows_the_headers_and_sizes_not_the_path() {
+        let original = fixture("qwen3moe-q8_0.gguf");
+        let dir = tempfile::tempdir().unwrap();
+        let copy = dir.path().join("renamed.gguf");
+        std::fs::copy(&original, &copy).unwrap();
+        let id = id_of(&original);
+        assert_eq!(id_of(&copy), id, "a copy");
+        assert_ne!(id_of(&fixture("mixtral-q8_0.gguf")), id, "another model");
+        let longer = dir.path().join("longer.gguf");
+        std::fs::copy(&original, &longer).unwrap();
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&longer)
+            .unwrap();
+        file.set_len(file.metadata().unwrap().len() + 1).unwrap();
+        assert_ne!(id_of(&longer), id, "one byte longer");
+    }
+
+    #[test]
+    fn the_cache_directory_follows_the_environment() {
+        let id = [0xab; 16];
+        let hex = "ab".repeat(16);
+        let env = |vars: &[(&str, &str)]| {
+            let vars: HashMap<String, OsString> = vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), OsString::from(v)))
+                .collect();
+            move |k: &str| vars.get(k).cloned()
+        };
+        assert_eq!(
+            cache_dir(&id, env(&[("SMOE_CACHE_DIR", "/c"), ("HOME", "/h")])),
+            Some(PathBuf::from(format!("/c/smoe/{hex}")))
+        );
+        // Empty is unset.
+        let home = cache_dir(&id, env(&[("SMOE_CACHE_DIR", ""), ("HOME", "/h")])).unwrap();
+        #[cfg(target_os = "linux")]
+        {
+            assert_eq!(home, PathBuf::from(format!("/h/.cache/smoe/{hex}")));
+            assert_eq!(
+                cache_dir(&id, env(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")])),
+                Some(PathBuf::from(format!("/x/smoe/{hex}")))
+            );
+            // A relative XDG_CACHE_HOME is ignored (the XDG base directory
+            // specification), as is a relative HOME.
+            assert_eq!(
+                cache_dir(&id, env(&[("XDG_CACHE_HOME", "x"), ("HOME", "/h")])),
+                Some(PathBuf::from(format!("/h/.cache/smoe/{hex}")))
+            );
+        }
+        #[cfg(target_vendor = "apple")]
+        assert_eq!(home, PathBuf::from(format!("/h/Library/Caches/smoe/{hex}")));
+        assert_eq!(cache_dir(&id, env(&[("HOME", "h")])), None);
+        assert_eq!(cache_dir(&id, env(&[])), None);
+    }
+}
