@@ -170,65 +170,29 @@ pub(super) fn memory_snapshot_from(root: &Path) -> io::Result<MemorySnapshot> {
         if limit < snapshot.ram_bytes {
             snapshot.ram_bytes = limit;
             snapshot.cgroup_limited = true;
-            snapshot.ram_source = format!(
-                "cgroup {} {} in {}",
-                hierarchy.name,
-                hierarchy.limit_file,
-                level.shown.display()
-            );
+            snapshot.ram_source = level.source(hierarchy, "{limit}");
         }
         let usage = read_limit(&level.dir, hierarchy.usage_file);
         let headroom = limit.saturating_sub(usage.unwrap_or(0));
-        // The usage counts the file cache, which the kernel reclaims before
-        // it kills: committable is the limit less the rest, as the elastic
-        // ring's probe measures it.
-        let file = fs::read_to_string(level.dir.join("memory.stat"))
-            .map(|text| file_cache_bytes(&text, hierarchy.name == "v1"));
-        let committable = limit.saturating_sub(
-            usage
-                .unwrap_or(0)
-                .saturating_sub(*file.as_ref().unwrap_or(&0)),
-        );
-        if committable < snapshot.committable_bytes {
-            snapshot.committable_bytes = committable;
-            let cache = if file.is_ok() {
-                "file cache"
-            } else {
-                "file cache: memory.stat unreadable, 0"
-            };
-            snapshot.committable_source = match usage {
-                Some(_) => format!(
-                    "cgroup {} {} - ({} - {cache}) in {}",
-                    hierarchy.name,
-                    hierarchy.limit_file,
-                    hierarchy.usage_file,
-                    level.shown.display()
-                ),
-                None => format!(
-                    "cgroup {} {} ({} unreadable) in {}",
-                    hierarchy.name,
-                    hierarchy.limit_file,
-                    hierarchy.usage_file,
-                    level.shown.display()
-                ),
-            };
-        }
         if headroom < snapshot.avail_bytes {
             snapshot.avail_bytes = headroom;
             snapshot.avail_source = match usage {
-                Some(_) => format!(
-                    "cgroup {} {} - {} in {}",
-                    hierarchy.name,
-                    hierarchy.limit_file,
-                    hierarchy.usage_file,
-                    level.shown.display()
-                ),
-                None => format!(
-                    "cgroup {} {} ({} unreadable) in {}",
-                    hierarchy.name,
-                    hierarchy.limit_file,
-                    hierarchy.usage_file,
-                    level.shown.display()
+                Some(_) => level.source(hierarchy, "{limit} - {usage}"),
+                None => level.source(hierarchy, "{limit} ({usage} unreadable)"),
+            };
+        }
+        // The usage counts the file cache, which the kernel reclaims before
+        // it kills: committable is what the elastic ring's probe measures.
+        let file = level.file_cache(hierarchy);
+        let committable = committable_bytes(limit, usage.unwrap_or(0), file.unwrap_or(0));
+        if committable < snapshot.committable_bytes {
+            snapshot.committable_bytes = committable;
+            snapshot.committable_source = match (usage, file) {
+                (None, _) => level.source(hierarchy, "{limit} ({usage} unreadable)"),
+                (Some(_), Some(_)) => level.source(hierarchy, "{limit} - ({usage} - file cache)"),
+                (Some(_), None) => level.source(
+                    hierarchy,
+                    "{limit} - ({usage} - file cache: memory.stat unreadable, 0)",
                 ),
             };
         }
@@ -283,6 +247,26 @@ const V2: Hierarchy = Hierarchy {
 struct Level {
     dir: PathBuf,
     shown: PathBuf,
+}
+
+impl Level {
+    /// The file cache this level's usage counts (`memory.stat`), `None`
+    /// when it cannot be read.
+    fn file_cache(&self, h: &Hierarchy) -> Option<u64> {
+        fs::read_to_string(self.dir.join("memory.stat"))
+            .ok()
+            .map(|text| file_cache_bytes(&text, h.name == "v1"))
+    }
+
+    /// Where a figure of this level came from, in words: `cgroup v2 WHAT in
+    /// /sys/fs/cgroup/app`, `{limit}` and `{usage}` in `what` naming the
+    /// hierarchy's files.
+    fn source(&self, h: &Hierarchy, what: &str) -> String {
+        let what = what
+            .replace("{limit}", h.limit_file)
+            .replace("{usage}", h.usage_file);
+        format!("cgroup {} {what} in {}", h.name, self.shown.display())
+    }
 }
 
 /// The process's cgroup directory and each parent up to the mount root,
@@ -534,25 +518,24 @@ impl PressureProbe {
                 continue;
             }
             let usage = read_limit(&level.dir, h.usage_file).unwrap_or(0);
-            let file = fs::read_to_string(level.dir.join("memory.stat"))
-                .map(|text| file_cache_bytes(&text, h.name == "v1"))
-                .unwrap_or(0);
-            let used = usage.saturating_sub(file);
-            let headroom = limit.saturating_sub(used);
+            let file = level.file_cache(h).unwrap_or(0);
+            let headroom = committable_bytes(limit, usage, file);
             sample.limit_bytes = sample.limit_bytes.min(limit);
             if headroom < sample.headroom_bytes {
                 sample.headroom_bytes = headroom;
-                sample.source = format!(
-                    "cgroup {} {} - ({} - file cache) in {}",
-                    h.name,
-                    h.limit_file,
-                    h.usage_file,
-                    level.shown.display()
-                );
+                sample.source = level.source(h, "{limit} - ({usage} - file cache)");
             }
         }
         Ok(sample)
     }
+}
+
+/// Memory a cgroup level with `limit` still lets its processes commit:
+/// the limit less the usage without the file cache, which the kernel
+/// reclaims before it kills. The one formula of the ring sizing's
+/// committable memory and the elastic ring's headroom.
+fn committable_bytes(limit: u64, usage: u64, file_cache: u64) -> u64 {
+    limit.saturating_sub(usage.saturating_sub(file_cache))
 }
 
 /// The reclaimable file cache of a `memory.stat` text: `active_file +

@@ -18,7 +18,7 @@ pub mod models;
 pub mod native;
 pub mod skip;
 
-pub use skip::{skip_or_fail, skip_or_fail_root};
+pub use skip::{root_or_skip, skip_or_fail, skip_or_fail_root};
 
 use std::path::PathBuf;
 

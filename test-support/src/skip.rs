@@ -56,6 +56,21 @@ pub fn skip_or_fail_root(why: &str) {
     skip(why);
 }
 
+/// True when this process is root; otherwise [`skip_or_fail_root`] says
+/// that `needs` (what the test needs root for) cannot be had here, and
+/// false: the caller returns at once.
+#[track_caller]
+pub fn root_or_skip(needs: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    skip_or_fail_root(&format!(
+        "{needs} needs root, and this is not root (run as root; SMOE_ROOT_TESTS=1 requires it)"
+    ));
+    false
+}
+
 /// Prints `skipped: WHY` on stderr, never failing: for what no CI machine
 /// has either.
 pub fn skip(why: &str) {

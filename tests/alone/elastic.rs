@@ -188,12 +188,7 @@ impl Drop for Cgroup {
 #[test]
 fn elastic_ring_gives_way_to_a_neighbour() {
     let _alone = crate::alone();
-    // SAFETY: getuid has no preconditions.
-    if unsafe { libc::getuid() } != 0 {
-        common::skip_or_fail_root(
-            "a memory cgroup needs root, and this is not root (run as root; \
-             SMOE_ROOT_TESTS=1 requires it)",
-        );
+    if !common::root_or_skip("a memory cgroup") {
         return;
     }
     // 220 experts of 12 MiB (padded to exactly 12 MiB) on the disk.

@@ -126,12 +126,7 @@ fn rss() -> u64 {
 #[test]
 fn a_committed_ring_that_does_not_fit_is_refused() {
     let _alone = crate::alone();
-    // SAFETY: getuid has no preconditions.
-    if unsafe { libc::getuid() } != 0 {
-        common::skip_or_fail_root(
-            "a memory cgroup needs root, and this is not root (run as root; \
-             SMOE_ROOT_TESTS=1 requires it)",
-        );
+    if !common::root_or_skip("a memory cgroup") {
         return;
     }
     let dir = tempfile::Builder::new()

@@ -84,14 +84,9 @@ fn populate_commits_the_ring_in_the_background_and_loads_stay_right() {
 #[test]
 fn lock_commits_and_locks_the_ring_at_open() {
     let _alone = crate::alone();
-    // SAFETY: getuid has no preconditions.
-    if unsafe { libc::getuid() } != 0 {
-        // Unprivileged, a 256 MiB lock needs a raised RLIMIT_MEMLOCK; the
-        // refusal is tested below.
-        smoe_test_support::skip_or_fail_root(
-            "locking 256 MiB needs root (CAP_IPC_LOCK), and this is not root (run as root; \
-             SMOE_ROOT_TESTS=1 requires it)",
-        );
+    // Unprivileged, a 256 MiB lock needs a raised RLIMIT_MEMLOCK; the
+    // refusal is tested below.
+    if !smoe_test_support::root_or_skip("locking 256 MiB (CAP_IPC_LOCK)") {
         return;
     }
     let v = common::vault(1, 64, 100_000, &[]);

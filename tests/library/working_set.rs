@@ -55,6 +55,35 @@ fn blob(s: &Streamer, layer: u32, expert: u32) -> Range<u64> {
     e.offset..e.offset + e.padded_size
 }
 
+/// A streamer over `v` (8 slots, 2 workers) whose disk fails every read
+/// of (layer, expert)'s blob, once that read was tried and failed: its
+/// error waits for the next claim.
+fn with_a_failed_read(v: &common::TestVault, layer: u32, expert: u32) -> Streamer {
+    let probe = Streamer::open(v.dir.path(), common::quiet_config(8, 2)).unwrap();
+    let bad = blob(&probe, layer, expert);
+    drop(probe);
+    let s = with_disk(
+        v,
+        common::quiet_config(8, 2),
+        Disk {
+            slow: 0..0,
+            delay: Duration::ZERO,
+            bad,
+        },
+    );
+    s.prefetch(layer, expert, Priority::Demand).unwrap();
+    let deadline = Instant::now() + WAIT;
+    while s.stats().io_errors == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(
+        s.stats().io_errors,
+        1,
+        "the read of ({layer}, {expert}) did not fail"
+    );
+    s
+}
+
 /// Claims every member of `set` with `claim_any`, checking each one's
 /// bytes and releasing it before the next: the claimed experts, in order.
 fn drain(v: &common::TestVault, s: &Streamer, layer: u32, set: &[u32]) -> Vec<u32> {
@@ -389,23 +418,7 @@ fn a_set_with_a_missing_member_claims_nothing() {
 #[test]
 fn a_refused_set_keeps_a_members_read_error() {
     let v = common::vault(2, 8, 20_000, &[]);
-    let probe = Streamer::open(v.dir.path(), common::quiet_config(8, 2)).unwrap();
-    let bad = blob(&probe, 1, 5);
-    drop(probe);
-    let s = with_disk(
-        &v,
-        common::quiet_config(8, 2),
-        Disk {
-            slow: 0..0,
-            delay: Duration::ZERO,
-            bad,
-        },
-    );
-    s.prefetch(1, 5, Priority::Demand).unwrap();
-    let deadline = Instant::now() + WAIT;
-    while s.stats().io_errors == 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    let s = with_a_failed_read(&v, 1, 5);
     assert_eq!(s.stats().io_errors, 1);
     let err = s.claim_any(1, &[3, 5, 8], Duration::ZERO).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
@@ -422,23 +435,7 @@ fn a_refused_set_keeps_a_members_read_error() {
 #[test]
 fn prefetch_set_counts_a_member_whose_read_failed() {
     let v = common::vault(2, 8, 20_000, &[]);
-    let probe = Streamer::open(v.dir.path(), common::quiet_config(8, 2)).unwrap();
-    let bad = blob(&probe, 1, 5);
-    drop(probe);
-    let s = with_disk(
-        &v,
-        common::quiet_config(8, 2),
-        Disk {
-            slow: 0..0,
-            delay: Duration::ZERO,
-            bad,
-        },
-    );
-    s.prefetch(1, 5, Priority::Demand).unwrap();
-    let deadline = Instant::now() + WAIT;
-    while s.stats().io_errors == 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    let s = with_a_failed_read(&v, 1, 5);
     assert_eq!(s.prefetch_set(1, &[4, 5, 6], Priority::Demand).unwrap(), 3);
     let err = s.claim_any(1, &[5, 4, 6], WAIT).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Io, "{err}");
@@ -501,23 +498,7 @@ fn prefetch_set_of_a_layer_beyond_the_vault() {
 #[test]
 fn a_failed_member_named_twice_is_not_read_again() {
     let v = common::vault(2, 8, 20_000, &[]);
-    let probe = Streamer::open(v.dir.path(), common::quiet_config(8, 2)).unwrap();
-    let bad = blob(&probe, 1, 5);
-    drop(probe);
-    let s = with_disk(
-        &v,
-        common::quiet_config(8, 2),
-        Disk {
-            slow: 0..0,
-            delay: Duration::ZERO,
-            bad,
-        },
-    );
-    s.prefetch(1, 5, Priority::Demand).unwrap();
-    let deadline = Instant::now() + WAIT;
-    while s.stats().io_errors == 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    let s = with_a_failed_read(&v, 1, 5);
     let err = s.claim_any(1, &[3, 5, 5], Duration::ZERO).unwrap_err();
     assert_eq!(err.layer_expert(), Some((1, 5)), "{err}");
     // Expert 3's read lands; a read of 5 queued beside it would have

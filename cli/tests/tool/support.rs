@@ -74,13 +74,5 @@ pub fn assert_contains(text: &str, needle: &str) {
 /// is skipped for want of `needs` and returns `false`, unless
 /// SMOE_ROOT_TESTS is set (CI), where not being root is a failure.
 pub fn root_tests(name: &str, needs: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    smoe_test_support::skip_or_fail_root(&format!(
-        "{name} needs root ({needs}), and this is not root (run as root; SMOE_ROOT_TESTS=1 \
-         requires it)"
-    ));
-    false
+    smoe_test_support::root_or_skip(&format!("{name} ({needs})"))
 }
