@@ -392,6 +392,12 @@ typedef struct smoe_stats {
    * wasted, most often speculation that did not come true).
    */
   uint64_t evicted_unclaimed;
+  /**
+   * Added in wave 4: payload bytes moved inside a slot after a read
+   * (a model opened in place whose experts of one layer do not share
+   * one offset modulo the I/O block); 0 for a vault.
+   */
+  uint64_t bytes_moved;
 } smoe_stats;
 
 #ifdef __cplusplus

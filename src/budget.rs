@@ -16,7 +16,6 @@
 //! gives a plan or an [`Error`], never a panic or a wrapped value.
 
 use std::fmt;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
@@ -55,15 +54,18 @@ pub struct VaultShape {
     pub largest_blob: Option<LargestBlob>,
     /// Number of blobs: the ring never has more slots than this.
     pub n_entries: u32,
-    /// Total bytes of the vault's `scout.*` files.
+    /// Bytes the engine keeps resident besides the ring: the vault's
+    /// `scout.*` files, or a model's non-expert tensors.
     pub scout_bytes: u64,
-    /// The vault directory, to say where `scout_bytes` came from.
-    pub dir: PathBuf,
+    /// Where `scout_bytes` came from: `"scout.* files in <dir>"`, or
+    /// `"the non-expert tensors of <model file>"`.
+    pub scout_source: String,
 }
 
 impl VaultShape {
     /// The shape of an opened vault. Lists the vault directory for its
-    /// `scout.*` files ([`Vault::scout_bytes`]); reads no blob.
+    /// `scout.*` files, or sums a model's other tensors
+    /// ([`Vault::dense_bytes`]); reads no blob.
     pub fn of(vault: &Vault) -> VaultShape {
         // `max_by_key` keeps the last maximum; reversing keeps the first.
         let largest_blob = vault
@@ -76,11 +78,12 @@ impl VaultShape {
                 expert: e.expert,
                 padded_size: e.padded_size,
             });
+        let (scout_bytes, scout_source) = vault.dense_bytes();
         VaultShape {
             largest_blob,
             n_entries: u32::try_from(vault.entries().len()).unwrap_or(u32::MAX),
-            scout_bytes: vault.scout_bytes(),
-            dir: vault.dir().to_path_buf(),
+            scout_bytes,
+            scout_source,
         }
     }
 
@@ -412,10 +415,7 @@ pub fn plan_ring(
 
     let (scout_bytes, scout_source) = match config.scout_bytes {
         Some(bytes) => (bytes, "config".to_owned()),
-        None => (
-            vault.scout_bytes,
-            format!("scout.* files in {}", vault.dir.display()),
-        ),
+        None => (vault.scout_bytes, vault.scout_source.clone()),
     };
     let (engine_overhead_bytes, overhead_source) = match config.engine_overhead_bytes {
         0 => (DEFAULT_ENGINE_OVERHEAD_BYTES, "default 2 GiB"),
@@ -993,7 +993,7 @@ mod tests {
             }),
             n_entries,
             scout_bytes,
-            dir: PathBuf::from("/vaults/test"),
+            scout_source: "scout.* files in /vaults/test".to_owned(),
         }
     }
 

@@ -228,6 +228,10 @@ macro_rules! stats_schema {
             /// Evictions of loads that no claim had taken: reads wasted,
             /// most often speculation that did not come true.
             evicted_unclaimed,
+            /// Payload bytes moved inside a slot after a read: a model
+            /// opened in place whose experts of one layer do not all sit at
+            /// the same offset modulo the I/O block (SPEC §6). 0 for a vault.
+            bytes_moved,
         }
     };
 }

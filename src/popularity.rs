@@ -656,7 +656,31 @@ impl Histogram {
             .iter()
             .filter_map(|e| vault.dense_id(e.layer, e.expert))
             .collect();
-        Self::open_with_key(key, Some(counted), vault.dir(), freq_path)
+        if freq_path.is_some() || vault.model().is_none() {
+            return Self::open_with_key(key, Some(counted), vault.dir(), freq_path);
+        }
+        // A model opened in place: nothing is written beside it (SPEC §6);
+        // its histogram lives in its cache directory, made here.
+        let dir = vault.histogram_dir().ok_or_else(|| {
+            "there is no user cache directory (neither SMOE_CACHE_DIR nor HOME is set)".to_owned()
+        });
+        let dir = dir.and_then(|d| match std::fs::create_dir_all(&d) {
+            Ok(()) => Ok(d),
+            Err(e) => Err(format!("cannot create {}: {e}", d.display())),
+        });
+        match dir {
+            Ok(d) => Self::open_with_key(key, Some(counted), &d, None),
+            Err(why) => {
+                let (mut h, mut warnings) =
+                    Self::open_with_key(key, Some(counted), vault.dir(), Some(Path::new("")));
+                warnings.push(format!(
+                    "the histogram of {} will not be kept: {why}",
+                    vault.path().display()
+                ));
+                h.warnings = warnings.clone();
+                (h, warnings)
+            }
+        }
     }
 
     fn open_with_key(

@@ -210,6 +210,10 @@ pub struct smoe_stats {
     /// Added in wave 3: evictions of loads that no claim had taken (reads
     /// wasted, most often speculation that did not come true).
     pub evicted_unclaimed: u64,
+    /// Added in wave 4: payload bytes moved inside a slot after a read
+    /// (a model opened in place whose experts of one layer do not share
+    /// one offset modulo the I/O block); 0 for a vault.
+    pub bytes_moved: u64,
 }
 
 /// An open streamer (opaque). Made by `smoe_open`, freed by `smoe_close`;

@@ -28,6 +28,7 @@ pub mod identity;
 #[cfg(feature = "safetensors")]
 pub mod json;
 pub mod names;
+pub mod meta;
 mod plan;
 #[cfg(feature = "safetensors")]
 mod safetensors;

@@ -44,6 +44,7 @@ mod imp {
     use crate::popularity::Histogram;
     use crate::sys::{DirectIo, OpenedFile, PressureProbe};
     use crate::trace::TraceRecorder;
+    use crate::model::window::IO_ALIGN;
     use crate::vault::{Entry, Vault, DEFAULT_ALIGNMENT};
 
     // A ring has at most one slot per vault entry, so the slot table's
@@ -91,6 +92,7 @@ mod imp {
         pub(crate) reads_prewarm: CachePadded<AtomicU64>,
         pub(crate) io_errors: CachePadded<AtomicU64>,
         pub(crate) checksum_errors: CachePadded<AtomicU64>,
+        pub(crate) bytes_moved: CachePadded<AtomicU64>,
     }
 
     /// What the streamer's threads share.
@@ -557,7 +559,15 @@ mod imp {
                         trace.record(id);
                     }
                     Ok(Some(SlotInfo {
-                        data: self.shared.ring.slot_ptr(slot),
+                        // SAFETY: the data offset of a layer is below its
+                    // entries' padded size (the slot bytes they need), so
+                    // the pointer stays inside the slot.
+                    data: unsafe {
+                        self.shared
+                            .ring
+                            .slot_ptr(slot)
+                            .add(self.shared.vault.data_offset(layer) as usize)
+                    },
                         size: entry.size,
                         ticket,
                         slot_index: slot,
@@ -1027,6 +1037,7 @@ mod imp {
                 grows: self.shared.elastic.grows.load(Ordering::Relaxed),
                 slots_held: u64::from(self.shared.table.occupancy().held),
                 evicted_unclaimed: self.shared.table.evicted_unclaimed(),
+                bytes_moved: r(&c.bytes_moved),
             }
         }
 
@@ -1109,7 +1120,7 @@ mod imp {
         plan: RingPlan,
         ring: Ring,
         /// One per worker, each opened with the direct-I/O policy applied.
-        files: Vec<OpenedFile>,
+        files: Vec<Vec<OpenedFile>>,
         /// Whether every descriptor in `files` does direct I/O.
         direct_all: bool,
         histogram: Histogram,
@@ -1197,7 +1208,7 @@ mod imp {
             }
             warnings.extend(plan.warning());
             let files = open_worker_files(vault, workers, config.direct_io)?;
-            let direct_all = files.iter().all(|f| f.direct);
+            let direct_all = files.iter().flatten().all(|f| f.direct);
             if !direct_all && config.direct_io == DirectIo::Auto {
                 warnings.push(format!(
                     "direct I/O is not available for {}: reading through the page cache",
@@ -1254,56 +1265,81 @@ mod imp {
         }
     }
 
-    /// Opens one descriptor of the vault per worker with the `policy`. Some
-    /// filesystems accept `O_DIRECT` at open and refuse the reads, so a
-    /// direct descriptor is probed with one read; if it is refused, all are
-    /// reopened buffered (or, under `Require`, it is an error).
-    fn open_worker_files(vault: &Vault, workers: u32, policy: DirectIo) -> Result<Vec<OpenedFile>> {
-        let mut files = Vec::with_capacity(workers as usize);
-        for _ in 0..workers {
-            let opened = crate::sys::open_for_streaming(vault.path(), policy).map_err(|e| {
-                let kind = if e.kind() == std::io::ErrorKind::Unsupported {
-                    ErrorKind::Unsupported
-                } else {
-                    ErrorKind::Io
-                };
-                Error::io("cannot open for streaming", vault.path(), &e).with_kind(kind)
-            })?;
-            files.push(opened);
-        }
-        if files.iter().any(|f| f.direct) {
-            let probe = crate::sys::probe_direct_read(&files[0].file, DEFAULT_ALIGNMENT as usize);
-            if let Err(e) = probe {
-                if policy == DirectIo::Require {
-                    return Err(Error::new(
-                        ErrorKind::Unsupported,
-                        format!(
-                            "direct I/O required but {} refuses direct reads: {e}",
-                            vault.path().display()
-                        ),
-                    )
-                    .with_os_error(e.raw_os_error()));
+    /// Opens, per worker, one descriptor of each file the vault's experts
+    /// are in (`experts.smoe`, or a model's parts) with the `policy`. Some
+    /// filesystems accept `O_DIRECT` at open and refuse the reads, so the
+    /// first direct descriptor of each file is probed with one read; if one
+    /// is refused, all are reopened buffered (or, under `Require`, it is an
+    /// error).
+    fn open_worker_files(
+        vault: &Vault,
+        workers: u32,
+        policy: DirectIo,
+    ) -> Result<Vec<Vec<OpenedFile>>> {
+        let paths = vault.data_files();
+        let open_all = |policy: DirectIo| -> Result<Vec<Vec<OpenedFile>>> {
+            let mut all = Vec::with_capacity(workers as usize);
+            for _ in 0..workers {
+                let mut mine = Vec::with_capacity(paths.len());
+                for path in &paths {
+                    let opened = crate::sys::open_for_streaming(path, policy).map_err(|e| {
+                        let kind = if e.kind() == std::io::ErrorKind::Unsupported {
+                            ErrorKind::Unsupported
+                        } else {
+                            ErrorKind::Io
+                        };
+                        Error::io("cannot open for streaming", path, &e).with_kind(kind)
+                    })?;
+                    mine.push(opened);
                 }
-                files.clear();
-                for _ in 0..workers {
-                    let f = crate::sys::open_for_streaming(vault.path(), DirectIo::Off)
-                        .map_err(|e| Error::io("cannot open", vault.path(), &e))?;
-                    files.push(f);
+                all.push(mine);
+            }
+            Ok(all)
+        };
+        let files = open_all(policy)?;
+        if let Some(first) = files.first() {
+            for (opened, path) in first.iter().zip(&paths) {
+                if !opened.direct {
+                    continue;
+                }
+                // A model's windows are blocks of IO_ALIGN; a vault's reads
+                // multiples of its alignment.
+                let block = match vault.model() {
+                    Some(_) => IO_ALIGN as usize,
+                    None => DEFAULT_ALIGNMENT as usize,
+                };
+                let probe = crate::sys::probe_direct_read(&opened.file, block);
+                if let Err(e) = probe {
+                    if policy == DirectIo::Require {
+                        return Err(Error::new(
+                            ErrorKind::Unsupported,
+                            format!(
+                                "direct I/O required but {} refuses direct reads: {e}",
+                                path.display()
+                            ),
+                        )
+                        .with_os_error(e.raw_os_error()));
+                    }
+                    return open_all(DirectIo::Off);
                 }
             }
         }
         Ok(files)
     }
 
-    /// Starts one I/O worker per descriptor, then tells the wake-up logic
-    /// their threads. If one cannot start, stops those that did.
-    fn start_workers(shared: &Arc<Shared>, files: Vec<OpenedFile>) -> Result<Vec<JoinHandle<()>>> {
+    /// Starts one I/O worker per set of descriptors, then tells the wake-up
+    /// logic their threads. If one cannot start, stops those that did.
+    fn start_workers(
+        shared: &Arc<Shared>,
+        files: Vec<Vec<OpenedFile>>,
+    ) -> Result<Vec<JoinHandle<()>>> {
         let mut threads = Vec::with_capacity(files.len());
         for (i, opened) in files.into_iter().enumerate() {
             let shared2 = shared.clone();
+            let mine: Vec<std::fs::File> = opened.into_iter().map(|o| o.file).collect();
             let spawned = std::thread::Builder::new()
                 .name(format!("smoe-io-{i}"))
-                .spawn(move || worker::run(shared2, i as u32, opened.file));
+                .spawn(move || worker::run(shared2, i as u32, mine));
             match spawned {
                 Ok(h) => threads.push(h),
                 Err(e) => {

@@ -22,6 +22,7 @@ use super::slots::{Origin, ReadJob};
 use super::Shared;
 use crate::error::{Error, ErrorKind};
 use crate::sys::ReadError;
+use crate::vault::{Entry, InPlace, Scratch};
 
 /// How the I/O workers read a blob: the one seam between the streamer and
 /// the disk, as [`crate::vault`]'s `Source` is for the vault's table. The
@@ -201,9 +202,11 @@ impl Landed {
     }
 }
 
-/// A worker's life: take jobs until shutdown. Catches panics.
-pub(crate) fn run(shared: Arc<Shared>, me: u32, file: File) {
-    let result = catch_unwind(AssertUnwindSafe(|| work(&shared, me, &file)));
+/// A worker's life: take jobs until shutdown. Catches panics. `files` are
+/// the worker's own descriptors of the vault's data files
+/// ([`Vault::data_files`](crate::vault::Vault::data_files)), in order.
+pub(crate) fn run(shared: Arc<Shared>, me: u32, files: Vec<File>) {
+    let result = catch_unwind(AssertUnwindSafe(|| work(&shared, me, &files)));
     if result.is_err() {
         // Release: later API calls that Acquire `broken` fail cleanly.
         shared.broken.store(true, Ordering::Release);
@@ -212,13 +215,14 @@ pub(crate) fn run(shared: Arc<Shared>, me: u32, file: File) {
     }
 }
 
-fn work(shared: &Shared, me: u32, file: &File) {
+fn work(shared: &Shared, me: u32, files: &[File]) {
+    let mut scratch = Scratch::default();
     loop {
         if shared.shutdown.load(Ordering::Acquire) {
             return;
         }
         match shared.table.next_job() {
-            Some(job) => read_job(shared, file, job),
+            Some(job) => read_job(shared, files, job, &mut scratch),
             None => shared.wake.park(me, || {
                 shared.table.has_work() || shared.shutdown.load(Ordering::Acquire)
             }),
@@ -226,7 +230,7 @@ fn work(shared: &Shared, me: u32, file: &File) {
     }
 }
 
-fn read_job(shared: &Shared, file: &File, job: ReadJob) {
+fn read_job(shared: &Shared, files: &[File], job: ReadJob, scratch: &mut Scratch) {
     let Some(&entry) = shared.vault.entry_by_id(job.id) else {
         // Every caller checks ids against the vault before queueing; should
         // one slip through, fail its read rather than the worker.
@@ -246,14 +250,23 @@ fn read_job(shared: &Shared, file: &File, job: ReadJob) {
     let c = &shared.counters;
     let path = shared.vault.path();
 
-    let read = shared.reader.read_exact_at(file, buf, entry.offset);
-    if let Err(e) = read {
-        c.io_errors.fetch_add(1, Ordering::Relaxed);
-        let err = Error::read(path, &e).with_expert(entry.layer, entry.expert);
-        fail(shared, job, err);
-        return;
-    }
-    c.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
+    let read = match shared.vault.model() {
+        None => shared
+            .reader
+            .read_exact_at(&files[0], buf, entry.offset)
+            .map(|()| len as u64)
+            .map_err(|e| Error::read(path, &e)),
+        Some(model) => read_model(shared, model, files, &entry, buf, scratch),
+    };
+    let bytes = match read {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            c.io_errors.fetch_add(1, Ordering::Relaxed);
+            fail(shared, job, e.with_expert(entry.layer, entry.expert));
+            return;
+        }
+    };
+    c.bytes_read.fetch_add(bytes, Ordering::Relaxed);
     match job.origin {
         Origin::Demand => &c.reads_demand,
         Origin::Speculative => &c.reads_speculative,
@@ -273,6 +286,29 @@ fn read_job(shared: &Shared, file: &File, job: ReadJob) {
     }
     shared.table.finish_ok(job);
     shared.landed.notify();
+}
+
+/// Loads an expert of a model opened in place into its slot `buf`
+/// ([`InPlace::load`], through the streamer's reader) and counts the bytes
+/// moved. Returns the bytes read.
+fn read_model(
+    shared: &Shared,
+    model: &InPlace,
+    files: &[File],
+    entry: &Entry,
+    buf: &mut [u8],
+    scratch: &mut Scratch,
+) -> Result<u64, Error> {
+    let loaded = model.load(files, entry, buf, scratch, |file, window, offset| {
+        shared.reader.read_exact_at(file, window, offset)
+    })?;
+    if loaded.bytes_moved > 0 {
+        shared
+            .counters
+            .bytes_moved
+            .fetch_add(loaded.bytes_moved, Ordering::Relaxed);
+    }
+    Ok(loaded.bytes_read)
 }
 
 fn fail(shared: &Shared, job: ReadJob, err: Error) {

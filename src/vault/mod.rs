@@ -7,6 +7,7 @@
 //! hashing. [`VaultWriter`] writes vaults; [`synth`] makes synthetic ones.
 
 mod format;
+mod in_place;
 pub mod synth;
 mod writer;
 
@@ -15,11 +16,13 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub use format::{
     hex, Entry, Header, DEFAULT_ALIGNMENT, ENTRY_BYTES, FLAG_CHECKSUMS, HEADER_BYTES,
     MAX_ALIGNMENT, MAX_EXPERT_IDS, MAX_META_BYTES, MIN_ALIGNMENT, VERSION,
 };
+pub use in_place::{InPlace, Loaded, ModelFile, Scratch};
 pub use writer::{random_id, VaultWriter, WriterOptions};
 
 use crate::error::{Error, ErrorKind, Result};
@@ -48,6 +51,9 @@ pub struct Vault {
     /// `format::parse_meta`), NUL-terminated so the C API hands out a
     /// pointer into it. Empty when the vault has none.
     meta: CString,
+    /// A model opened in place (SPEC §6): where its experts' slices are.
+    /// `None` for a packed vault, whose blobs are in `experts.smoe`.
+    model: Option<Arc<InPlace>>,
 }
 
 /// Where the bytes of a vault come from: a file, or memory (for the fuzzer).
@@ -78,8 +84,17 @@ impl Vault {
     /// of its `experts.smoe`.
     ///
     /// Errors name the file and, for a broken rule, the field and both values.
+    /// `path` may also be a model, opened in place (SPEC §6): a GGUF file
+    /// (the first part of a split one), a safetensors file, a directory
+    /// holding `model.safetensors` or `model.safetensors.index.json`, or
+    /// that index. Its table is built from the model's headers; no tensor
+    /// data is read.
     pub fn open(path: impl AsRef<Path>) -> Result<Vault> {
-        let (file_path, dir) = resolve(path.as_ref())?;
+        let path = path.as_ref();
+        if is_model(path)? {
+            return Self::open_model(path);
+        }
+        let (file_path, dir) = resolve(path)?;
         // Never `File::open` first: on a FIFO that waits for a writer forever.
         let (file, meta) = sys::open_regular(&file_path).map_err(|e| match e {
             OpenRegularError::Os(e) => Error::io("cannot open", &file_path, &e),
@@ -101,6 +116,7 @@ impl Vault {
                 entries,
                 index,
                 meta,
+                model: None,
             })
             .map_err(|e| match e.path() {
                 // A read error names the file in its sentence; it is named
@@ -121,7 +137,71 @@ impl Vault {
             entries,
             index,
             meta,
+            model: None,
         })
+    }
+
+    /// Opens the model at `path` in place (SPEC §6).
+    fn open_model(path: &Path) -> Result<Vault> {
+        let opened = in_place::open(path)?;
+        let mut header = opened.header;
+        header.meta_bytes = opened.meta.len() as u64;
+        header.meta_xxh3 = xxhash_rust::xxh3::xxh3_64(opened.meta.as_bytes());
+        let mut index = vec![NO_ENTRY; header.expert_ids() as usize];
+        for (i, e) in opened.entries.iter().enumerate() {
+            index[dense(&header, e.layer, e.expert)] = i as u32;
+        }
+        // The metadata is written here, from names a header gave: checked
+        // as a vault's is, so the C string holds no NUL.
+        let meta = format::parse_meta(&header, opened.meta.into_bytes())
+            .map_err(|e| e.with_path(path))?;
+        let first = opened.source.files()[0].path.clone();
+        let dir = match first.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        Ok(Vault {
+            path: first,
+            dir,
+            header,
+            entries: opened.entries,
+            index,
+            meta,
+            model: Some(Arc::new(opened.source)),
+        })
+    }
+
+    /// The model this vault reads in place, or `None` for a packed vault.
+    pub fn model(&self) -> Option<&InPlace> {
+        self.model.as_deref()
+    }
+
+    /// Where a claim's bytes start in the slot of an expert of `layer`: 0
+    /// for a packed vault, the slot offset of the layer's first item for a
+    /// model ([`InPlace::data_offset`]).
+    pub fn data_offset(&self, layer: u32) -> u64 {
+        self.model.as_ref().map_or(0, |m| m.data_offset(layer))
+    }
+
+    /// The files the I/O workers read: `experts.smoe`, or the model's.
+    pub fn data_files(&self) -> Vec<PathBuf> {
+        match &self.model {
+            None => vec![self.path.clone()],
+            Some(m) => m.files().iter().map(|f| f.path.clone()).collect(),
+        }
+    }
+
+    /// The directory of this vault's histogram when the config names
+    /// none: the vault directory, or a model's cache directory (SPEC §6:
+    /// nothing is written beside a model), `None` when a model has none
+    /// (no home directory).
+    pub fn histogram_dir(&self) -> Option<PathBuf> {
+        match &self.model {
+            None => Some(self.dir.clone()),
+            Some(_) => crate::model::identity::cache_dir(&self.header.vault_id, |k| {
+                std::env::var_os(k)
+            }),
+        }
     }
 
     #[allow(clippy::type_complexity)]
@@ -281,6 +361,22 @@ impl Vault {
         self.entries.iter().map(|e| e.size).sum()
     }
 
+    /// The bytes the engine keeps resident besides the ring: a model's
+    /// non-expert tensors ([`InPlace::dense_bytes`]), or a vault's scout
+    /// files ([`Vault::scout_bytes`]); with where the figure comes from.
+    pub fn dense_bytes(&self) -> (u64, String) {
+        match &self.model {
+            Some(m) => (
+                m.dense_bytes(),
+                format!("the non-expert tensors of {}", self.path.display()),
+            ),
+            None => (
+                self.scout_bytes(),
+                format!("scout.* files in {}", self.dir.display()),
+            ),
+        }
+    }
+
     /// Total bytes of the vault directory's `scout.*` files (docs/format.md §1), 0 when
     /// there are none or the directory cannot be listed. A symbolic link
     /// counts its target (a scout is often a link to the model's file);
@@ -319,6 +415,38 @@ fn zeroed(len: u64, spare: usize, what: &str) -> Result<Vec<u8>> {
 
 fn dense(h: &Header, layer: u32, expert: u32) -> usize {
     layer as usize * h.n_experts as usize + expert as usize
+}
+
+/// Whether `path` names a model to open in place rather than a vault: a
+/// directory without `experts.smoe` that holds `model.safetensors` or its
+/// index, or a file that is not `experts.smoe` and does not start with a
+/// vault's magic. Only `stat` and, for a regular file, an open without
+/// blocking and an 8-byte read.
+fn is_model(path: &Path) -> Result<bool> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io("cannot open", path, &e))?;
+    if meta.is_dir() {
+        if path.join(EXPERTS_FILE).exists() {
+            return Ok(false);
+        }
+        return Ok(["model.safetensors", "model.safetensors.index.json"]
+            .iter()
+            .any(|n| path.join(n).is_file()));
+    }
+    if !meta.is_file() || path.file_name().is_some_and(|n| n == EXPERTS_FILE) {
+        // A vault's open names what is wrong with it.
+        return Ok(false);
+    }
+    let Ok((file, _)) = sys::open_regular(path) else {
+        return Ok(false);
+    };
+    let mut magic = [0u8; 8];
+    Ok(match file.read_at(&mut magic, 0) {
+        Ok(8) => magic != format::MAGIC,
+        // Shorter than a vault's magic: not a vault; the model reader says
+        // what it is not.
+        Ok(_) => true,
+        Err(_) => false,
+    })
 }
 
 /// Splits a user path into (`experts.smoe` path, vault directory).

@@ -16,6 +16,7 @@ mod generation_wrap;
 mod hardening_files;
 mod hardening_input;
 mod header;
+mod in_place;
 mod install;
 mod popularity;
 mod prewarm;

@@ -1,0 +1,370 @@
+//! A model opened in place (SPEC §6): the vault's table built from a GGUF
+//! or safetensors model's headers, with no copy. After open, a model and a
+//! packed vault differ only in where an expert's bytes come from: a packed
+//! expert is one aligned blob of `experts.smoe`; a model's is its slices in
+//! the model's files, read through the aligned windows of its layer
+//! ([`crate::model::window`]), so that every expert of a layer has the same
+//! layout in its slot.
+//!
+//! The claimed bytes of a model's expert start at its layer's first item
+//! ([`InPlace::data_offset`]); the metadata's item offsets count from
+//! there, so a host reads a model's slot exactly as a vault's blob.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use super::format::{Entry, Header, DEFAULT_ALIGNMENT, VERSION};
+use crate::error::{Error, ErrorKind, Result};
+use crate::sys::ReadError;
+use crate::model::meta::{metadata_json, MetaWriter};
+use crate::model::window::{LayerWindows, Move, Read};
+use crate::model::{self, LayerPlan, LayoutItem, Model, Slice, SourceKind};
+
+/// One of a model's files, as it was when the model was opened: a read
+/// checks that it still is (SPEC §6: a file changed while open fails its
+/// reads rather than hand out other bytes).
+#[derive(Clone, Debug)]
+pub struct ModelFile {
+    /// Its path.
+    pub path: PathBuf,
+    /// Its length at open.
+    pub len: u64,
+    /// Its modification time at open, where the filesystem keeps one.
+    pub modified: Option<SystemTime>,
+}
+
+impl ModelFile {
+    /// Whether `file` (a descriptor of this file) still has the length and
+    /// modification time it had at open; else a sentence saying what
+    /// changed.
+    pub fn check_unchanged(&self, file: &File) -> std::result::Result<(), String> {
+        let meta = file
+            .metadata()
+            .map_err(|e| format!("cannot stat {}: {e}", self.path.display()))?;
+        if meta.len() != self.len {
+            return Err(format!(
+                "{} changed while open: it was {} bytes, it is {}",
+                self.path.display(),
+                self.len,
+                meta.len()
+            ));
+        }
+        if meta.modified().ok() != self.modified {
+            return Err(format!(
+                "{} changed while open: its modification time is not the one it had at open",
+                self.path.display()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A caller's reusable lists of one load's reads and moves
+/// ([`InPlace::load`]): one per thread, so a load allocates nothing.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    reads: Vec<Read>,
+    moves: Vec<Move>,
+}
+
+/// What one [`InPlace::load`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Loaded {
+    /// Bytes read from the files (whole windows, up to a file's end).
+    pub bytes_read: u64,
+    /// Payload bytes moved inside the buffer after the reads.
+    pub bytes_moved: u64,
+}
+
+/// One layer of a model: where its experts' slices are, and how they reach
+/// the same offsets of every slot.
+#[derive(Clone, Debug)]
+struct LayerSource {
+    plan: LayerPlan,
+    windows: LayerWindows,
+}
+
+/// Where a model's experts come from.
+#[derive(Clone, Debug)]
+pub struct InPlace {
+    kind: SourceKind,
+    files: Vec<ModelFile>,
+    /// By layer; `None` for a layer without experts.
+    layers: Vec<Option<LayerSource>>,
+    /// Bytes of every tensor that is not an expert's.
+    dense_bytes: u64,
+}
+
+/// What [`open`] builds: the parts of a [`super::Vault`].
+pub(super) struct Opened {
+    pub header: Header,
+    pub entries: Vec<Entry>,
+    pub meta: String,
+    pub source: InPlace,
+}
+
+/// Opens the model at `path` (SPEC §6): its headers, the plan of every
+/// layer (SPEC §5's rules, [`model::plan`]), the windows of every layer,
+/// the table and the metadata. Reads no tensor data.
+pub(super) fn open(path: &Path) -> Result<Opened> {
+    let model = model::open_model(path, &|| false)?;
+    model::check_no_overlap(&model)?;
+    let (n_layers, n_experts, plans) = model::plan(&model)?;
+    let id = model::identity::identity(&model)?;
+    let mut files = Vec::with_capacity(model.files.len());
+    for (p, f) in model.files.iter().zip(&model.handles) {
+        let meta = f.metadata().map_err(|e| Error::io("cannot stat", p, &e))?;
+        files.push(ModelFile {
+            path: p.clone(),
+            len: meta.len(),
+            modified: meta.modified().ok(),
+        });
+    }
+    let mut layers: Vec<Option<LayerSource>> = vec![None; n_layers as usize];
+    let mut entries = Vec::with_capacity(plans.len() * n_experts as usize);
+    let mut layouts: Vec<(u32, Vec<LayoutItem>)> = Vec::with_capacity(plans.len());
+    for plan in plans {
+        let slices: Vec<Vec<Slice>> = (0..n_experts)
+            .map(|e| (0..plan.items.len()).map(|i| plan.slice(i, e)).collect())
+            .collect();
+        let views: Vec<&[Slice]> = slices.iter().map(Vec::as_slice).collect();
+        let windows = LayerWindows::plan(&views).map_err(|e| {
+            Error::format(format!(
+                "{}: layer {}: {e}",
+                model.files[0].display(),
+                plan.layer
+            ))
+        })?;
+        let offsets = windows.offsets();
+        let base = offsets[0];
+        let items: Vec<LayoutItem> = plan
+            .items
+            .iter()
+            .zip(offsets)
+            .map(|(item, &at)| LayoutItem {
+                offset: at - base,
+                ..item.clone()
+            })
+            .collect();
+        let size = items.iter().map(LayoutItem::end).max().unwrap_or(0);
+        for (e, s) in slices.iter().enumerate() {
+            entries.push(Entry {
+                layer: plan.layer,
+                expert: e as u32,
+                offset: s[0].offset,
+                size,
+                padded_size: windows.slot_bytes(),
+                xxh3: 0,
+            });
+        }
+        layouts.push((plan.layer, items));
+        let layer = plan.layer as usize;
+        layers[layer] = Some(LayerSource { plan, windows });
+    }
+    let views: Vec<(u32, &[LayoutItem])> =
+        layouts.iter().map(|(l, i)| (*l, i.as_slice())).collect();
+    let writer = format!("smoe {}", env!("CARGO_PKG_VERSION"));
+    let meta = metadata_json(
+        &model,
+        &views,
+        MetaWriter {
+            format: "smoe-model",
+            writer: &writer,
+            scout: None,
+        },
+    );
+    let dense_bytes = dense_bytes(&model);
+    let header = synthetic_header(n_layers, n_experts, entries.len(), id, &files);
+    Ok(Opened {
+        header,
+        entries,
+        meta,
+        source: InPlace {
+            kind: model.kind,
+            files,
+            layers,
+            dense_bytes,
+        },
+    })
+}
+
+/// Bytes of the tensors of `model` that are not experts: what an engine
+/// loads and keeps besides the ring.
+fn dense_bytes(model: &Model) -> u64 {
+    let mut expert = vec![false; model.tensors.len()];
+    for x in &model.experts {
+        expert[x.tensor] = true;
+    }
+    model
+        .tensors
+        .iter()
+        .zip(&expert)
+        .filter(|(_, &e)| !e)
+        .map(|(t, _)| t.bytes)
+        .fold(0, u64::saturating_add)
+}
+
+/// The header a model's table stands behind: its counts and identity; no
+/// checksums; the offsets of a file it does not have are 0.
+fn synthetic_header(
+    n_layers: u32,
+    n_experts: u32,
+    n_entries: usize,
+    id: [u8; 16],
+    files: &[ModelFile],
+) -> Header {
+    Header {
+        version: VERSION,
+        alignment: DEFAULT_ALIGNMENT,
+        n_layers,
+        n_experts,
+        // At most MAX_EXPERT_IDS, which `plan` checked.
+        n_entries: n_entries as u32,
+        flags: 0,
+        table_offset: 0,
+        table_bytes: 0,
+        meta_offset: 0,
+        meta_bytes: 0,
+        data_offset: 0,
+        file_bytes: files.iter().map(|f| f.len).fold(0, u64::saturating_add),
+        vault_id: id,
+        table_xxh3: 0,
+        meta_xxh3: 0,
+    }
+}
+
+impl InPlace {
+    /// The model's kind.
+    pub fn kind(&self) -> SourceKind {
+        self.kind
+    }
+
+    /// The model's files, in order (split parts, shards).
+    pub fn files(&self) -> &[ModelFile] {
+        &self.files
+    }
+
+    /// Bytes of the model's tensors that are not experts.
+    pub fn dense_bytes(&self) -> u64 {
+        self.dense_bytes
+    }
+
+    /// Where the claimed bytes of an expert of `layer` start in its slot:
+    /// the slot offset of the layer's first item. 0 for a layer without
+    /// experts.
+    pub fn data_offset(&self, layer: u32) -> u64 {
+        self.layer(layer).map_or(0, |l| l.windows.offsets()[0])
+    }
+
+    /// How many reads an expert of `layer` takes.
+    pub fn reads_per_expert(&self, layer: u32) -> usize {
+        self.layer(layer).map_or(0, |l| l.windows.reads_per_expert())
+    }
+
+    /// Appends the reads, then the moves, that load `expert` of `layer`
+    /// into a slot (the worker's, [`crate::model::window::LayerWindows::reads`]).
+    /// Nothing for an expert the model does not have.
+    pub fn reads(&self, layer: u32, expert: u32, reads: &mut Vec<Read>, moves: &mut Vec<Move>) {
+        let Some(l) = self.layer(layer) else {
+            return;
+        };
+        let mut slices = [Slice {
+            file: 0,
+            offset: 0,
+            bytes: 0,
+        }; 16];
+        let n = l.plan.items.len();
+        if n <= slices.len() {
+            for (i, s) in slices[..n].iter_mut().enumerate() {
+                *s = l.plan.slice(i, expert);
+            }
+            l.windows.reads(&slices[..n], reads, moves);
+        } else {
+            let slices: Vec<Slice> = (0..n).map(|i| l.plan.slice(i, expert)).collect();
+            l.windows.reads(&slices, reads, moves);
+        }
+    }
+
+    /// Loads `entry`'s expert into `buf` (its slot, at least
+    /// `entry.padded_size` bytes, aligned for direct I/O): each window of
+    /// its layer's plan read straight into place by `read` (a descriptor of
+    /// the model's file from `files`, in order; the window; the file
+    /// offset), then the moves that put its payload at the layer's offsets
+    /// (SPEC §6). After each read the file is checked to be the one opened
+    /// (length and modification time): a model changed while open fails
+    /// the load rather than hand out other bytes. The one read path of a
+    /// model: the streamer's workers and the tool's `verify` and `bench`
+    /// call it.
+    ///
+    /// # Errors
+    ///
+    /// [`crate::ErrorKind::Io`] naming the file: a failed or short read, or
+    /// a file changed since open.
+    pub fn load(
+        &self,
+        files: &[File],
+        entry: &Entry,
+        buf: &mut [u8],
+        scratch: &mut Scratch,
+        mut read: impl FnMut(&File, &mut [u8], u64) -> std::result::Result<(), ReadError>,
+    ) -> Result<Loaded> {
+        let Scratch { reads, moves } = scratch;
+        reads.clear();
+        moves.clear();
+        self.reads(entry.layer, entry.expert, reads, moves);
+        let mut loaded = Loaded::default();
+        for r in reads.iter() {
+            let known = &self.files[r.file];
+            let file = files.get(r.file).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Internal,
+                    format!("no descriptor of {}", known.path.display()),
+                )
+            })?;
+            let changed = || {
+                known
+                    .check_unchanged(file)
+                    .map_err(|why| Error::new(ErrorKind::Io, why).with_path(&known.path))
+            };
+            let window = buf
+                .get_mut(r.slot as usize..(r.slot + r.len) as usize)
+                .ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::Internal,
+                        format!(
+                            "a window of {} bytes at {} passes the buffer of {}",
+                            r.len,
+                            r.slot,
+                            entry.padded_size
+                        ),
+                    )
+                })?;
+            // The bytes of the window the file has: a window may run past
+            // the end of the file, never its payload (the model's reader
+            // checked that every tensor lies inside its file).
+            let there = known.len.saturating_sub(r.offset).min(r.len);
+            match read(file, window, r.offset) {
+                Ok(()) => loaded.bytes_read += r.len,
+                Err(e) if there < r.len && e.done as u64 >= there && there >= r.need => {
+                    loaded.bytes_read += there;
+                }
+                Err(e) => {
+                    changed()?;
+                    return Err(Error::read(&known.path, &e));
+                }
+            }
+            changed()?;
+        }
+        for m in moves.iter() {
+            let (from, to, len) = (m.from as usize, m.to as usize, m.len as usize);
+            buf.copy_within(from..from + len, to);
+            loaded.bytes_moved += m.len;
+        }
+        Ok(loaded)
+    }
+
+    fn layer(&self, layer: u32) -> Option<&LayerSource> {
+        self.layers.get(layer as usize).and_then(Option::as_ref)
+    }
+}
