@@ -559,15 +559,7 @@ mod imp {
                         trace.record(id);
                     }
                     Ok(Some(SlotInfo {
-                        // SAFETY: the data offset of a layer is below its
-                    // entries' padded size (the slot bytes they need), so
-                    // the pointer stays inside the slot.
-                    data: unsafe {
-                        self.shared
-                            .ring
-                            .slot_ptr(slot)
-                            .add(self.shared.vault.data_offset(layer) as usize)
-                    },
+                        data: self.shared.ring.slot_ptr(slot),
                         size: entry.size,
                         ticket,
                         slot_index: slot,

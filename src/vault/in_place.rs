@@ -6,9 +6,12 @@
 //! ([`crate::model::window`]), so that every expert of a layer has the same
 //! layout in its slot.
 //!
-//! The claimed bytes of a model's expert start at its layer's first item
-//! ([`InPlace::data_offset`]); the metadata's item offsets count from
-//! there, so a host reads a model's slot exactly as a vault's blob.
+//! A claim of a model's expert starts at its slot, as a vault's does; the
+//! metadata's item offsets are positions in the slot (SPEC §6), so a host
+//! addresses an item as `data + offset` for both, and an engine that views
+//! the whole ring (`base + slot × slot_bytes + offset`) does too. The bytes
+//! of a slot outside its items are its windows' other bytes (the file's
+//! bytes around the slices: another expert's, say): no host reads them.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -136,14 +139,12 @@ pub(super) fn open(path: &Path) -> Result<Opened> {
                 plan.layer
             ))
         })?;
-        let offsets = windows.offsets();
-        let base = offsets[0];
         let items: Vec<LayoutItem> = plan
             .items
             .iter()
-            .zip(offsets)
+            .zip(windows.offsets())
             .map(|(item, &at)| LayoutItem {
-                offset: at - base,
+                offset: at,
                 ..item.clone()
             })
             .collect();
@@ -248,13 +249,6 @@ impl InPlace {
     /// Bytes of the model's tensors that are not experts.
     pub fn dense_bytes(&self) -> u64 {
         self.dense_bytes
-    }
-
-    /// Where the claimed bytes of an expert of `layer` start in its slot:
-    /// the slot offset of the layer's first item. 0 for a layer without
-    /// experts.
-    pub fn data_offset(&self, layer: u32) -> u64 {
-        self.layer(layer).map_or(0, |l| l.windows.offsets()[0])
     }
 
     /// How many reads an expert of `layer` takes.

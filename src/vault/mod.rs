@@ -176,13 +176,6 @@ impl Vault {
         self.model.as_deref()
     }
 
-    /// Where a claim's bytes start in the slot of an expert of `layer`: 0
-    /// for a packed vault, the slot offset of the layer's first item for a
-    /// model ([`InPlace::data_offset`]).
-    pub fn data_offset(&self, layer: u32) -> u64 {
-        self.model.as_ref().map_or(0, |m| m.data_offset(layer))
-    }
-
     /// The files the I/O workers read: `experts.smoe`, or the model's.
     pub fn data_files(&self) -> Vec<PathBuf> {
         match &self.model {
