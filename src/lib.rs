@@ -126,7 +126,7 @@ pub mod internals {
             check_no_overlap, interrupted, open_model, plan, Cancel, ExpertTensor, LayerPlan,
             LayoutItem, Model, Slice, SourceKind, Tensor, ITEM_ALIGNMENT,
         };
-        pub use crate::model::{gguf, identity, names, window};
+        pub use crate::model::{gguf, identity, meta, names, window};
     }
 
     /// The synthetic router of `smoe demo`/`smoe bench`, and (also under

@@ -147,34 +147,6 @@ impl BlobLayouts {
         }
         Ok(Some(out))
     }
-
-    /// The JSON value of `layer_blob_layouts`.
-    pub(crate) fn to_json(&self) -> Value {
-        Value::Object(
-            self.layers
-                .iter()
-                .map(|(layer, items)| {
-                    let items = items
-                        .iter()
-                        .map(|i| {
-                            Value::Object(vec![
-                                ("role".into(), i.role.as_str().into()),
-                                ("tensor".into(), i.tensor.as_str().into()),
-                                ("dtype".into(), i.dtype.as_str().into()),
-                                (
-                                    "shape".into(),
-                                    Value::Array(i.shape.iter().map(|&d| d.into()).collect()),
-                                ),
-                                ("offset".into(), i.offset.into()),
-                                ("bytes".into(), i.bytes.into()),
-                            ])
-                        })
-                        .collect();
-                    (layer.to_string(), Value::Array(items))
-                })
-                .collect(),
-        )
-    }
 }
 
 #[cfg(test)]
@@ -196,7 +168,11 @@ mod tests {
                 }],
             )],
         };
-        let meta = Value::Object(vec![("layer_blob_layouts".into(), l.to_json())]).to_json();
+        let items: Vec<(u32, &[LayoutItem])> =
+            l.layers.iter().map(|(n, i)| (*n, i.as_slice())).collect();
+        let mut meta = String::from("{\"layer_blob_layouts\":");
+        smoe::internals::model::meta::layouts_json(&mut meta, &items);
+        meta.push('}');
         assert_eq!(BlobLayouts::from_metadata(&meta).unwrap(), Some(l.clone()));
         assert_eq!(
             BlobLayouts::from_metadata("{\"arch\":\"x\"}").unwrap(),

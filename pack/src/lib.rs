@@ -38,7 +38,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use smoe::internals::files::{self, FileId, FileKind};
-use smoe::internals::model::json::Value;
+use smoe::internals::model::meta;
 use smoe::internals::model::names::role_rank;
 use smoe::internals::model::{
     check_no_overlap, interrupted, open_model, plan, Cancel, LayerPlan, Model, Slice,
@@ -605,39 +605,23 @@ fn copy_range(
     Ok(())
 }
 
+/// The vault's metadata (SPEC §1.2), written by the library's one writer of
+/// it ([`smoe::internals::model::meta`]), which a model opened in place
+/// uses too.
 fn metadata(model: &Model, layouts: &BlobLayouts, scout: &str) -> String {
-    let files = model
-        .files
+    let views: Vec<(u32, &[smoe::internals::model::LayoutItem])> = layouts
+        .layers
         .iter()
-        .map(|p| {
-            Value::from(
-                p.file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default(),
-            )
-        })
+        .map(|(l, items)| (*l, items.as_slice()))
         .collect();
-    let mut members: Vec<(String, Value)> = vec![
-        ("format".into(), "smoe-vault".into()),
-        (
-            "writer".into(),
-            format!("smoe pack {}", env!("CARGO_PKG_VERSION")).into(),
-        ),
-        (
-            "source".into(),
-            Value::Object(vec![
-                ("kind".into(), model.kind.name().into()),
-                ("files".into(), Value::Array(files)),
-            ]),
-        ),
-    ];
-    if let Some(arch) = &model.arch {
-        members.push(("arch".into(), arch.as_str().into()));
-    }
-    if let Some(k) = model.top_k {
-        members.push(("top_k".into(), k.into()));
-    }
-    members.push(("scout".into(), scout.into()));
-    members.push(("layer_blob_layouts".into(), layouts.to_json()));
-    Value::Object(members).to_json()
+    let writer = format!("smoe pack {}", env!("CARGO_PKG_VERSION"));
+    meta::metadata_json(
+        model,
+        &views,
+        meta::MetaWriter {
+            format: "smoe-vault",
+            writer: &writer,
+            scout: Some(scout),
+        },
+    )
 }
