@@ -243,3 +243,268 @@ fn a_block_multiple_stride_is_read_with_no_move() {
     assert_eq!(s.stats().bytes_moved, 0, "{:?}", s.stats());
     assert_eq!(s.stats().io_errors, 0);
 }
+
+/// The same bytes through the C API, from a C program (tests/c/model_test.c)
+/// linked against libsmoe.a: a GGUF, a split GGUF, a safetensors file and a
+/// sharded safetensors checkpoint (per-expert and stacked tensors), every
+/// expert claimed with `smoe_claim_wait`, checked against `smoe_expert_info`
+/// there and against the Python readers' slices here.
+#[test]
+fn the_c_api_streams_models_in_place() {
+    let expected = expected();
+    let dir = tempfile::tempdir().unwrap();
+    let library = dir.path().join("libsmoe.a");
+    std::fs::copy(native::lib_dir().join("libsmoe.a"), &library).unwrap();
+    let compiler = native::c_compilers().into_iter().next().expect("a C compiler");
+    let program = dir.path().join("model_test");
+    native::run(
+        std::process::Command::new(&compiler)
+            .arg("-std=c11")
+            .args(native::WARNINGS)
+            .arg("-I")
+            .arg(native::manifest_dir().join("include"))
+            .arg(native::manifest_dir().join("tests/c/model_test.c"))
+            .arg(&library)
+            .args(native::native_static_libs())
+            .arg("-o")
+            .arg(&program),
+    );
+    let mut kinds = Vec::new();
+    for name in [
+        "qwen3moe-q8_0",       // GGUF, stacked
+        "qwen3moe-q8_0-split", // split GGUF
+        "mixtral-bf16",        // safetensors, per-expert
+        "gptoss-bf16",         // safetensors, stacked, biases
+        "qwen2moe-f32-sharded",
+    ] {
+        let fx = &expected["fixtures"][name];
+        assert!(fx.is_object(), "{name} is not in EXPECTED.json");
+        let src = fixtures().join(fx["source"].as_str().unwrap());
+        let mut pairs: Vec<(u32, u32)> = fx["expert_slices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                (
+                    s["layer"].as_u64().unwrap() as u32,
+                    s["expert"].as_u64().unwrap() as u32,
+                )
+            })
+            .collect();
+        pairs.dedup();
+        let out = dir.path().join(format!("{name}.bin"));
+        let output = native::run(
+            std::process::Command::new(&program)
+                .arg(&src)
+                .arg(&out)
+                .args(pairs.iter().map(|(l, e)| format!("{l}:{e}"))),
+        );
+        assert_eq!(output.trim(), "ok", "{name}: {output}");
+        let meta = std::fs::read_to_string(out.with_extension("bin.meta")).unwrap();
+        let layouts = layouts(&meta);
+        let bytes = std::fs::read(&out).unwrap();
+        let mut at = 0usize;
+        let mut claims = BTreeMap::new();
+        for &(l, e) in &pairs {
+            let n = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()) as usize;
+            claims.insert((l, e), &bytes[at + 8..at + 8 + n]);
+            at += 8 + n;
+        }
+        assert_eq!(at, bytes.len(), "{name}");
+        for sl in fx["expert_slices"].as_array().unwrap() {
+            let (l, e) = (
+                sl["layer"].as_u64().unwrap() as u32,
+                sl["expert"].as_u64().unwrap() as u32,
+            );
+            let role = sl["role"].as_str().unwrap();
+            let (_, offset, n, _) = layouts[&l].iter().find(|i| i.0 == role).unwrap();
+            let mut source = vec![0u8; *n as usize];
+            std::fs::File::open(fixtures().join(sl["file"].as_str().unwrap()))
+                .unwrap()
+                .read_exact_at(&mut source, sl["offset"].as_u64().unwrap())
+                .unwrap();
+            assert!(
+                claims[&(l, e)][*offset as usize..(*offset + *n) as usize] == source[..],
+                "{name}: layer {l} expert {e} {role}"
+            );
+        }
+        kinds.push(name);
+    }
+    assert_eq!(kinds.len(), 5);
+}
+
+// ---------------------------------------------------------------------------
+// Bad input (issue 34 point 7): a clear error naming the file, never a
+// panic, a hang or wrong bytes.
+
+fn open_err(path: &Path) -> String {
+    match Streamer::open(path, config()) {
+        Ok(_) => panic!("{} opened", path.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn copy_fixture(name: &str, to: &Path) -> PathBuf {
+    let dst = to.join(Path::new(name).file_name().unwrap());
+    std::fs::copy(fixtures().join(name), &dst).unwrap();
+    dst
+}
+
+#[test]
+fn a_truncated_gguf_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = copy_fixture("qwen3moe-q8_0.gguf", dir.path());
+    let bytes = std::fs::read(&path).unwrap();
+    // In the header, then in the tensor data.
+    for keep in [100, bytes.len() - 1000] {
+        std::fs::write(&path, &bytes[..keep]).unwrap();
+        let e = open_err(&path);
+        assert!(e.contains("qwen3moe-q8_0.gguf"), "{keep}: {e}");
+    }
+}
+
+#[test]
+fn a_missing_split_part_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let split = fixtures().join("qwen3moe-q8_0-split");
+    let mut parts: Vec<PathBuf> = std::fs::read_dir(&split)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
+        .collect();
+    parts.sort();
+    assert!(parts.len() >= 3, "{parts:?}");
+    for p in &parts {
+        if p != &parts[2] {
+            std::fs::copy(p, dir.path().join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    let first = dir.path().join(parts[0].file_name().unwrap());
+    let e = open_err(&first);
+    let missing = parts[2].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(e.contains(&missing), "{e}");
+}
+
+#[test]
+fn a_safetensors_header_that_lies_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model.safetensors");
+    let header = r#"{"model.layers.0.mlp.experts.0.up_proj.weight":{"dtype":"F32","shape":[2,2],"data_offsets":[0,4096]}}"#;
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(header.as_bytes());
+    file.extend_from_slice(&[0u8; 16]);
+    std::fs::write(&model, file).unwrap();
+    let e = open_err(&model);
+    assert!(e.contains("model.safetensors") && e.contains("data_offsets"), "{e}");
+    let e = open_err(dir.path());
+    assert!(e.contains("model.safetensors"), "{e}");
+}
+
+#[test]
+fn a_model_without_experts_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model.safetensors");
+    let header = r#"{"model.embed_tokens.weight":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}"#;
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(header.as_bytes());
+    file.extend_from_slice(&[0u8; 16]);
+    std::fs::write(&model, file).unwrap();
+    let e = open_err(&model);
+    assert!(e.contains("no expert tensors"), "{e}");
+}
+
+#[test]
+fn a_fifo_a_device_and_an_unknown_file_are_refused_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("model.gguf");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let e = open_err(&fifo);
+    assert!(e.contains("FIFO"), "{e}");
+    let e = open_err(Path::new("/dev/null"));
+    assert!(e.contains("/dev/null"), "{e}");
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "not a model at all").unwrap();
+    let e = open_err(&text);
+    assert!(e.contains("notes.txt") && e.contains("not a GGUF or safetensors"), "{e}");
+    let empty = tempfile::tempdir().unwrap();
+    let e = open_err(empty.path());
+    assert!(e.contains("experts.smoe"), "{e}");
+}
+
+/// A model file changed while open (its length or its modification time):
+/// reads fail with an I/O error naming it, and no claim hands out bytes
+/// read after the change. What was read before stays valid (it is the
+/// model that was opened).
+#[test]
+fn a_model_changed_while_open_fails_its_reads() {
+    for how in ["append", "touch"] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = copy_fixture("qwen3moe-q8_0.gguf", dir.path());
+        let s = Streamer::open(&path, config()).unwrap();
+        drop(s.claim_wait(0, 0, WAIT).unwrap().unwrap());
+        let f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        match how {
+            "append" => {
+                use std::io::Write;
+                (&f).write_all(&[0u8; 10]).unwrap();
+            }
+            _ => f
+                .set_modified(std::time::SystemTime::now() + Duration::from_secs(3600))
+                .unwrap(),
+        }
+        drop(f);
+        let e = s.claim_wait(1, 3, WAIT).unwrap_err();
+        assert_eq!(e.kind(), smoe::ErrorKind::Io, "{how}: {e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("qwen3moe-q8_0.gguf") && text.contains("changed while open"),
+            "{how}: {text}"
+        );
+        assert_eq!(s.stats().io_errors, 1, "{how}");
+        // Retained before the change: still the model's bytes.
+        assert!(s.claim(0, 0).unwrap().is_some(), "{how}");
+    }
+}
+
+/// Nothing is written beside a model: its histogram goes to the cache
+/// directory named by SMOE_CACHE_DIR, under the model's identity, which a
+/// copy of the same file shares.
+#[test]
+fn the_histogram_of_a_model_lives_in_its_cache_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models");
+    std::fs::create_dir(&models).unwrap();
+    let path = copy_fixture("qwen3moe-q8_0.gguf", &models);
+    let copy = dir.path().join("copy.gguf");
+    std::fs::copy(&path, &copy).unwrap();
+    let cache = dir.path().join("cache");
+    // The process's environment is read at open; this binary's other tests
+    // set freq_path, so they do not look at it.
+    std::env::set_var("SMOE_CACHE_DIR", &cache);
+    let cfg = Config {
+        freq_path: None,
+        ..config()
+    };
+    let s = Streamer::open(&path, cfg.clone()).unwrap();
+    for e in 0..4 {
+        drop(s.claim_wait(1, e, WAIT).unwrap().unwrap());
+    }
+    s.flush_stats().unwrap();
+    drop(s);
+    let listing: Vec<_> = std::fs::read_dir(&models).unwrap().collect();
+    assert_eq!(listing.len(), 1, "only the model is in its directory");
+    let id = smoe::vault::Vault::open(&path).unwrap().header().vault_id_hex();
+    let freq = cache.join("smoe").join(&id).join("expert_freq.bin");
+    assert!(freq.is_file(), "{} is missing", freq.display());
+    // The copy finds the same histogram: its first claims are known.
+    let s = Streamer::open(&copy, cfg).unwrap();
+    assert_eq!(s.vault().header().vault_id_hex(), id);
+    assert!(
+        s.warnings().iter().all(|w| !w.contains("expert_freq")),
+        "{:?}",
+        s.warnings()
+    );
+    std::env::remove_var("SMOE_CACHE_DIR");
+}
