@@ -2,7 +2,9 @@
 //! 100k tensors opens in well under a second, linear in the tensor count"):
 //! `model::open_model` (the GGUF reader, the expert-name grammar) and
 //! `model::plan` (the overlap check, the per-layer layouts), on synthetic
-//! GGUF v3 files of 10k, 50k and 100k tensors. Nothing but headers is read:
+//! GGUF v3 files of 10k, 50k and 100k tensors, and the whole in-place
+//! `Vault::open` (those two, the windows, the table, the metadata and the
+//! identity). Nothing but headers is read:
 //! each file's data section is a hole (`set_len`).
 //!
 //! Run with `cargo bench --bench model_open`. Each file has `layers`
@@ -17,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use smoe::internals::model::{open_model, plan};
+use smoe::vault::Vault;
 
 /// Tensors per block: three expert tensors and seven others.
 const PER_BLOCK: u64 = 10;
@@ -102,6 +105,12 @@ fn model_open(c: &mut Criterion) {
         assert_eq!(model.tensors.len() as u64, *tensors);
         group.bench_with_input(BenchmarkId::new("plan", tensors), &model, |b, model| {
             b.iter(|| black_box(plan(model).unwrap().2.len()))
+        });
+        // The whole in-place open `smoe_open` does before sizing the ring:
+        // the above, each layer's windows, the table, the metadata and the
+        // identity.
+        group.bench_with_input(BenchmarkId::new("vault_open", tensors), path, |b, path| {
+            b.iter(|| black_box(Vault::open(path).unwrap().entries().len()))
         });
     }
     group.finish();
