@@ -17,6 +17,7 @@ mod id_space;
 mod idle_workers;
 mod lazy_ring;
 mod model_memory;
+mod read_size;
 mod pinned_ring;
 mod ring_memory;
 mod stress;

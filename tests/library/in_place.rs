@@ -160,6 +160,46 @@ fn every_fixture_streams_in_place_byte_for_byte() {
     let _ = in_place_any;
 }
 
+/// A model written by gguf-py whose per-expert stride is a multiple of 4096
+/// (17 blocks) and whose tensors do not start on a block, as in real
+/// models: every expert's slice lands where the layout says with no move,
+/// and equals the slice gguf-py's GGUFReader located
+/// (`derived/qwen3moe-q8_0-stride4096.slices.json`).
+#[test]
+fn a_gguf_py_model_with_block_strides_streams_with_no_move() {
+    let derived = fixtures().join("derived");
+    let path = derived.join("qwen3moe-q8_0-stride4096.gguf");
+    let truth: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(derived.join("qwen3moe-q8_0-stride4096.slices.json")).unwrap(),
+    )
+    .unwrap();
+    let file = std::fs::read(&path).unwrap();
+    let s = Streamer::open(&path, config()).unwrap();
+    let layouts = layouts(s.vault().meta());
+    let mut checked = 0;
+    for sl in truth["expert_slices"].as_array().unwrap() {
+        let (layer, expert) = (
+            sl["layer"].as_u64().unwrap() as u32,
+            sl["expert"].as_u64().unwrap() as u32,
+        );
+        let role = sl["role"].as_str().unwrap();
+        let (offset, n) = (sl["offset"].as_u64().unwrap(), sl["nbytes"].as_u64().unwrap());
+        assert_ne!(offset % 4096, 0, "the fixture's slices do not start on a block");
+        assert_eq!(n % 4096, 0, "the fixture's stride is a multiple of the block");
+        let (_, at, bytes, _) = layouts[&layer].iter().find(|i| i.0 == role).unwrap();
+        assert_eq!(*bytes, n);
+        assert_eq!(at % 4096, offset % 4096, "the payload keeps its offset in the block");
+        let c = s.claim_wait(layer, expert, WAIT).unwrap().unwrap();
+        assert!(
+            c[*at as usize..(*at + n) as usize] == file[offset as usize..(offset + n) as usize],
+            "layer {layer} expert {expert} {role}"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 2 * 4 * 3);
+    assert_eq!(s.stats().bytes_moved, 0, "{:?}", s.stats());
+}
+
 /// Writes a GGUF v3 file of one layer of stacked Q8_0-sized experts whose
 /// per-expert stride is a multiple of 4096 (as Qwen3-235B's and Mixtral's
 /// are), with data at an offset that is not: every expert's slice then has
