@@ -421,9 +421,20 @@ fn is_model(path: &Path) -> Result<bool> {
         if path.join(EXPERTS_FILE).exists() {
             return Ok(false);
         }
-        return Ok(["model.safetensors", "model.safetensors.index.json"]
+        if ["model.safetensors", "model.safetensors.index.json"]
             .iter()
-            .any(|n| path.join(n).is_file()));
+            .any(|n| path.join(n).exists())
+        {
+            return Ok(true);
+        }
+        return Err(Error::path_is(
+            ErrorKind::Io,
+            path,
+            format!(
+                "holds neither {EXPERTS_FILE} (a vault) nor model.safetensors or \
+                 model.safetensors.index.json (a model)"
+            ),
+        ));
     }
     if !meta.is_file() || path.file_name().is_some_and(|n| n == EXPERTS_FILE) {
         // A vault's open names what is wrong with it.

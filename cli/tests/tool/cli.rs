@@ -262,7 +262,7 @@ fn bad_inputs_fail_with_one_line() {
 fn directory_without_vault_fails_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let out = smoe(&["inspect", dir.path().to_str().unwrap()]);
-    assert_fails(&out, &["experts.smoe", "No such file or directory"]);
+    assert_fails(&out, &["experts.smoe", "holds neither", "model.safetensors"]);
 }
 
 #[test]

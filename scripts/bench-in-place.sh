@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# A model read in place against its packed vault (issue 34): `smoe bench
+# --mode scan` (every expert once, cold, direct I/O) on the GGUF and on the
+# vault `smoe pack` made of it, alternating, the page cache dropped before
+# each run, the same ring and workers. Prints each run's GB/s and, per round,
+# in place / vault. Not run by CI (root for drop_caches; a few GB of disk).
+#
+#   sudo scripts/bench-in-place.sh MODEL.gguf [VAULT_DIR]
+#
+# VAULT_DIR (default $WORK/vault; never beside the model) is packed from
+# MODEL first when it holds no vault.
+#
+# Environment:
+#   ROUNDS      alternating rounds (default 3)
+#   WORKERS     I/O workers of both runs (default 16)
+#   RING_SLOTS  ring slots of both runs (default 0: the library's choice)
+#   SMOE_BIN    the smoe tool (default: built here, target/release/smoe)
+#   WORK        where the vault and the logs go (default /var/cache/smoe-in-place)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+MODEL="${1:?usage: scripts/bench-in-place.sh MODEL.gguf [VAULT_DIR]}"
+WORK="${WORK:-/var/cache/smoe-in-place}"
+VAULT="${2:-$WORK/vault}"
+ROUNDS="${ROUNDS:-3}"
+WORKERS="${WORKERS:-16}"
+RING_SLOTS="${RING_SLOTS:-0}"
+
+say() { printf '[bench-in-place] %s\n' "$*" >&2; }
+die() {
+  say "error: $*"
+  exit 1
+}
+[ "$(id -u)" -eq 0 ] || die "run as root (drop_caches)"
+[ -f "$MODEL" ] || die "$MODEL is not a file"
+if [ -z "${SMOE_BIN:-}" ]; then
+  (cd "$ROOT" && cargo build --release -p smoe-cli) >&2
+  SMOE_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/smoe"
+fi
+mkdir -p "$WORK"
+if [ ! -e "$VAULT/experts.smoe" ]; then
+  say "packing $MODEL into $VAULT"
+  "$SMOE_BIN" pack "$MODEL" "$VAULT" >&2
+fi
+
+# scan PATH: one cold scan, prints its GB/s
+scan() {
+  sync
+  echo 3 >/proc/sys/vm/drop_caches
+  "$SMOE_BIN" bench "$1" --mode scan --workers "$WORKERS" --ring-slots "$RING_SLOTS" --json 2>/dev/null |
+    python3 -c 'import json, sys; print("%.3f" % json.load(sys.stdin)["gb_per_s"])'
+}
+
+say "model $MODEL ($(stat -c %s "$MODEL") bytes), vault $VAULT, $ROUNDS rounds, $WORKERS workers"
+ratios=()
+for r in $(seq 1 "$ROUNDS"); do
+  a="$(scan "$MODEL")"
+  b="$(scan "$VAULT")"
+  ratio="$(python3 -c "print('%.3f' % ($a / $b))")"
+  ratios+=("$ratio")
+  printf 'round %d: in place %s GB/s, vault %s GB/s, in place / vault %s\n' "$r" "$a" "$b" "$ratio"
+done
+printf 'in place / vault per round: %s\n' "${ratios[*]}"
