@@ -85,7 +85,10 @@ struct wave_op {
 
 struct llama_smoe {
     smoe_streamer * st = nullptr;
-    std::string vault;
+    std::string vault;               // what smoe_open opened: a vault, or a model file in place
+    std::string where;               // "smoe: vault DIR: " or "smoe: model FILE: ", for messages
+    std::string refit;               // what to do when it does not fit the model, for messages
+    bool in_place = false;           // a model file opened in place ("format": "smoe-model")
     nlohmann::json layouts;          // the vault's layer_blob_layouts
     ggml_context * ctx = nullptr;    // the expert weights (metadata only)
     ggml_backend_buffer_t ring = nullptr;
@@ -207,9 +210,42 @@ struct llama_smoe {
     }
 };
 
-llama_smoe * llama_smoe_from_env(uint32_t n_layer) {
+// SMOE (0 or 1) and SMOE_VAULT: what to open, and how to name it in messages. Returns
+// false for stock llama.cpp.
+static bool smoe_source(const char * model_path, std::string * path, std::string * named) {
+    const char * on = std::getenv("SMOE");
     const char * vault = std::getenv("SMOE_VAULT");
-    if (vault == nullptr || *vault == '\0') {
+    const bool has_vault = vault != nullptr && *vault != '\0';
+    if (on != nullptr && *on != '\0' && strcmp(on, "0") != 0 && strcmp(on, "1") != 0) {
+        throw std::runtime_error(std::string("smoe: SMOE=") + on + " is neither 0 (stock llama.cpp) nor 1 (stream the routed experts)");
+    }
+    if (on != nullptr && strcmp(on, "0") == 0) {
+        if (has_vault) {
+            fprintf(stderr, "smoe: SMOE=0: off, SMOE_VAULT=%s is not used\n", vault);
+        }
+        return false;
+    }
+    if (has_vault) {
+        *path = vault;
+        *named = std::string("SMOE_VAULT=") + vault;
+        return true;
+    }
+    if (on == nullptr || strcmp(on, "1") != 0) {
+        return false;  // neither: stock llama.cpp
+    }
+    if (model_path == nullptr || *model_path == '\0') {
+        throw std::runtime_error("smoe: SMOE=1 streams the routed experts from the model file, but this model was not "
+                                 "loaded from a file path: set SMOE_VAULT to its GGUF file or to a vault packed from it");
+    }
+    *path = model_path;
+    *named = std::string("SMOE=1: the model file ") + model_path;
+    return true;
+}
+
+llama_smoe * llama_smoe_from_env(uint32_t n_layer, const char * model_path) {
+    std::string vault;
+    std::string named;
+    if (!smoe_source(model_path, &vault, &named)) {
         return nullptr;
     }
     smoe_config cfg;
@@ -235,9 +271,9 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer) {
     s->vault = vault;
     s->layer_ahead = layer_ahead;
     s->squeeze = squeeze;
-    r = smoe_open(vault, &cfg, &s->st);
+    r = smoe_open(vault.c_str(), &cfg, &s->st);
     if (r != SMOE_OK) {
-        throw std::runtime_error(smoe_error("smoe_open", r) + " (SMOE_VAULT=" + vault + ")");
+        throw std::runtime_error(smoe_error("smoe_open", r) + " (" + named + ")");
     }
     const char * warnings = smoe_warnings(s->st);
     if (*warnings) {
@@ -257,8 +293,24 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer) {
             throw std::runtime_error("its metadata has no layer_blob_layouts (was it made by `smoe pack` from a GGUF?)");
         }
         s->layouts = meta["layer_blob_layouts"];
+        // a model opened in place: its items sit at their slot positions, which need not
+        // be multiples of 256 (SPEC 6); the checks in llama_smoe_bind hold for both
+        s->in_place = meta.value("format", "") == "smoe-model";
     } catch (const std::exception & e) {
-        throw std::runtime_error(std::string("smoe: vault ") + vault + ": " + e.what());
+        throw std::runtime_error("smoe: " + named + ": " + e.what());
+    }
+    if (s->in_place) {
+        if (cfg.verify) {
+            fprintf(stderr, "smoe: SMOE_VERIFY=1: %s has no checksums, so nothing is verified (a vault packed from it has)\n",
+                    vault.c_str());
+        }
+        s->where = "smoe: model " + vault + ": ";
+        s->refit = named.rfind("SMOE_VAULT=", 0) == 0
+                       ? "SMOE_VAULT names another model's file: name this model's, or unset it and set SMOE=1"
+                       : "smoe read this file's expert layout otherwise than llama.cpp (a bug: please report it)";
+    } else {
+        s->where = "smoe: vault " + vault + ": ";
+        s->refit = "pack the vault from this GGUF";
     }
 
     // room for every routed-expert tensor the model can have (gate, up, down, gate_up per
@@ -305,8 +357,7 @@ void llama_smoe_free(llama_smoe * s) {
 
 // The error for a model tensor of a layer the vault does not hold.
 static std::string missing_layer(const llama_smoe * s, int layer, const char * tensor) {
-    return "smoe: vault " + s->vault + ": has no layer " + std::to_string(layer) + ", which the model's " + tensor +
-           " needs: pack the vault from this GGUF";
+    return s->where + "has no layer " + std::to_string(layer) + ", which the model's " + tensor + " needs: " + s->refit;
 }
 
 // "blk.N.ffn_{gate,up,down,gate_up}_exps.weight" -> (N, role)
@@ -345,7 +396,7 @@ ggml_context * llama_smoe_tensor_ctx(llama_smoe * s, const char * name) {
 }
 
 void llama_smoe_bind(llama_smoe * s) {
-    const std::string where = "smoe: vault " + s->vault + ": ";
+    const std::string & where = s->where;
     std::map<int, std::vector<std::string>> bound;  // layer -> roles
     std::map<int, uint32_t> layer_experts;          // layer -> its experts
     int n_layer = 0;
@@ -401,7 +452,7 @@ void llama_smoe_bind(llama_smoe * s) {
         } catch (const nlohmann::json::exception & e) {
             throw std::runtime_error(where + "layer " + key + " '" + role + "': bad layout item: " + e.what());
         } catch (const std::runtime_error & e) {
-            throw std::runtime_error(where + t->name + ": " + e.what() + ": pack the vault from this GGUF");
+            throw std::runtime_error(where + t->name + ": " + e.what() + ": " + s->refit);
         }
         if (bytes != expert_bytes || ggml_nbytes(t) != expert_bytes * n_expert) {
             throw std::runtime_error(where + t->name + ": its slice is " + std::to_string(bytes) + " bytes, the model's " + std::to_string(expert_bytes));
@@ -449,7 +500,7 @@ void llama_smoe_bind(llama_smoe * s) {
             }
             const auto & roles = bound[il];
             if (std::find(roles.begin(), roles.end(), role) == roles.end()) {
-                throw std::runtime_error(where + "layer " + key + " holds a '" + role + "' weight the model does not have: pack the vault from this GGUF");
+                throw std::runtime_error(where + "layer " + key + " holds a '" + role + "' weight the model does not have: " + s->refit);
             }
         }
     }
@@ -480,8 +531,8 @@ void llama_smoe_bind(llama_smoe * s) {
     for (uint32_t e = 0; e < s->max_experts; e++) {
         s->all_experts.push_back(e);
     }
-    fprintf(stderr, "smoe: vault %s: %zu expert tensors in %zu layers streamed through a ring of %u slots x %llu bytes%s\n",
-            s->vault.c_str(), tensors.size(), bound.size(), s->slots, (unsigned long long) s->slot_bytes,
+    fprintf(stderr, "smoe: %s %s: %zu expert tensors in %zu layers streamed through a ring of %u slots x %llu bytes%s\n",
+            s->in_place ? "model" : "vault", s->vault.c_str(), tensors.size(), bound.size(), s->slots, (unsigned long long) s->slot_bytes,
             s->layer_ahead ? ", layer-ahead reads in prefill" : "");
 }
 

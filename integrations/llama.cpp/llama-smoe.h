@@ -1,11 +1,12 @@
-// llama-smoe.h: routed experts streamed from an smoe vault (the smoe library, include/smoe.h).
+// llama-smoe.h: routed experts streamed through smoe (the smoe library, include/smoe.h),
+// from the model's own GGUF (SMOE=1) or from a vault packed from it (SMOE_VAULT=DIR).
 //
-// With SMOE_VAULT=DIR set, the model loader creates every `blk.N.ffn_*_exps.weight`
-// tensor in a context of its own that is never allocated nor read; once the model is
-// loaded, each of those tensors becomes a view over smoe's ring (ne[2] = ring slots,
-// nb[2] = slot bytes). build_moe_ffn() then claims the experts a layer's top-k chose
-// and hands ggml_mul_mat_id their slot indices instead of their expert ids.
-// Without SMOE_VAULT nothing here runs.
+// Then the model loader creates every `blk.N.ffn_*_exps.weight` tensor in a context of
+// its own that is never allocated nor read; once the model is loaded, each of those
+// tensors becomes a view over smoe's ring (ne[2] = ring slots, nb[2] = slot bytes).
+// build_moe_ffn() then claims the experts a layer's top-k chose and hands
+// ggml_mul_mat_id their slot indices instead of their expert ids.
+// With neither set (or SMOE=0) nothing here runs.
 #pragma once
 
 #include <cstdint>
@@ -15,9 +16,14 @@ struct ggml_context;
 struct ggml_tensor;
 struct llama_smoe;
 
-// Opens the vault named by SMOE_VAULT for a model of n_layer layers; nullptr when it is
-// unset or empty. Throws std::runtime_error with smoe's message on any failure.
-llama_smoe * llama_smoe_from_env(uint32_t n_layer);
+// Opens what the environment names for a model of n_layer layers loaded from model_path
+// (the file llama.cpp opened: the first part of a split GGUF; nullptr or "" when it was
+// not loaded from a path): SMOE_VAULT when set (a vault directory, its experts.smoe, or
+// a model file smoe_open reads in place), else with SMOE=1 model_path itself. nullptr
+// (stock llama.cpp) when SMOE is unset, empty or 0 and SMOE_VAULT unset or empty, and
+// whenever SMOE=0. Throws std::runtime_error with smoe's message, naming the variable
+// and the file, on any failure.
+llama_smoe * llama_smoe_from_env(uint32_t n_layer, const char * model_path);
 
 // Prints one "smoe: ..." line of statistics on stderr and closes the vault.
 void llama_smoe_free(llama_smoe * s);
@@ -79,7 +85,7 @@ bool llama_smoe_rebuild(llama_smoe * s, bool can_recompute);
 // defines LLAMA_SMOE when it is on): llama-smoe.cpp and smoe.h are not part of
 // the build, no vault is ever opened, and llama.cpp's calls into the glue are
 // these no-ops, so the patched tree builds and runs as stock llama.cpp.
-inline llama_smoe * llama_smoe_from_env(uint32_t) { return nullptr; }
+inline llama_smoe * llama_smoe_from_env(uint32_t, const char *) { return nullptr; }
 inline void llama_smoe_free(llama_smoe *) {}
 inline ggml_context * llama_smoe_tensor_ctx(llama_smoe *, const char *) { return nullptr; }
 inline void llama_smoe_bind(llama_smoe *) {}

@@ -1,12 +1,15 @@
 //! llama.cpp streaming its experts through smoe (issue 14, docs/llama.md):
 //! the patched `llama-simple` that `scripts/llama.sh build` leaves in its
 //! cache runs the committed MoE fixtures greedily for 32 tokens, once as
-//! stock llama.cpp and once with `SMOE_VAULT` and a ring smaller than a
-//! layer's experts. The tokens must be the same and the logits of every step
-//! bitwise equal (both with repacking off: smoe's experts keep the GGUF's
-//! layout); against stock with repacking on, the largest logit difference is
-//! printed. Failures (a blob failing its checksum, a truncated vault, a vault
-//! of another model) must stop it with smoe's message and a non-zero exit.
+//! stock llama.cpp and once through smoe with a ring smaller than a layer's
+//! experts: from a vault packed from the fixture (`SMOE_VAULT`), or from the
+//! GGUF itself in place (`SMOE=1`, issue 34: a single file and a split one).
+//! The tokens must be the same and the logits of every step bitwise equal
+//! (both with repacking off: smoe's experts keep the GGUF's layout); against
+//! stock with repacking on, the largest logit difference is printed.
+//! Failures (a blob failing its checksum, a truncated vault, a vault of
+//! another model, a GGUF without experts) must stop it with smoe's message
+//! and a non-zero exit.
 //!
 //! The patch's CMake option off (`scripts/llama.sh build-off`, which the
 //! last test runs), the same tree builds a `llama-simple` with nothing of
@@ -126,6 +129,7 @@ fn run_threads(
         .arg(gguf)
         .arg(prompt);
     for var in [
+        "SMOE",
         "SMOE_VAULT",
         "SMOE_RING_SLOTS",
         "SMOE_NO_REPACK",
@@ -140,6 +144,9 @@ fn run_threads(
     ] {
         cmd.env_remove(var);
     }
+    // a model opened in place keeps its histogram under the cache directory
+    // (docs/c-api.md): the test's own, not the user's
+    cmd.env("SMOE_CACHE_DIR", dir.join("cache"));
     cmd.env("SMOE_DUMP_LOGITS", &dump);
     for (k, v) in env {
         cmd.env(k, v);
@@ -251,33 +258,81 @@ fn identical(fixture: &str, slots: u32) -> Option<f64> {
 
 /// [`identical`] with another prompt.
 fn identical_with(fixture: &str, slots: u32, prompt: &str) -> Option<f64> {
+    identical_from(fixture, slots, prompt, Source::Vault)
+}
+
+/// Where a smoe run's experts come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    /// A vault packed from the GGUF: `SMOE_VAULT=DIR`.
+    Vault,
+    /// The GGUF itself, in place: `SMOE=1` and no `SMOE_VAULT` (for a split
+    /// GGUF the first part, the one llama.cpp is given).
+    Model,
+    /// The GGUF itself, named by `SMOE_VAULT`.
+    Named,
+}
+
+impl Source {
+    /// The variables that select it for a run of `gguf` (`vault`: the vault
+    /// packed from it, used by [`Source::Vault`] alone).
+    fn env<'a>(self, gguf: &'a Path, vault: &'a Path) -> Vec<(&'static str, &'a str)> {
+        match self {
+            Source::Vault => vec![("SMOE_VAULT", vault.to_str().unwrap())],
+            Source::Model => vec![("SMOE", "1")],
+            Source::Named => vec![("SMOE_VAULT", gguf.to_str().unwrap())],
+        }
+    }
+
+    /// What the glue's load line names: `smoe: vault DIR:` or `smoe: model FILE:`.
+    fn named(self, gguf: &Path, vault: &Path) -> String {
+        match self {
+            Source::Vault => format!("smoe: vault {}: ", vault.display()),
+            Source::Model | Source::Named => format!("smoe: model {}: ", gguf.display()),
+        }
+    }
+}
+
+/// A test's start for a model streamed in place: the patched `llama-simple`
+/// (None when it is not built), the fixture and a scratch directory; no
+/// vault (`vault` is a path that does not exist).
+fn setup_in_place(fixture: &str) -> Option<Setup> {
+    let bin = llama_simple()?;
+    let tmp = tempfile::tempdir().unwrap();
+    let vault = tmp.path().join("no-vault");
+    Some(Setup {
+        bin,
+        gguf: fixtures().join(fixture),
+        tmp,
+        vault,
+    })
+}
+
+/// [`identical_with`] with the experts from `source`.
+fn identical_from(fixture: &str, slots: u32, prompt: &str, source: Source) -> Option<f64> {
     let Setup {
         bin,
         gguf,
         tmp,
         vault,
-    } = setup(fixture)?;
+    } = if source == Source::Vault {
+        setup(fixture)?
+    } else {
+        setup_in_place(fixture)?
+    };
     let slots = slots.to_string();
     let run = |bin: &Path, gguf: &Path, dir: &Path, name: &str, env: &[(&str, &str)]| {
         run_prompt(bin, gguf, dir, name, prompt, env)
     };
     let stock = run(&bin, &gguf, tmp.path(), "stock", &[("SMOE_NO_REPACK", "1")]);
-    let smoe = run(
-        &bin,
-        &gguf,
-        tmp.path(),
-        "smoe",
-        &[
-            ("SMOE_NO_REPACK", "1"),
-            ("SMOE_VAULT", vault.to_str().unwrap()),
-            ("SMOE_RING_SLOTS", &slots),
-        ],
-    );
+    let mut env = vec![("SMOE_NO_REPACK", "1"), ("SMOE_RING_SLOTS", slots.as_str())];
+    env.extend(source.env(&gguf, &vault));
+    let smoe = run(&bin, &gguf, tmp.path(), "smoe", &env);
     let repack = run(&bin, &gguf, tmp.path(), "repack", &[]);
     for (name, r) in [("stock", &stock), ("smoe", &smoe), ("repack", &repack)] {
         assert!(
             r.out.status.success(),
-            "{fixture} {name}: {}\n{}",
+            "{fixture} {name} ({source:?}): {}\n{}",
             r.out.status,
             r.stderr()
         );
@@ -293,8 +348,9 @@ fn identical_with(fixture: &str, slots: u32, prompt: &str) -> Option<f64> {
         stock.stderr()
     );
     assert!(
-        smoe.stderr().contains(&format!("ring of {slots} slots")),
-        "{}",
+        smoe.stderr().contains(&source.named(&gguf, &vault))
+            && smoe.stderr().contains(&format!("ring of {slots} slots")),
+        "{fixture} ({source:?}): {}",
         smoe.stderr()
     );
     let waves = waves_per_layer(&smoe.stderr());
@@ -309,7 +365,11 @@ fn identical_with(fixture: &str, slots: u32, prompt: &str) -> Option<f64> {
         text.len() > prompt.len() + 10,
         "{fixture}: stock generated too little: {text:?}"
     );
-    assert_eq!(smoe.stdout(), text, "{fixture}: smoe's tokens differ");
+    assert_eq!(
+        smoe.stdout(),
+        text,
+        "{fixture} ({source:?}): smoe's tokens differ"
+    );
     assert_eq!(
         repack.stdout(),
         text,
@@ -329,7 +389,7 @@ fn identical_with(fixture: &str, slots: u32, prompt: &str) -> Option<f64> {
     assert_eq!(
         differing,
         0,
-        "{fixture}: {differing} of {} logits differ from stock (repack off)",
+        "{fixture} ({source:?}): {differing} of {} logits differ from stock (repack off)",
         stock.logits.len()
     );
     assert_eq!(repack.logits.len(), stock.logits.len());
@@ -340,8 +400,8 @@ fn identical_with(fixture: &str, slots: u32, prompt: &str) -> Option<f64> {
         .map(|(a, b)| (a - b).abs())
         .fold(0.0f32, f32::max);
     eprintln!(
-        "{fixture}: {} steps x {N_VOCAB} logits bitwise equal to stock without repacking; \
-         largest difference to stock with repacking {max_diff:e}; {}",
+        "{fixture} ({source:?}): {} steps x {N_VOCAB} logits bitwise equal to stock without \
+         repacking; largest difference to stock with repacking {max_diff:e}; {}",
         stock.logits.len() / N_VOCAB,
         smoe_line(&smoe.stderr())
     );
@@ -406,6 +466,274 @@ fn qwen3moe_8_layers_one_slot_sixteen_waves_identical() {
 #[test]
 fn mixtral_one_slot_in_waves_identical() {
     identical("mixtral-q8_0.gguf", 1);
+}
+
+// In place (issue 34): `SMOE=1` streams the routed experts from the very
+// GGUF llama.cpp is given, with no vault; `SMOE_VAULT` may name the model
+// file too.
+
+/// The slot offsets of a model's items as smoe's metadata gives them (SPEC
+/// §6: positions in the slot, not necessarily multiples of 256).
+fn in_place_offsets(gguf: &Path) -> Vec<u64> {
+    let vault = smoe::vault::Vault::open(gguf).unwrap();
+    let meta: serde_json::Value = serde_json::from_str(vault.meta()).unwrap();
+    assert_eq!(meta["format"], "smoe-model", "{}", vault.meta());
+    meta["layer_blob_layouts"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|items| items.as_array().unwrap().iter())
+        .map(|item| item["offset"].as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn mixtral_q8_0_in_place_identical() {
+    identical_from("mixtral-q8_0.gguf", 3, PROMPT, Source::Model);
+}
+
+/// Q4_K and Q6_K experts whose items sit at slot offsets that are not
+/// multiples of 256 (the tensors' file offsets mod 4096): the glue's views
+/// take them as they are.
+#[test]
+fn mixtral256_q4_k_m_in_place_identical() {
+    let gguf = fixtures().join("mixtral256-q4_k_m.gguf");
+    let offsets = in_place_offsets(&gguf);
+    assert!(
+        offsets.iter().any(|o| o % 256 != 0),
+        "no offset off 256 any more: {offsets:?}"
+    );
+    identical_from("mixtral256-q4_k_m.gguf", 3, PROMPT, Source::Model);
+}
+
+#[test]
+fn qwen3moe_q8_0_in_place_identical() {
+    identical_from("qwen3moe-q8_0.gguf", 8, PROMPT, Source::Model);
+}
+
+#[test]
+fn qwen3moe_bf16_in_place_identical() {
+    let offsets = in_place_offsets(&fixtures().join("qwen3moe-bf16.gguf"));
+    assert!(offsets.iter().any(|o| o % 256 != 0), "{offsets:?}");
+    identical_from("qwen3moe-bf16.gguf", 8, PROMPT, Source::Model);
+}
+
+/// The other fixtures llama.cpp runs, in place through one slot (every
+/// batch in waves): per-expert biases and items off 256 (gpt-oss), a fused
+/// `gate_up` weight (cohere2moe), a dense first layer and shared experts
+/// (deepseekv3, qwen2moe), F16 experts (mixtral).
+#[test]
+fn other_fixtures_in_place_one_slot_identical() {
+    for fixture in [
+        "gptoss-f32.gguf",
+        "cohere2moe-q8_0-fused.gguf",
+        "deepseekv3-q8_0.gguf",
+        "qwen2moe-q8_0.gguf",
+        "mixtral-f16.gguf",
+    ] {
+        if identical_from(fixture, 1, PROMPT, Source::Model).is_none() {
+            return;
+        }
+    }
+}
+
+/// A split GGUF: llama.cpp is given the first of its 4 parts and finds the
+/// others beside it; smoe, given the same path, reads the experts from the
+/// parts that hold them. Stock's logits on the split model, bit for bit.
+#[test]
+fn split_gguf_in_place_identical() {
+    identical_from(SPLIT, 8, PROMPT, Source::Model);
+}
+
+/// The first part of the split fixture.
+const SPLIT: &str = "qwen3moe-q8_0-split/qwen3moe-q8_0-split-00001-of-00004.gguf";
+
+/// `SMOE_VAULT` naming the model file itself (what `SMOE=1` does without
+/// it): a single GGUF whose items are off 256, and the split one's first
+/// part.
+#[test]
+fn smoe_vault_naming_the_gguf_identical() {
+    identical_from("mixtral256-q4_k_m.gguf", 3, PROMPT, Source::Named);
+    identical_from(SPLIT, 8, PROMPT, Source::Named);
+}
+
+/// The long prompt through half a layer's slots, in place: prefill's layers
+/// run in waves, the logits are stock's.
+#[test]
+fn in_place_half_a_layer_prefill_in_waves_identical() {
+    let Some(waves) = identical_from("qwen3moe-q8_0.gguf", 8, LONG_PROMPT, Source::Model) else {
+        return;
+    };
+    assert!(waves > 1.0, "{waves} waves per layer");
+}
+
+/// One slot for the 8-layer model, in place: 16 waves a layer in prefill.
+#[test]
+fn in_place_8_layers_one_slot_sixteen_waves_identical() {
+    let Some(waves) = identical_from(
+        "derived/qwen3moe-q8_0-8layers.gguf",
+        1,
+        LONG_PROMPT,
+        Source::Model,
+    ) else {
+        return;
+    };
+    assert!(waves > 2.0, "{waves} waves per layer");
+}
+
+/// `SMOE=0` is stock llama.cpp, also with `SMOE_VAULT` set (it says that it
+/// does not use it); `SMOE` unset with `SMOE_VAULT` set streams from the
+/// vault as before (every vault test above).
+#[test]
+fn smoe_0_is_stock() {
+    let Some(Setup {
+        bin,
+        gguf,
+        tmp,
+        vault,
+    }) = setup("mixtral-q8_0.gguf")
+    else {
+        return;
+    };
+    let stock = run(&bin, &gguf, tmp.path(), "stock", &[]);
+    let off = run(&bin, &gguf, tmp.path(), "off", &[("SMOE", "0")]);
+    let off_vault = run(
+        &bin,
+        &gguf,
+        tmp.path(),
+        "off-vault",
+        &[("SMOE", "0"), ("SMOE_VAULT", vault.to_str().unwrap())],
+    );
+    for (name, r) in [
+        ("stock", &stock),
+        ("SMOE=0", &off),
+        ("SMOE=0 SMOE_VAULT", &off_vault),
+    ] {
+        assert!(r.out.status.success(), "{name}: {}", r.stderr());
+        assert_eq!(r.stdout(), stock.stdout(), "{name}");
+        assert!(same_logits(&stock, r), "{name}: logits differ from stock");
+        assert!(
+            !r.stderr().contains("smoe: claims"),
+            "{name}: {}",
+            r.stderr()
+        );
+    }
+    assert!(!off.stderr().contains("smoe:"), "{}", off.stderr());
+    assert!(
+        off_vault.stderr().contains(&format!(
+            "smoe: SMOE=0: off, SMOE_VAULT={} is not used",
+            vault.display()
+        )),
+        "{}",
+        off_vault.stderr()
+    );
+}
+
+/// One run of [`in_place_errors_name_the_variable_and_file`].
+type Case<'a> = (&'a Path, Vec<(&'a str, &'a str)>, String);
+
+/// What the in-place settings refuse: each stops the load with a message
+/// that names the variable and the file, exit 1 (never a signal), and no
+/// token generated.
+#[test]
+fn in_place_errors_name_the_variable_and_file() {
+    let Some(Setup { bin, gguf, tmp, .. }) = setup_in_place("qwen3moe-q8_0.gguf") else {
+        return;
+    };
+    // a GGUF whose expert tensors are renamed (same length, so the header
+    // stays valid): llama.cpp reads its header and hyperparameters, then smoe
+    // finds no experts in it
+    let bare = tmp.path().join("no-experts.gguf");
+    let mut renamed = std::fs::read(&gguf).unwrap();
+    let mut n = 0;
+    for i in 0..renamed.len() - 6 {
+        if &renamed[i..i + 6] == b"_exps." {
+            renamed[i + 4] = b'z'; // "_expz."
+            n += 1;
+        }
+    }
+    assert_eq!(n, 6, "expert tensor names found");
+    std::fs::write(&bare, &renamed).unwrap();
+    let mixtral = fixtures().join("mixtral-q8_0.gguf");
+    // (the model given to -m, the environment, what stderr must say)
+    let cases: Vec<Case> = vec![
+        (
+            &bare,
+            vec![("SMOE", "1")],
+            format!(
+                "smoe: smoe_open: SMOE_ERR_FORMAT: {}: no expert tensors found",
+                bare.display()
+            ),
+        ),
+        (
+            &bare,
+            vec![("SMOE", "1")],
+            format!("(SMOE=1: the model file {})", bare.display()),
+        ),
+        (
+            &gguf,
+            vec![("SMOE", "1"), ("SMOE_VAULT", "/nonexistent/model.gguf")],
+            "smoe_open: SMOE_ERR_IO".to_owned(),
+        ),
+        (
+            &gguf,
+            vec![("SMOE", "1"), ("SMOE_VAULT", "/nonexistent/model.gguf")],
+            "(SMOE_VAULT=/nonexistent/model.gguf)".to_owned(),
+        ),
+        (
+            &gguf,
+            vec![("SMOE", "yes")],
+            "SMOE=yes is neither 0 (stock llama.cpp) nor 1".to_owned(),
+        ),
+        (
+            &gguf,
+            vec![("SMOE_VAULT", mixtral.to_str().unwrap())],
+            format!(
+                "smoe: model {}: blk.0.ffn_gate_exps.weight: its slice shape",
+                mixtral.display()
+            ),
+        ),
+        (
+            &gguf,
+            vec![("SMOE_VAULT", mixtral.to_str().unwrap())],
+            "SMOE_VAULT names another model's file".to_owned(),
+        ),
+    ];
+    for (model, env, expect) in &cases {
+        let r = run(&bin, model, tmp.path(), "failing", env);
+        assert_eq!(
+            r.out.status.code(),
+            Some(1),
+            "{env:?} on {}: {}\n{}",
+            model.display(),
+            r.out.status,
+            r.stderr()
+        );
+        assert!(
+            r.stderr().contains(expect.as_str()),
+            "{env:?}: no {expect:?} in:\n{}",
+            r.stderr()
+        );
+        assert!(r.logits.is_empty(), "{env:?}: it decoded");
+    }
+    // not an error: a model read in place has no checksums, and the glue
+    // says that SMOE_VERIFY=1 verifies nothing
+    let r = run(
+        &bin,
+        &gguf,
+        tmp.path(),
+        "verify",
+        &[("SMOE", "1"), ("SMOE_VERIFY", "1")],
+    );
+    assert!(r.out.status.success(), "{}", r.stderr());
+    assert!(
+        r.stderr().contains(&format!(
+            "smoe: SMOE_VERIFY=1: {} has no checksums, so nothing is verified",
+            gguf.display()
+        )),
+        "{}",
+        r.stderr()
+    );
 }
 
 /// A run that must fail: non-zero exit, `expect` in stderr, and no token
@@ -544,18 +872,37 @@ fn vault_with_fewer_layers_than_the_model_is_refused() {
 /// stock, at once.
 #[test]
 fn elastic_ring_shrunk_under_pressure_never_hangs() {
-    if !crate::support::root_tests(
+    elastic_ring_shrunk(
         "elastic_ring_shrunk_under_pressure_never_hangs",
-        "a mount namespace",
-    ) {
+        Source::Vault,
+    );
+}
+
+/// [`elastic_ring_shrunk_under_pressure_never_hangs`] with the experts read
+/// from the GGUF in place (`SMOE=1`).
+#[test]
+fn in_place_elastic_ring_shrunk_under_pressure_never_hangs() {
+    elastic_ring_shrunk(
+        "in_place_elastic_ring_shrunk_under_pressure_never_hangs",
+        Source::Model,
+    );
+}
+
+fn elastic_ring_shrunk(name: &str, source: Source) {
+    if !crate::support::root_tests(name, "a mount namespace") {
         return;
     }
+    let fixture = "qwen3moe-q8_0.gguf";
     let Some(Setup {
         bin,
         gguf,
         tmp,
         vault,
-    }) = setup("qwen3moe-q8_0.gguf")
+    }) = (if source == Source::Vault {
+        setup(fixture)
+    } else {
+        setup_in_place(fixture)
+    })
     else {
         return;
     };
@@ -573,7 +920,9 @@ fn elastic_ring_shrunk_under_pressure_never_hangs() {
             cmd.args(["unshare", "-m", "--propagation", "private", "sh", "-c"])
                 .arg("mount --bind \"$0\" /proc/meminfo && exec \"$@\"")
                 .arg(&meminfo);
-            cmd.env("SMOE_VAULT", &vault).env("SMOE_RING_SLOTS", "16");
+            cmd.envs(source.env(&gguf, &vault))
+                .env("SMOE_RING_SLOTS", "16")
+                .env("SMOE_CACHE_DIR", tmp.path().join("cache"));
         }
         cmd.arg(&bin)
             .args(["-t", "1", "-n", "8", "-m"])
@@ -775,18 +1124,30 @@ fn layer_ahead_reads_keep_output_identical() {
 /// layer's batch was broad enough to read the next layer ahead).
 #[test]
 fn ring_holding_the_model_reads_each_expert_once_identical() {
-    let Some(s) = setup("derived/qwen3moe-q8_0-8layers.gguf") else {
+    ring_holding_the_model(Source::Vault);
+}
+
+/// [`ring_holding_the_model_reads_each_expert_once_identical`] with the
+/// experts read from the GGUF in place (`SMOE=1`).
+#[test]
+fn in_place_ring_holding_the_model_reads_each_expert_once_identical() {
+    ring_holding_the_model(Source::Model);
+}
+
+fn ring_holding_the_model(source: Source) {
+    let fixture = "derived/qwen3moe-q8_0-8layers.gguf";
+    let Some(s) = (if source == Source::Vault {
+        setup(fixture)
+    } else {
+        setup_in_place(fixture)
+    }) else {
         return;
     };
-    let vault = s.vault.to_str().unwrap();
     for threads in [1, 2] {
         let stock = run_long(&s, &format!("stock-{threads}"), threads, &[]);
-        let smoe = run_long(
-            &s,
-            &format!("smoe-{threads}"),
-            threads,
-            &[("SMOE_VAULT", vault), ("SMOE_RING_SLOTS", "128")],
-        );
+        let mut env = source.env(&s.gguf, &s.vault);
+        env.push(("SMOE_RING_SLOTS", "128"));
+        let smoe = run_long(&s, &format!("smoe-{threads}"), threads, &env);
         let err = smoe.stderr();
         assert!(
             stock.out.status.success(),
@@ -820,7 +1181,23 @@ fn ring_holding_the_model_reads_each_expert_once_identical() {
 /// never a failure, and (under the test's timeout) never a wait.
 #[test]
 fn ring_shrunk_mid_batch_takes_more_waves_identical() {
-    let Some(s) = setup("derived/qwen3moe-q8_0-8layers.gguf") else {
+    ring_shrunk_mid_batch(Source::Vault);
+}
+
+/// [`ring_shrunk_mid_batch_takes_more_waves_identical`] with the experts
+/// read from the GGUF in place (`SMOE=1`).
+#[test]
+fn in_place_ring_shrunk_mid_batch_takes_more_waves_identical() {
+    ring_shrunk_mid_batch(Source::Model);
+}
+
+fn ring_shrunk_mid_batch(source: Source) {
+    let fixture = "derived/qwen3moe-q8_0-8layers.gguf";
+    let Some(s) = (if source == Source::Vault {
+        setup(fixture)
+    } else {
+        setup_in_place(fixture)
+    }) else {
         return;
     };
     let stock = run_long(&s, "stock", 2, &[]);
@@ -837,16 +1214,13 @@ fn ring_shrunk_mid_batch_takes_more_waves_identical() {
         (16, 4, 1, "wave 0 of 5 claimed "),
     ] {
         let name = format!("smoe-{slots}-{squeeze}");
-        let smoe = run_long(
-            &s,
-            &name,
-            2,
-            &[
-                ("SMOE_VAULT", s.vault.to_str().unwrap()),
-                ("SMOE_RING_SLOTS", &slots.to_string()),
-                ("SMOE_TEST_SQUEEZE", &squeeze.to_string()),
-            ],
-        );
+        let (slots_s, squeeze_s) = (slots.to_string(), squeeze.to_string());
+        let mut env = source.env(&s.gguf, &s.vault);
+        env.extend([
+            ("SMOE_RING_SLOTS", slots_s.as_str()),
+            ("SMOE_TEST_SQUEEZE", squeeze_s.as_str()),
+        ]);
+        let smoe = run_long(&s, &name, 2, &env);
         let err = smoe.stderr();
         assert!(smoe.out.status.success(), "{name}: {err}");
         assert!(
@@ -1134,7 +1508,8 @@ impl Server {
 /// llama-server's. The same requests one after another: text and the log
 /// probabilities of every step's top 4 tokens as printed (the shortest
 /// decimal that reads back as the same float: equal strings are equal
-/// bits). The `smoe:` statistics line is printed at shutdown.
+/// bits). The `smoe:` statistics line is printed at shutdown. Both with a
+/// vault and with the experts streamed from the GGUF in place (`SMOE=1`).
 #[test]
 fn llama_server_serves_four_slots_as_stock_does() {
     let Some(Setup {
@@ -1169,6 +1544,33 @@ fn llama_server_serves_four_slots_as_stock_does() {
     let got = smoe.complete_all(&prompts);
     let got_each = smoe.complete_each(&prompts);
     let err = smoe.stop();
+    // the same server streaming from the GGUF in place
+    let in_place = Server::start(
+        &bin,
+        &gguf,
+        tmp.path(),
+        "in-place",
+        &[
+            ("SMOE", "1"),
+            ("SMOE_RING_SLOTS", "12"),
+            ("SMOE_CACHE_DIR", tmp.path().join("cache").to_str().unwrap()),
+        ],
+    );
+    let got_in_place = in_place.complete_all(&prompts);
+    let got_each_in_place = in_place.complete_each(&prompts);
+    let err_in_place = in_place.stop();
+    for (i, (g, w)) in got_in_place.iter().zip(&want).enumerate() {
+        assert_eq!(g.0, w.0, "in place, prompt {i}: completion differs");
+    }
+    assert_eq!(
+        got_each_in_place, want_each,
+        "in place, one after another: completions or log probabilities differ"
+    );
+    assert!(
+        err_in_place.contains(&format!("smoe: model {}: ", gguf.display()))
+            && err_in_place.lines().any(|l| l.starts_with("smoe: claims ")),
+        "in place:\n{err_in_place}"
+    );
     // Concurrent requests: the same text. (Not the same bits: which
     // requests share a batch, and where their KV cells go, depends on when
     // each arrives, and stock's own log probabilities for the long prompt
@@ -1201,13 +1603,29 @@ fn llama_server_serves_four_slots_as_stock_does() {
 /// printed.
 #[test]
 fn llama_bench_runs_with_smoe() {
+    llama_bench(Source::Vault);
+}
+
+/// [`llama_bench_runs_with_smoe`] with `SMOE=1`: the experts streamed from
+/// the GGUF in place.
+#[test]
+fn llama_bench_runs_in_place() {
+    llama_bench(Source::Model);
+}
+
+fn llama_bench(source: Source) {
+    let fixture = "qwen3moe-q8_0.gguf";
     // `tmp` holds the vault: it must outlive the run
     let Some(Setup {
         bin,
         gguf,
         vault,
-        tmp: _tmp,
-    }) = setup("qwen3moe-q8_0.gguf")
+        tmp,
+    }) = (if source == Source::Vault {
+        setup(fixture)
+    } else {
+        setup_in_place(fixture)
+    })
     else {
         return;
     };
@@ -1216,8 +1634,9 @@ fn llama_bench_runs_with_smoe() {
         .arg(&gguf)
         .args(["-p", "512", "-n", "64", "-t", "1", "-r", "1", "-o", "csv"])
         .args(["--repack", "0"])
-        .env("SMOE_VAULT", &vault)
+        .envs(source.env(&gguf, &vault))
         .env("SMOE_RING_SLOTS", "8")
+        .env("SMOE_CACHE_DIR", tmp.path().join("cache"))
         .output()
         .unwrap();
     let (stdout, stderr) = (
@@ -1258,24 +1677,28 @@ fn llama_bench_runs_with_smoe() {
         "{stdout}"
     );
     assert!(rows.iter().all(|r| r.2 > 0.0), "{stdout}");
-    assert!(stderr.contains("ring of 8 slots"), "{stderr}");
+    assert!(
+        stderr.contains(&source.named(&gguf, &vault)) && stderr.contains("ring of 8 slots"),
+        "{stderr}"
+    );
     assert!(waves_per_layer(&stderr) > 1.0, "{stderr}");
     assert!(evictions(&stderr) > 0, "{stderr}");
 }
 
-/// llama-cli, one turn (`-st`, plain I/O), replies as stock does.
+/// llama-cli, one turn (`-st`, plain I/O), replies as stock does, with a
+/// vault and with the experts streamed from the GGUF in place (`SMOE=1`).
 #[test]
 fn llama_cli_prints_stocks_text() {
     let Some(Setup {
         bin,
         gguf,
         vault,
-        tmp: _tmp,
+        tmp,
     }) = setup("mixtral-q8_0.gguf")
     else {
         return;
     };
-    let cli = |smoe: bool| {
+    let cli = |smoe: Option<Source>| {
         let mut cmd = Command::new(tool(&bin, "llama-cli"));
         cmd.arg("-m")
             .arg(&gguf)
@@ -1293,8 +1716,10 @@ fn llama_cli_prints_stocks_text() {
             ])
             .env("SMOE_NO_REPACK", "1")
             .stdin(std::process::Stdio::null());
-        if smoe {
-            cmd.env("SMOE_VAULT", &vault).env("SMOE_RING_SLOTS", "3");
+        if let Some(source) = smoe {
+            cmd.envs(source.env(&gguf, &vault))
+                .env("SMOE_RING_SLOTS", "3")
+                .env("SMOE_CACHE_DIR", tmp.path().join("cache"));
         }
         cmd.output().unwrap()
     };
@@ -1307,19 +1732,22 @@ fn llama_cli_prints_stocks_text() {
         let rest = &text[start..];
         rest[..rest.find("[ Prompt:").unwrap_or(rest.len())].to_owned()
     };
-    let (stock, smoe) = (cli(false), cli(true));
+    let stock = cli(None);
     assert!(
         stock.status.success(),
         "{}",
         String::from_utf8_lossy(&stock.stderr)
     );
-    assert!(
-        smoe.status.success(),
-        "{}",
-        String::from_utf8_lossy(&smoe.stderr)
-    );
     let want = reply(&stock);
     assert!(want.len() > PROMPT.len() + 4, "no reply: {want:?}");
-    assert_eq!(reply(&smoe), want);
-    assert!(String::from_utf8_lossy(&smoe.stderr).contains("smoe: claims "));
+    for source in [Source::Vault, Source::Model] {
+        let smoe = cli(Some(source));
+        let stderr = String::from_utf8_lossy(&smoe.stderr);
+        assert!(smoe.status.success(), "{source:?}: {stderr}");
+        assert_eq!(reply(&smoe), want, "{source:?}");
+        assert!(
+            stderr.contains(&source.named(&gguf, &vault)) && stderr.contains("smoe: claims "),
+            "{source:?}: {stderr}"
+        );
+    }
 }
