@@ -1199,6 +1199,13 @@ mod imp {
                 promise.settle(ring_bytes);
             }
             warnings.extend(plan.warning());
+            if config.verify && vault.model().is_some() {
+                warnings.push(format!(
+                    "verify is on, but {} is a model read in place, which carries no \
+                     checksums: nothing is verified (smoe pack writes checksummed blobs)",
+                    vault.path().display()
+                ));
+            }
             let files = open_worker_files(vault, workers, config.direct_io)?;
             let direct_all = files.iter().flatten().all(|f| f.direct);
             if !direct_all && config.direct_io == DirectIo::Auto {

@@ -548,3 +548,30 @@ fn the_histogram_of_a_model_lives_in_its_cache_directory() {
     );
     std::env::remove_var("SMOE_CACHE_DIR");
 }
+
+/// `verify` on a model read in place has nothing to check: it says so.
+#[test]
+fn verify_on_a_model_says_nothing_is_verified() {
+    let path = fixtures().join("qwen3moe-q8_0.gguf");
+    let s = Streamer::open(
+        &path,
+        Config {
+            verify: true,
+            ..config()
+        },
+    )
+    .unwrap();
+    assert!(
+        s.warnings()
+            .iter()
+            .any(|w| w.contains("verify is on") && w.contains("no checksums")),
+        "{:?}",
+        s.warnings()
+    );
+    let quiet = Streamer::open(&path, config()).unwrap();
+    assert!(
+        quiet.warnings().iter().all(|w| !w.contains("verify")),
+        "{:?}",
+        quiet.warnings()
+    );
+}
