@@ -1,0 +1,202 @@
+# Type stubs of the extension module smoe._native (python/src/). The
+# settings' keywords and the counters' keys repeat the library's fields:
+# tests/test_api.py checks them against CONFIG_FIELDS and STATS_FIELDS.
+
+import os
+import pathlib
+import types
+from typing import Any, Literal, Sequence, TypedDict, final
+
+import numpy
+import numpy.typing
+
+__version__: str
+
+CONFIG_FIELDS: tuple[str, ...]
+"""Every setting ``Streamer`` takes as a keyword, in the library's order."""
+
+STATS_FIELDS: tuple[str, ...]
+"""Every key of ``Streamer.stats()``, in the library's order."""
+
+_Path = str | os.PathLike[str]
+
+class Stats(TypedDict):
+    """``Streamer.stats()``: the library's counters and sizes (docs/c-api.md, ``smoe_stats``)."""
+
+    claims: int
+    hits: int
+    pending: int
+    bytes_read: int
+    reads_demand: int
+    reads_speculative: int
+    reads_prewarm: int
+    evictions: int
+    io_errors: int
+    checksum_errors: int
+    resident: int
+    ring_slots: int
+    slot_bytes: int
+    workers: int
+    direct_io: int
+    freq_ignored: int
+    prewarm_slots: int
+    trace_events: int
+    trace_dropped: int
+    policy: int
+    slots_active: int
+    shrinks: int
+    grows: int
+    slots_held: int
+    evicted_unclaimed: int
+    bytes_moved: int
+
+class ExpertInfo(TypedDict):
+    """``Streamer.expert_info()``: where an expert lives."""
+
+    layer: int
+    expert: int
+    offset: int
+    size: int
+    padded_size: int
+    xxh3: int
+
+def config_defaults() -> dict[str, Any]:
+    """Every setting's default, as ``Streamer``'s keywords take them."""
+
+def synth(
+    directory: _Path,
+    *,
+    layers: int,
+    experts: int,
+    blob_bytes: int,
+    seed: int = 0,
+    top_k: int = 2,
+    dense_layers: Sequence[int] = (),
+) -> pathlib.Path:
+    """Writes a synthetic vault into ``directory`` and returns ``directory``.
+
+    ``layers`` × ``experts`` blobs of about ``blob_bytes`` each, whose bytes
+    are a pure function of ``(seed, layer, expert, offset)``. No blob
+    layouts: ``Lease.numpy`` has no roles on it, ``memoryview`` works.
+    """
+
+@final
+class Streamer:
+    """Streams a model's or a vault's experts into a ring of aligned slots.
+
+    ``path``: a vault (directory or ``experts.smoe``) or a model opened in
+    place (GGUF, split GGUF's first part, ``.safetensors``, checkpoint
+    directory). The keywords are the library's settings (0 or ``None``
+    means the library's automatic choice; docs/c-api.md, ``smoe_config``)
+    and ``strict``: a release or close that would be deferred raises
+    ``BufferError`` instead. A context manager that closes on exit.
+    """
+
+    def __init__(
+        self,
+        path: _Path,
+        *,
+        ring_slots: int = 0,
+        slot_mb: int = 0,
+        workers: int = 0,
+        direct_io: Literal["auto", "require", "off"] = "auto",
+        prewarm: bool = True,
+        prewarm_slots: int = 0,
+        verify: bool = False,
+        scout_bytes: int | None = None,
+        engine_overhead_bytes: int = 0,
+        freq_path: _Path | None = None,
+        trace_path: _Path | None = None,
+        policy: Literal["lru", "adaptive"] = "lru",
+        populate: bool = False,
+        lock: bool = False,
+        elastic: bool = True,
+        pinned: bool = False,
+        strict: bool = False,
+    ) -> None: ...
+    def prefetch_set(self, layer: int, experts: Sequence[int], speculative: bool = False) -> int:
+        """Queues a layer's working set, in order; never waits. How many members are resident or on their way."""
+    def claim(self, layer: int, expert: int, timeout: float | None = None) -> Lease:
+        """Claims (layer, expert), waiting for its read: None without bound, 0 once; TimeoutError after."""
+    def claim_any(self, layer: int, experts: Sequence[int], timeout: float | None = None) -> Lease:
+        """Claims whichever member of the set lands first (``lease.expert`` says which)."""
+    def stats(self) -> Stats:
+        """Every counter and size, by name."""
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The vault's or model's metadata (docs/format.md §3), parsed; ``{}`` when there is none."""
+    @property
+    def warnings(self) -> list[str]:
+        """Warnings recorded at open."""
+    def prewarm_pause(self, busy: bool) -> None:
+        """Tells the pre-warm thread the engine is busy (True) or idle (False)."""
+    def ring_region(self) -> tuple[int, int, int]:
+        """``(address, bytes, slot_bytes)`` of the ring."""
+    def expert_info(self, layer: int, expert: int) -> ExpertInfo:
+        """Where (layer, expert) lives: offset, size, padded_size, xxh3."""
+    @property
+    def path(self) -> pathlib.Path:
+        """The path the streamer was opened with."""
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+    def close(self) -> None:
+        """Closes; later calls raise ``smoe.ClosedError``. Leases still held stay valid."""
+    def __enter__(self) -> Streamer: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> bool: ...
+
+@final
+class Lease:
+    """A claimed expert: its bytes stay in their slot, unchanged, until released.
+
+    Read-only views without a copy: ``memoryview(lease)``,
+    ``numpy.frombuffer(lease, ...)``, ``numpy.from_dlpack(lease)``,
+    ``lease.numpy(role)``. A release while a view is alive is deferred until
+    the last view is gone (``strict=True``: raises ``BufferError``). After
+    ``release()`` the methods raise ``smoe.Stale``.
+    """
+
+    @property
+    def layer(self) -> int: ...
+    @property
+    def expert(self) -> int: ...
+    @property
+    def hit(self) -> bool:
+        """No demand read was needed."""
+    @property
+    def size(self) -> int:
+        """The claim's bytes."""
+    @property
+    def slot_index(self) -> int:
+        """The slot: bytes at ring address + slot_index × slot_bytes."""
+    @property
+    def released(self) -> bool:
+        """Whether ``release()`` was called."""
+    def release(self) -> None:
+        """Releases the claim (deferred while a view is alive)."""
+    def numpy(self, role: str) -> numpy.typing.NDArray[Any]:
+        """A read-only array of one item of the layer's blob layout (``gate``, ``up``, ``down``, ...)."""
+    def __dlpack__(
+        self,
+        *,
+        stream: Any | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> object:
+        """A DLPack ≥ 1.0 capsule: uint8, one dimension, read-only, CPU."""
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+    def __enter__(self) -> Lease: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> bool: ...

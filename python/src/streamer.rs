@@ -1,0 +1,425 @@
+//! `smoe.Streamer`: the library's `Streamer`, its blocking waits sliced so
+//! Python keeps running (the GIL released) and Ctrl-C still interrupts.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pyo3::exceptions::PyBufferError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use smoe::{Priority, SlotInfo};
+
+use crate::config::{self, Settings};
+use crate::errors;
+use crate::layout::Layouts;
+use crate::lease::Lease;
+
+/// How long one wait inside `claim`/`claim_any` lasts before it comes back
+/// to Python to run signal handlers (Ctrl-C) and to see a `close()` from
+/// another thread. Short enough that Ctrl-C feels immediate.
+const WAIT_SLICE: Duration = Duration::from_millis(50);
+
+/// What every lease of a streamer shares with it: the library's streamer,
+/// kept alive (its ring mapped, its threads running) until the Python
+/// `Streamer` is closed or gone *and* the last lease has really been
+/// released.
+pub(crate) struct Core {
+    pub(crate) streamer: smoe::Streamer,
+    /// `Streamer(..., strict=True)`.
+    pub(crate) strict: bool,
+    /// Set by `close()`: a wait in another thread gives up at its next
+    /// slice.
+    closed: AtomicBool,
+    /// Leases whose ticket is still held (not yet really released).
+    pub(crate) held: AtomicUsize,
+    /// `layer_blob_layouts`, for `Lease.numpy(role)`.
+    pub(crate) layouts: Layouts,
+}
+
+impl Core {
+    fn new(streamer: smoe::Streamer, strict: bool) -> Core {
+        let layouts = Layouts::parse(streamer.vault().meta());
+        Core {
+            streamer,
+            strict,
+            closed: AtomicBool::new(false),
+            held: AtomicUsize::new(0),
+            layouts,
+        }
+    }
+}
+
+/// A claim's deadline, from Python's `timeout`.
+#[derive(Clone, Copy, Debug)]
+enum Timeout {
+    /// `None` (or infinity): wait until the claim lands.
+    Unbounded,
+    /// `0`: one try.
+    Once,
+    /// Wait until then.
+    Until(Instant, Duration),
+}
+
+fn parse_timeout(py: Python<'_>, timeout: Option<f64>) -> PyResult<Timeout> {
+    match timeout {
+        None => Ok(Timeout::Unbounded),
+        Some(t) if t == f64::INFINITY => Ok(Timeout::Unbounded),
+        Some(0.0) => Ok(Timeout::Once),
+        Some(t) if t > 0.0 => {
+            let wait = Duration::try_from_secs_f64(t).unwrap_or(Duration::MAX);
+            Ok(match Instant::now().checked_add(wait) {
+                Some(deadline) => Timeout::Until(deadline, wait),
+                None => Timeout::Unbounded,
+            })
+        }
+        Some(t) => Err(errors::argument(
+            py,
+            format!("timeout must be None or a number of seconds ≥ 0, got {t}"),
+        )),
+    }
+}
+
+/// Streams a model's or a vault's experts into a ring of aligned slots.
+///
+/// ``Streamer(path, **config)``: ``path`` is a vault (a directory holding
+/// ``experts.smoe``, or that file) or a model opened in place (a GGUF file,
+/// the first part of a split GGUF, a ``.safetensors`` file or a checkpoint
+/// directory). The keywords are the library's settings (``ring_slots``,
+/// ``workers``, ``direct_io``, ...: ``smoe.CONFIG_FIELDS``,
+/// ``smoe.config_defaults()``), and ``strict``: a release or a close that
+/// would be deferred raises ``BufferError`` instead (for tests).
+///
+/// A context manager: ``with smoe.Streamer(path) as s: ...`` closes it.
+#[pyclass(frozen, module = "smoe", name = "Streamer")]
+pub(crate) struct Streamer {
+    /// `None` once closed.
+    core: Mutex<Option<Arc<Core>>>,
+    path: PathBuf,
+}
+
+impl Streamer {
+    /// A streamer from an open library streamer.
+    pub(crate) fn from_parts(streamer: smoe::Streamer, strict: bool, path: PathBuf) -> Streamer {
+        Streamer {
+            core: Mutex::new(Some(Arc::new(Core::new(streamer, strict)))),
+            path,
+        }
+    }
+
+    /// The open streamer, or `ClosedError`.
+    fn core(&self, py: Python<'_>) -> PyResult<Arc<Core>> {
+        self.core
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| errors::closed(py))
+    }
+
+    /// Waits for `attempt` (one claim attempt that waits up to the duration
+    /// it is given) to land a claim, in slices of [`WAIT_SLICE`] with the
+    /// GIL released, running signal handlers between slices. `what` names
+    /// the claim for a timeout's message.
+    fn wait<F>(&self, py: Python<'_>, timeout: Timeout, what: &str, attempt: F) -> PyResult<Lease>
+    where
+        F: Fn(&smoe::Streamer, Duration) -> smoe::Result<Option<SlotInfo>> + Sync,
+    {
+        let core = self.core(py)?;
+        let lease = |info: SlotInfo| Lease::new(Arc::clone(&core), info);
+        if let Timeout::Once = timeout {
+            // Atomics only, and queues the read: no need to let go of the GIL.
+            return match attempt(&core.streamer, Duration::ZERO) {
+                Ok(Some(info)) => Ok(lease(info)),
+                Ok(None) => Err(errors::timeout(format!(
+                    "{what} is not in the ring yet (timeout=0 tries once; its read is queued)"
+                ))),
+                Err(err) => Err(errors::to_py(py, &err)),
+            };
+        }
+        loop {
+            let slice = match timeout {
+                Timeout::Until(deadline, _) => {
+                    WAIT_SLICE.min(deadline.saturating_duration_since(Instant::now()))
+                }
+                _ => WAIT_SLICE,
+            };
+            let core_ref = &core;
+            let attempt = &attempt;
+            match py.detach(move || attempt(&core_ref.streamer, slice)) {
+                Ok(Some(info)) => return Ok(lease(info)),
+                Ok(None) => {}
+                Err(err) => return Err(errors::to_py(py, &err)),
+            }
+            // Ctrl-C (KeyboardInterrupt) or any other signal handler's
+            // exception ends the wait; nothing is held yet.
+            py.check_signals()?;
+            if core.closed.load(Ordering::Acquire) {
+                // Perhaps the last reference: its drop joins the library's
+                // threads, which must not wait for the GIL.
+                py.detach(move || drop(core));
+                return Err(errors::closed(py));
+            }
+            if let Timeout::Until(deadline, wait) = timeout {
+                if Instant::now() >= deadline {
+                    return Err(errors::timeout(format!(
+                        "{what} did not land in the ring within {} s",
+                        wait.as_secs_f64()
+                    )));
+                }
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl Streamer {
+    #[new]
+    #[pyo3(signature = (path, **config))]
+    fn new(py: Python<'_>, path: PathBuf, config: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let Settings { config, strict } = config::settings(config)?;
+        let opened = {
+            let path = path.clone();
+            py.detach(move || smoe::Streamer::open(path, config))
+        };
+        let streamer = opened.map_err(|err| errors::to_py(py, &err))?;
+        Ok(Streamer::from_parts(streamer, strict, path))
+    }
+
+    /// Queues the reads of a layer's working set, in the order given
+    /// (``speculative=True``: as a bet, after every demand read). Never
+    /// waits. Returns how many members are now resident, in flight or hold
+    /// a failed read's error for their next claim: all of them, or fewer
+    /// when the ring could not take the rest (``claim_any`` queues those as
+    /// slots free up).
+    #[pyo3(signature = (layer, experts, speculative = false))]
+    fn prefetch_set(
+        &self,
+        py: Python<'_>,
+        layer: u32,
+        experts: Vec<u32>,
+        speculative: bool,
+    ) -> PyResult<u32> {
+        let core = self.core(py)?;
+        let priority = if speculative {
+            Priority::Speculative
+        } else {
+            Priority::Demand
+        };
+        core.streamer
+            .prefetch_set(layer, &experts, priority)
+            .map_err(|err| errors::to_py(py, &err))
+    }
+
+    /// Claims ``(layer, expert)``, queueing its read if it is not in the
+    /// ring, and waits for it: ``timeout=None`` without bound, ``0`` tries
+    /// once, otherwise up to ``timeout`` seconds; ``TimeoutError`` when it
+    /// has not landed. The wait releases the GIL, and Ctrl-C interrupts it
+    /// (``KeyboardInterrupt``). Returns a ``Lease``: the expert's bytes stay
+    /// in their slot, unchanged, until it is released.
+    #[pyo3(signature = (layer, expert, timeout = None))]
+    fn claim(
+        &self,
+        py: Python<'_>,
+        layer: u32,
+        expert: u32,
+        timeout: Option<f64>,
+    ) -> PyResult<Lease> {
+        let timeout = parse_timeout(py, timeout)?;
+        self.wait(
+            py,
+            timeout,
+            &format!("layer {layer} expert {expert}"),
+            |s, wait| s.claim_wait_ticket(layer, expert, wait),
+        )
+    }
+
+    /// Claims whichever member of a layer's working set is in the ring
+    /// first (queueing the others' reads as slots free up), with
+    /// ``claim``'s timeout and waiting rules. ``lease.expert`` says which.
+    #[pyo3(signature = (layer, experts, timeout = None))]
+    fn claim_any(
+        &self,
+        py: Python<'_>,
+        layer: u32,
+        experts: Vec<u32>,
+        timeout: Option<f64>,
+    ) -> PyResult<Lease> {
+        let timeout = parse_timeout(py, timeout)?;
+        self.wait(
+            py,
+            timeout,
+            &format!("no member of layer {layer}'s set {experts:?}"),
+            |s, wait| s.claim_any_ticket(layer, &experts, wait),
+        )
+    }
+
+    /// Every counter and size of the library's ``Stats``, by name
+    /// (``smoe.STATS_FIELDS``).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let core = self.core(py)?;
+        config::stats_dict(py, core.streamer.stats())
+    }
+
+    /// The vault's or the model's metadata (docs/format.md §3), parsed: a
+    /// new ``dict`` each time; ``{}`` when there is none.
+    #[getter]
+    fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let core = self.core(py)?;
+        let meta = core.streamer.vault().meta();
+        if meta.is_empty() {
+            return Ok(PyDict::new(py).into_any());
+        }
+        py.import("json")?.call_method1("loads", (meta,))
+    }
+
+    /// Warnings recorded at open (a fallback to buffered I/O, a histogram
+    /// file not replaced, ...).
+    #[getter]
+    fn warnings(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        Ok(self.core(py)?.streamer.warnings().to_vec())
+    }
+
+    /// Tells the pre-warm thread the engine is busy (``True``) or idle
+    /// (``False``: it resumes, re-warming what was evicted meanwhile).
+    fn prewarm_pause(&self, py: Python<'_>, busy: bool) -> PyResult<()> {
+        self.core(py)?.streamer.prewarm_pause(busy);
+        Ok(())
+    }
+
+    /// The ring: ``(address, bytes, slot_bytes)``, for a host that
+    /// registers it once with a device. The address stays valid while the
+    /// streamer or any of its leases lives.
+    fn ring_region(&self, py: Python<'_>) -> PyResult<(usize, u64, u64)> {
+        let (base, bytes, slot_bytes) = self.core(py)?.streamer.ring_region();
+        Ok((base as usize, bytes, slot_bytes))
+    }
+
+    /// Where ``(layer, expert)`` lives: ``offset`` (in the vault file, or
+    /// the first slice's offset in its model file), ``size`` (a claim's
+    /// bytes), ``padded_size`` (the slot bytes it needs) and ``xxh3`` (its
+    /// checksum, 0 when the vault has none).
+    fn expert_info<'py>(
+        &self,
+        py: Python<'py>,
+        layer: u32,
+        expert: u32,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let entry = self
+            .core(py)?
+            .streamer
+            .expert_info(layer, expert)
+            .map_err(|err| errors::to_py(py, &err))?;
+        let info = PyDict::new(py);
+        info.set_item("layer", entry.layer)?;
+        info.set_item("expert", entry.expert)?;
+        info.set_item("offset", entry.offset)?;
+        info.set_item("size", entry.size)?;
+        info.set_item("padded_size", entry.padded_size)?;
+        info.set_item("xxh3", entry.xxh3)?;
+        Ok(info)
+    }
+
+    /// The path the streamer was opened with.
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.path.clone()
+    }
+
+    /// Whether ``close()`` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.core
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+    }
+
+    /// Closes the streamer: every later call raises ``smoe.ClosedError``; a
+    /// second ``close()`` does nothing. Leases still held stay valid: the
+    /// ring and the I/O threads are freed (and the claim histogram and the
+    /// trace written) when the last of them is released. With
+    /// ``strict=True`` a close while leases are held raises
+    /// ``BufferError`` and closes nothing.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let core = {
+            let mut slot = self.core.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(core) = slot.as_ref() else {
+                return Ok(());
+            };
+            let held = core.held.load(Ordering::Acquire);
+            if core.strict && held > 0 {
+                return Err(PyBufferError::new_err(format!(
+                    "{held} lease(s) of this streamer are still held (strict=True): \
+                     release them before close()"
+                )));
+            }
+            slot.take()
+        };
+        if let Some(core) = core {
+            // Release: a waiting thread that sees it gives up.
+            core.closed.store(true, Ordering::Release);
+            // The last reference stops and joins the library's threads:
+            // without the GIL, which they never take.
+            py.detach(move || drop(core));
+        }
+        Ok(())
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
+        slf.get().core(slf.py())?;
+        Ok(slf)
+    }
+
+    /// Closes. Under ``strict=True`` with leases held, raises only when no
+    /// other exception is on its way out.
+    #[pyo3(signature = (exc_type = None, _exc = None, _traceback = None))]
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        exc_type: Option<Bound<'_, PyAny>>,
+        _exc: Option<Bound<'_, PyAny>>,
+        _traceback: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        match self.close(py) {
+            Err(_) if exc_type.is_some_and(|t| !t.is_none()) => {}
+            other => other?,
+        }
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        let state = match self.core.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            Some(core) => {
+                let stats = core.streamer.stats();
+                format!("{} slots × {} bytes", stats.ring_slots, stats.slot_bytes)
+            }
+            None => "closed".to_owned(),
+        };
+        format!("<smoe.Streamer {:?}: {state}>", self.path)
+    }
+}
+
+impl Drop for Streamer {
+    fn drop(&mut self) {
+        if let Some(core) = self
+            .core
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            core.closed.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// The settings' defaults, as ``Streamer``'s keywords take them.
+#[pyfunction]
+pub(crate) fn config_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    config::defaults(py)
+}
+
+/// The tuple of `names`.
+pub(crate) fn names<'py>(py: Python<'py>, names: &[&str]) -> PyResult<Bound<'py, PyTuple>> {
+    PyTuple::new(py, names)
+}

@@ -1,0 +1,63 @@
+"""Shared fixtures: a synthetic vault, the repository's model fixtures."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+import smoe
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+MODELS = REPO / "tests" / "fixtures" / "models"
+
+# Settings every test streamer shares: few threads (the CI machine has 2
+# cores), no pre-warm reads behind a test's back, no histogram file written
+# beside a fixture or in the user's cache.
+QUIET = {"workers": 2, "prewarm": False, "freq_path": ""}
+
+# The synthetic vault's shape.
+LAYERS = 2
+EXPERTS = 4
+
+
+@pytest.fixture(scope="session")
+def vault(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """A synthetic vault: 2 layers × 4 experts of about 20 kB."""
+    directory = tmp_path_factory.mktemp("vault")
+    return smoe.synth(directory, layers=LAYERS, experts=EXPERTS, blob_bytes=20_000, seed=7)
+
+
+@pytest.fixture
+def streamer(vault: pathlib.Path):
+    """A streamer of the synthetic vault with a ring of 4 slots."""
+    with smoe.Streamer(vault, ring_slots=4, **QUIET) as s:
+        yield s
+
+
+def vault_bytes(vault: pathlib.Path, s: smoe.Streamer, layer: int, expert: int) -> bytes:
+    """The bytes of (layer, expert) read from the vault file itself."""
+    info = s.expert_info(layer, expert)
+    with open(vault / "experts.smoe", "rb") as f:
+        f.seek(info["offset"])
+        return f.read(info["size"])
+
+
+@pytest.fixture(scope="session")
+def expected() -> dict:
+    """tests/fixtures/models/EXPECTED.json: what the formats' own readers saw."""
+    with open(MODELS / "EXPECTED.json") as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="session")
+def testing():
+    """smoe._native._testing (a build with the test-hooks feature), or a skip."""
+    hooks = getattr(smoe._native, "_testing", None)
+    if hooks is None:
+        pytest.skip(
+            "this build has no test hooks: build with "
+            'MATURIN_PEP517_ARGS="--features test-hooks" pip install ./python'
+        )
+    return hooks

@@ -1,0 +1,220 @@
+"""The Streamer's settings, methods, errors and close rules."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+import smoe
+from conftest import EXPERTS, LAYERS, QUIET, vault_bytes
+
+STUB = pathlib.Path(smoe.__file__).with_name("_native.pyi")
+
+
+def stub_class(name: str) -> ast.ClassDef:
+    tree = ast.parse(STUB.read_text())
+    return next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+
+
+def test_the_stub_names_every_setting_with_its_default():
+    init = next(
+        n for n in stub_class("Streamer").body if isinstance(n, ast.FunctionDef) and n.name == "__init__"
+    )
+    names = [a.arg for a in init.args.kwonlyargs]
+    assert tuple(names) == smoe.CONFIG_FIELDS + ("strict",)
+    defaults = {a.arg: ast.literal_eval(d) for a, d in zip(init.args.kwonlyargs, init.args.kw_defaults)}
+    assert defaults == {**smoe.config_defaults(), "strict": False}
+
+
+def test_the_stub_names_every_counter():
+    fields = [n.target.id for n in stub_class("Stats").body if isinstance(n, ast.AnnAssign)]
+    assert tuple(fields) == smoe.STATS_FIELDS
+
+
+def test_the_package_is_typed():
+    assert pathlib.Path(smoe.__file__).with_name("py.typed").exists()
+
+
+def test_stats_has_every_counter(streamer):
+    stats = streamer.stats()
+    assert tuple(stats) == smoe.STATS_FIELDS
+    assert all(isinstance(v, int) for v in stats.values())
+    assert stats["ring_slots"] == 4
+    assert stats["workers"] == 2
+
+
+def test_settings_reach_the_library(vault):
+    with smoe.Streamer(vault, ring_slots=3, workers=1, policy="adaptive", direct_io="off", **{
+        k: v for k, v in QUIET.items() if k != "workers"
+    }) as s:
+        stats = s.stats()
+        assert (stats["ring_slots"], stats["workers"], stats["policy"], stats["direct_io"]) == (3, 1, 1, 0)
+
+
+def test_unknown_keywords_are_named(vault):
+    with pytest.raises(TypeError, match="'ringslots', 'colour'"):
+        smoe.Streamer(vault, ringslots=3, colour="red")
+
+
+@pytest.mark.parametrize(
+    "setting, error, words",
+    [
+        ({"ring_slots": -1}, smoe.ArgumentError, "ring_slots must be in 0..=4294967295, got -1"),
+        ({"ring_slots": 2**32}, smoe.ArgumentError, "0..=4294967295"),
+        ({"ring_slots": 2.0}, TypeError, "ring_slots must be an int"),
+        ({"ring_slots": True}, TypeError, "not bool"),
+        ({"prewarm": 1}, TypeError, "prewarm must be a bool, not int"),
+        ({"direct_io": "sometimes"}, smoe.ArgumentError, "direct_io must be one of"),
+        ({"policy": 1}, TypeError, "policy must be one of"),
+        ({"scout_bytes": "1G"}, TypeError, "scout_bytes must be None or an int"),
+        ({"freq_path": 3}, TypeError, "freq_path must be None, a str or an os.PathLike"),
+        ({"strict": "yes"}, TypeError, "strict must be a bool"),
+        # Ranges the library itself checks.
+        ({"workers": 65}, smoe.ArgumentError, "workers is 65"),
+    ],
+)
+def test_bad_settings_say_what_is_wrong(vault, setting, error, words):
+    with pytest.raises(error, match=words):
+        smoe.Streamer(vault, **setting)
+
+
+def test_numpy_integers_and_paths_are_accepted(vault):
+    numpy = pytest.importorskip("numpy")
+    with smoe.Streamer(pathlib.Path(vault), ring_slots=numpy.uint32(2), **QUIET) as s:
+        assert s.stats()["ring_slots"] == 2
+        assert s.path == pathlib.Path(vault)
+
+
+def test_metadata_is_the_parsed_json(streamer):
+    meta = streamer.metadata
+    assert meta["format"] == "smoe-vault"
+    assert meta["synth"] == {"seed": 7, "blob_bytes": 20_000, "n_layers": LAYERS, "n_experts": EXPERTS}
+    meta["format"] = "changed"
+    assert streamer.metadata["format"] == "smoe-vault", "a new dict each time"
+
+
+def test_warnings_and_ring_region(streamer):
+    assert all(isinstance(w, str) for w in streamer.warnings)
+    address, size, slot_bytes = streamer.ring_region()
+    assert address % 16384 == 0
+    assert size == 4 * slot_bytes == 4 * streamer.stats()["slot_bytes"]
+    streamer.prewarm_pause(True)
+    streamer.prewarm_pause(False)
+
+
+def test_claim_is_in_the_ring(vault, streamer):
+    address, size, slot_bytes = streamer.ring_region()
+    assert streamer.prefetch_set(1, [3, 0]) == 2
+    with streamer.claim(1, 3, timeout=10) as lease:
+        assert (lease.layer, lease.expert) == (1, 3)
+        assert lease.size == streamer.expert_info(1, 3)["size"]
+        assert 0 <= lease.slot_index < 4
+        assert bytes(memoryview(lease)) == vault_bytes(vault, streamer, 1, 3)
+    with streamer.claim(1, 3, timeout=0) as again:
+        assert again.hit, "released, the expert stays in the ring"
+    stats = streamer.stats()
+    assert (stats["claims"], stats["hits"]) == (2, 1)
+
+
+def test_claim_any_takes_each_member(vault, streamer):
+    todo = [2, 0, 3]
+    streamer.prefetch_set(0, todo)
+    seen = []
+    while todo:
+        with streamer.claim_any(0, todo, timeout=10) as lease:
+            assert lease.expert in todo
+            assert bytes(memoryview(lease)) == vault_bytes(vault, streamer, 0, lease.expert)
+            todo.remove(lease.expert)
+            seen.append(lease.expert)
+    assert sorted(seen) == [0, 2, 3]
+
+
+def test_speculative_prefetch(streamer):
+    assert streamer.prefetch_set(1, [1], speculative=True) == 1
+    streamer.claim(1, 1, timeout=10).release()
+
+
+def test_timeout_zero_tries_once(streamer):
+    with pytest.raises(TimeoutError, match="timeout=0 tries once"):
+        streamer.claim(0, 1, timeout=0)
+    assert streamer.stats()["pending"] == 1
+    streamer.claim(0, 1, timeout=10).release()
+
+
+@pytest.mark.parametrize("timeout", [-1, float("nan")])
+def test_a_negative_timeout_is_refused(streamer, timeout):
+    with pytest.raises(smoe.ArgumentError, match="timeout must be None or a number"):
+        streamer.claim(0, 0, timeout=timeout)
+
+
+def test_errors_are_the_library_s(vault, streamer):
+    with pytest.raises(smoe.NotFound) as caught:
+        streamer.claim(LAYERS, 0, timeout=0)
+    assert caught.value.status == -2 and caught.value.status_name == "SMOE_ERR_NOT_FOUND"
+    assert caught.value.layer == LAYERS
+    with pytest.raises(smoe.NotFound, match="layer 0 expert 99 is not in the vault"):
+        streamer.claim_any(0, [1, 99])
+    with pytest.raises(smoe.NotFound):
+        streamer.prefetch_set(0, [EXPERTS])
+    with pytest.raises(smoe.ArgumentError, match="empty"):
+        streamer.claim_any(0, [])
+    with pytest.raises(smoe.IoError) as caught:
+        smoe.Streamer(vault / "missing")
+    assert isinstance(caught.value, OSError) and caught.value.errno == 2
+    assert caught.value.path == str(vault / "missing")
+    not_a_vault = vault / "not-a-vault.bin"
+    not_a_vault.write_bytes(b"x" * 4096)
+    with pytest.raises(smoe.FormatError):
+        smoe.Streamer(not_a_vault)
+
+
+def test_a_full_ring_raises_ring_full(vault):
+    with smoe.Streamer(vault, ring_slots=2, **QUIET) as s:
+        first = s.claim(0, 0, timeout=10)
+        second = s.claim(0, 1, timeout=10)
+        with pytest.raises(smoe.RingFull) as caught:
+            s.claim(0, 2, timeout=10)
+        assert caught.value.status == -6
+        first.release()
+        s.claim(0, 2, timeout=10).release()
+        second.release()
+
+
+def test_every_status_has_its_class():
+    classes = [
+        smoe.ArgumentError, smoe.NotFound, smoe.IoError, smoe.FormatError, smoe.NoMemory,
+        smoe.RingFull, smoe.Stale, smoe.Unsupported, smoe.InternalError,
+    ]
+    assert [c.status for c in classes] == [-1, -2, -3, -4, -5, -6, -7, -8, -99]
+    assert all(issubclass(c, smoe.Error) for c in classes)
+    assert issubclass(smoe.IoError, OSError) and issubclass(smoe.ArgumentError, ValueError)
+    assert smoe.RingFull.__module__ == "smoe"
+
+
+def test_close_is_idempotent_and_later_calls_raise(vault):
+    s = smoe.Streamer(vault, **QUIET)
+    assert not s.closed
+    s.close()
+    s.close()
+    assert s.closed
+    for call in (s.stats, lambda: s.claim(0, 0), lambda: s.prefetch_set(0, [0]), s.ring_region,
+                 lambda: s.metadata, lambda: s.warnings, lambda: s.prewarm_pause(True)):
+        with pytest.raises(smoe.ClosedError):
+            call()
+    with pytest.raises(smoe.ClosedError):
+        with s:
+            pass
+    assert "closed" in repr(s)
+
+
+def test_with_closes(vault):
+    with smoe.Streamer(vault, **QUIET) as s:
+        pass
+    assert s.closed
+
+
+def test_synth_checks_its_arguments(tmp_path):
+    with pytest.raises(smoe.ArgumentError, match="every layer is dense"):
+        smoe.synth(tmp_path, layers=1, experts=2, blob_bytes=100, dense_layers=[0])

@@ -1,0 +1,90 @@
+"""Models opened in place: every expert's bytes, through typed views, equal
+the bytes at the offsets the formats' own readers recorded
+(tests/fixtures/models/EXPECTED.json: the safetensors package and
+gguf.GGUFReader, never smoe's parser)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+
+import numpy
+import pytest
+
+import smoe
+from conftest import MODELS, QUIET
+
+with open(MODELS / "EXPECTED.json") as _f:
+    import json
+
+    FIXTURES = sorted(json.load(_f)["fixtures"])
+
+# The numpy dtype each source type is viewed as; raw bytes otherwise (the
+# quantized GGML types; BF16 where numpy has no bfloat16, as here).
+TYPED = {"F32": numpy.float32, "F16": numpy.float16}
+
+
+def file_bytes(path, offset: int, size: int) -> bytes:
+    with open(MODELS / path, "rb") as f:
+        f.seek(offset)
+        return f.read(size)
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_every_expert_slice_is_the_file_s_bytes(expected, name):
+    fixture = expected["fixtures"][name]
+    by_expert = defaultdict(list)
+    for item in fixture["expert_slices"]:
+        by_expert[(item["layer"], item["expert"])].append(item)
+    with smoe.Streamer(MODELS / fixture["source"], ring_slots=4, **QUIET) as s:
+        meta = s.metadata
+        assert meta["format"] == "smoe-model"
+        assert meta["source"]["kind"] == fixture["format"]
+        for (layer, expert), items in sorted(by_expert.items()):
+            with s.claim(layer, expert, timeout=10) as lease:
+                whole = memoryview(lease)
+                layout = {i["role"]: i for i in meta["layer_blob_layouts"][str(layer)]}
+                for item in items:
+                    want = file_bytes(item["file"], item["offset"], item["nbytes"])
+                    assert hashlib.sha256(want).hexdigest() == item["sha256"]
+                    view = lease.numpy(item["role"])
+                    assert not view.flags.writeable
+                    assert view.tobytes() == want, (layer, expert, item["role"])
+                    start = layout[item["role"]]["offset"]
+                    assert whole[start : start + item["nbytes"]] == want
+                    # Safetensors shapes are row-major already; GGUF's are
+                    # ne[], innermost first.
+                    shape = item["shape"] if fixture["format"] == "safetensors" else item["shape"][::-1]
+                    if item["dtype"] in TYPED:
+                        assert view.dtype == TYPED[item["dtype"]]
+                        assert list(view.shape) == shape
+                    else:
+                        assert view.dtype == numpy.uint8 and view.shape == (item["nbytes"],)
+                    del view
+                whole.release()
+        assert s.stats()["slots_held"] == 0
+
+
+def test_a_typed_view_has_the_layout_s_values(expected):
+    """The reference FFN input and output of EXPECTED.json, computed here
+    from the typed views of a float32 model: the views hold the numbers,
+    not just the bytes."""
+    fixture = expected["fixtures"]["qwen2moe-f32-sharded"]
+    ref = fixture["reference_ffn"][0]
+    layer, expert = ref["layer"], ref["expert"]
+    with smoe.Streamer(MODELS / fixture["source"], ring_slots=4, **QUIET) as s:
+        with s.claim(layer, expert, timeout=10) as lease:
+            gate, up, down = (lease.numpy(r).astype(numpy.float64) for r in ("gate", "up", "down"))
+    x = numpy.asarray(ref["input"], dtype=numpy.float64)
+    h = gate @ x
+    y = down @ (h / (1 + numpy.exp(-h)) * (up @ x))
+    # EXPECTED.json writes 9 significant digits.
+    numpy.testing.assert_allclose(y, ref["output"], rtol=1e-7, atol=1e-12)
+
+
+def test_roles_that_are_not_there_are_named(expected):
+    fixture = expected["fixtures"]["mixtral-q8_0"]
+    with smoe.Streamer(MODELS / fixture["source"], ring_slots=2, **QUIET) as s:
+        with s.claim(0, 0, timeout=10) as lease:
+            with pytest.raises(smoe.ArgumentError, match=r"no \"gate_up\" \(its roles: gate, up, down\)"):
+                lease.numpy("gate_up")

@@ -1,0 +1,212 @@
+"""Zero-copy views of a lease, and the rule that none outlives its claim."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy
+import pytest
+
+import smoe
+from conftest import QUIET, vault_bytes
+
+
+def held(s: smoe.Streamer) -> int:
+    return s.stats()["slots_held"]
+
+
+def test_memoryview_is_read_only_and_exactly_the_claim(vault, streamer):
+    with streamer.claim(0, 2, timeout=10) as lease:
+        view = memoryview(lease)
+        assert view.readonly and view.format == "B" and view.nbytes == lease.size
+        assert view.tobytes() == vault_bytes(vault, streamer, 0, 2)
+        with pytest.raises(TypeError):
+            view[0] = 1
+        view.release()
+
+
+def test_numpy_frombuffer_is_a_read_only_view(vault, streamer):
+    with streamer.claim(0, 2, timeout=10) as lease:
+        array = numpy.frombuffer(lease, dtype=numpy.uint8)
+        assert not array.flags.writeable and array.size == lease.size
+        assert array.ctypes.data == streamer.ring_region()[0] + lease.slot_index * streamer.stats()["slot_bytes"]
+        with pytest.raises(ValueError):
+            array[0] = 1
+        assert array.tobytes() == vault_bytes(vault, streamer, 0, 2)
+        del array
+
+
+def test_a_writable_buffer_is_refused(streamer):
+    import ctypes
+
+    with streamer.claim(0, 1, timeout=10) as lease:
+        with pytest.raises((BufferError, TypeError)):
+            (ctypes.c_char * lease.size).from_buffer(lease)
+
+
+def test_release_waits_for_the_last_view(streamer):
+    lease = streamer.claim(1, 2, timeout=10)
+    view = memoryview(lease)
+    array = numpy.frombuffer(lease, dtype=numpy.uint8)
+    first = bytes(view[:16])
+    lease.release()
+    assert lease.released
+    assert held(streamer) == 1, "a view is alive: the slot stays held"
+    assert bytes(view[:16]) == first == array[:16].tobytes()
+    del view
+    assert held(streamer) == 1
+    del array
+    assert held(streamer) == 0
+
+
+def test_with_block_defers_too(streamer):
+    with streamer.claim(1, 2, timeout=10) as lease:
+        array = numpy.frombuffer(lease, dtype=numpy.uint8)
+    assert lease.released and held(streamer) == 1
+    del array
+    assert held(streamer) == 0
+
+
+def test_a_released_lease_s_methods_raise(streamer):
+    lease = streamer.claim(0, 3, timeout=10)
+    lease.release()
+    for call in (
+        lease.release,
+        lambda: memoryview(lease),
+        lambda: numpy.frombuffer(lease, dtype=numpy.uint8),
+        lambda: lease.__dlpack__(max_version=(1, 0)),
+        lease.__dlpack_device__,
+        lambda: lease.numpy("gate"),
+        lambda: lease.__enter__(),
+    ):
+        with pytest.raises(smoe.Stale, match="layer 0 expert 3 was released"):
+            call()
+    assert (lease.layer, lease.expert) == (0, 3), "its identity stays readable"
+    assert "released" in repr(lease)
+
+
+def test_a_lease_dropped_unreleased_is_released(streamer):
+    lease = streamer.claim(0, 0, timeout=10)
+    assert held(streamer) == 1
+    del lease
+    gc.collect()
+    assert held(streamer) == 0
+
+
+def test_strict_refuses_a_deferred_release(vault):
+    with smoe.Streamer(vault, ring_slots=4, strict=True, **QUIET) as s:
+        lease = s.claim(0, 1, timeout=10)
+        view = memoryview(lease)
+        with pytest.raises(BufferError, match="strict=True"):
+            lease.release()
+        assert not lease.released and held(s) == 1
+        with pytest.raises(BufferError):
+            with lease:
+                pass
+        view.release()
+        lease.release()
+        assert held(s) == 0
+
+
+def test_strict_with_block_unwinding_defers(vault):
+    with smoe.Streamer(vault, ring_slots=4, strict=True, **QUIET) as s:
+        with pytest.raises(KeyError):
+            with s.claim(0, 1, timeout=10) as lease:
+                view = memoryview(lease)
+                raise KeyError("the error on its way out is not masked")
+        assert lease.released and held(s) == 1
+        view.release()
+        assert held(s) == 0
+
+
+def test_strict_close_refuses_while_leases_are_held(vault):
+    s = smoe.Streamer(vault, ring_slots=4, strict=True, **QUIET)
+    lease = s.claim(1, 1, timeout=10)
+    with pytest.raises(BufferError, match="1 lease"):
+        s.close()
+    assert not s.closed
+    lease.release()
+    s.close()
+
+
+def test_a_lease_outlives_its_streamer(vault):
+    s = smoe.Streamer(vault, ring_slots=4, **QUIET)
+    lease = s.claim(1, 3, timeout=10)
+    want = vault_bytes(vault, s, 1, 3)
+    array = numpy.frombuffer(lease, dtype=numpy.uint8)
+    s.close()
+    del s
+    gc.collect()
+    # The ring stays mapped (and the claim held) until the lease and its
+    # views are gone.
+    assert array.tobytes() == want == bytes(memoryview(lease))
+    lease.release()
+    assert array.tobytes() == want
+    del array, lease
+    gc.collect()
+
+
+def test_dlpack_is_read_only_uint8_on_the_cpu(vault, streamer):
+    with streamer.claim(1, 0, timeout=10) as lease:
+        assert lease.__dlpack_device__() == (1, 0)
+        array = numpy.from_dlpack(lease)
+        assert array.dtype == numpy.uint8 and array.shape == (lease.size,)
+        assert not array.flags.writeable
+        assert array.tobytes() == vault_bytes(vault, streamer, 1, 0)
+    assert held(streamer) == 1, "the tensor is a view"
+    del array
+    assert held(streamer) == 0
+
+
+@pytest.mark.parametrize(
+    "keywords, words",
+    [
+        ({}, "DLPack ≥ 1.0"),
+        ({"max_version": (0, 8)}, "DLPack ≥ 1.0"),
+        ({"max_version": (1, 0), "copy": True}, "without a copy"),
+        ({"max_version": (1, 0), "dl_device": (2, 0)}, "CPU memory"),
+        ({"max_version": (1, 0), "stream": 1}, "stream must be None"),
+    ],
+)
+def test_dlpack_refuses_what_it_cannot_honour(streamer, keywords, words):
+    with streamer.claim(1, 0, timeout=10) as lease:
+        with pytest.raises(BufferError, match=words):
+            lease.__dlpack__(**keywords)
+    assert held(streamer) == 0
+
+
+class Once:
+    """Hands numpy the same capsule each time."""
+
+    def __init__(self, capsule):
+        self.capsule = capsule
+
+    def __dlpack__(self, **_):
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def test_a_capsule_is_consumed_once(streamer):
+    lease = streamer.claim(0, 2, timeout=10)
+    capsule = Once(lease.__dlpack__(max_version=(1, 0)))
+    array = numpy.from_dlpack(capsule)
+    assert "used_dltensor_versioned" in repr(capsule.capsule)
+    with pytest.raises(ValueError, match="incorrect name"):
+        numpy.from_dlpack(capsule)
+    lease.release()
+    assert held(streamer) == 1
+    del capsule
+    assert held(streamer) == 1, "the consumer owns the tensor now"
+    del array
+    assert held(streamer) == 0
+
+
+def test_an_unconsumed_capsule_frees_its_view(streamer):
+    lease = streamer.claim(0, 2, timeout=10)
+    capsule = lease.__dlpack__(max_version=(1, 1))
+    lease.release()
+    assert held(streamer) == 1
+    del capsule
+    assert held(streamer) == 0
