@@ -20,6 +20,7 @@ mod in_place;
 mod install;
 mod popularity;
 mod prewarm;
+mod python;
 mod roundtrip;
 mod skip;
 mod streamer;

@@ -1,0 +1,181 @@
+//! The Python package (`python/`, docs/python.md): builds it with maturin
+//! into a virtual environment under `target/python-test/` and runs its
+//! pytest suite (`python/tests/`), so the README's `cargo test --release`
+//! runs the Python tests too.
+//!
+//! The environment (maturin, pytest and numpy at pinned versions, from
+//! PyPI) is made once and kept between runs; it is made again when the
+//! pins or the interpreter change. The package is built in a target
+//! directory of its own (`target/python-test/cargo`): a cargo inside this
+//! `cargo test` must not wait for the outer one's lock on `target/`, nor
+//! rebuild the outer one's artifacts with other flags. Built with the
+//! `test-hooks` feature, which only adds the gated reader the waiting tests
+//! need (`smoe._native._testing`).
+//!
+//! Without Python ≥ 3.11, its `venv` module (Debian: python3-venv) or PyPI,
+//! the test says why and returns, except under CI, where it fails
+//! (`smoe_test_support::skip_or_fail`).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use smoe_test_support::native::manifest_dir;
+use smoe_test_support::skip_or_fail;
+
+/// What the environment holds, pinned: the build backend and the test
+/// runner, and numpy for the views under test.
+const REQUIREMENTS: &[&str] = &["maturin==1.16.0", "pytest==9.2.0", "numpy==2.4.6"];
+
+/// The interpreter: `SMOE_PYTHON`, or `python3` on the PATH.
+fn interpreter() -> String {
+    std::env::var("SMOE_PYTHON")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "python3".to_owned())
+}
+
+/// Runs `command`; its output, or why it could not start.
+fn output(command: &mut Command) -> Result<Output, String> {
+    command
+        .output()
+        .map_err(|e| format!("cannot run {command:?}: {e}"))
+}
+
+/// The output's last lines, for a message.
+fn tail(output: &Output) -> String {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// The interpreter's version line, when it is 3.11 or newer.
+fn python_version(python: &str) -> Result<String, String> {
+    let out = output(Command::new(python).args([
+        "-c",
+        "import sys; print(sys.version.split()[0]); sys.exit(sys.version_info < (3, 11))",
+    ]))?;
+    let version = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    if out.status.success() {
+        Ok(version)
+    } else {
+        Err(format!(
+            "{python} is Python {version}; the package needs 3.11 or newer"
+        ))
+    }
+}
+
+/// The virtual environment at `venv`, made (or made again) unless it holds
+/// [`REQUIREMENTS`] for `version` already. Its `bin` directory.
+fn environment(python: &str, version: &str, venv: &Path) -> Result<PathBuf, String> {
+    let bin = venv.join("bin");
+    let stamp = venv.join("smoe-requirements.txt");
+    let wanted = format!("python {version}\n{}\n", REQUIREMENTS.join("\n"));
+    if bin.join("python").exists() && fs::read_to_string(&stamp).ok().as_deref() == Some(&wanted) {
+        return Ok(bin);
+    }
+    if venv.exists() {
+        fs::remove_dir_all(venv).map_err(|e| format!("cannot remove {}: {e}", venv.display()))?;
+    }
+    let made = output(Command::new(python).args(["-m", "venv"]).arg(venv))?;
+    if !made.status.success() {
+        return Err(format!(
+            "{python} -m venv failed (Debian: install python3-venv; .ci/run does):\n{}",
+            tail(&made)
+        ));
+    }
+    let installed = output(
+        Command::new(bin.join("pip"))
+            .args(["install", "--quiet", "--retries", "2", "--timeout", "60"])
+            .args(REQUIREMENTS),
+    )?;
+    if !installed.status.success() {
+        return Err(format!(
+            "cannot install {} from PyPI (no network?):\n{}",
+            REQUIREMENTS.join(" "),
+            tail(&installed)
+        ));
+    }
+    fs::write(&stamp, wanted).map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
+    Ok(bin)
+}
+
+/// `PATH` with `bin` first: maturin's build backend runs `maturin` from it.
+fn path_with(bin: &Path) -> std::ffi::OsString {
+    let mut paths = vec![bin.to_path_buf()];
+    paths.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
+    std::env::join_paths(paths).expect("PATH entries hold no separator")
+}
+
+#[test]
+fn the_python_package_passes_its_tests() {
+    let root = manifest_dir();
+    let python = interpreter();
+    let version = match python_version(&python) {
+        Ok(version) => version,
+        Err(why) => {
+            skip_or_fail(&format!("the Python package's tests: {why}"));
+            return;
+        }
+    };
+    let work = root.join("target/python-test");
+    let bin = match environment(&python, &version, &work.join("venv")) {
+        Ok(bin) => bin,
+        Err(why) => {
+            skip_or_fail(&format!("the Python package's tests: {why}"));
+            return;
+        }
+    };
+    // The package as a user installs it (`pip install ./python`), from the
+    // environment's maturin and nothing else from PyPI.
+    let install = output(
+        Command::new(bin.join("pip"))
+            .current_dir(root)
+            .args([
+                "install",
+                "--quiet",
+                "--no-index",
+                "--no-build-isolation",
+                "--no-deps",
+                "--force-reinstall",
+                "./python",
+            ])
+            .env("PATH", path_with(&bin))
+            .env("MATURIN_PEP517_ARGS", "--features test-hooks")
+            .env("CARGO_TARGET_DIR", work.join("cargo")),
+    )
+    .unwrap();
+    assert!(
+        install.status.success(),
+        "pip install ./python failed:\n{}",
+        tail(&install)
+    );
+    let pytest = output(
+        Command::new(bin.join("python"))
+            .current_dir(root)
+            .args([
+                "-m",
+                "pytest",
+                "python/tests",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+            ])
+            .env("PATH", path_with(&bin))
+            .env("PYTHONDONTWRITEBYTECODE", "1"),
+    )
+    .unwrap();
+    let report = tail(&pytest);
+    assert!(
+        pytest.status.success(),
+        "pytest python/tests failed:\n{report}"
+    );
+    // The counts, in the test's output (`--nocapture` shows them).
+    println!("{}", report.lines().last().unwrap_or(""));
+}
