@@ -1,6 +1,7 @@
 //! The other side of `smoe bench --baseline mmap`: what engines do today,
 //! mmap the model and let the page cache work; and the memory cgroups that
-//! `--mem-cap` runs each side in.
+//! `--mem-cap` runs each side in. A model opened in place is mapped file by
+//! file and read through the library's one read path for a model.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -9,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use smoe::internals::files::{open_regular, OpenRegularError};
 use smoe::internals::router::TraceTokens;
-use smoe::internals::sys::process_exists;
-use smoe::vault::Vault;
+use smoe::internals::sys::{process_exists, ReadError};
+use smoe::vault::{InPlace, Scratch, Vault};
 
 use crate::output::Failure;
 use crate::replay::sum_bytes;
@@ -75,27 +76,37 @@ pub struct MmapReport {
     pub waits: Vec<Duration>,
 }
 
+/// Opens `path` again (so judged again: a file put there since the vault
+/// was read, a FIFO say, which would block the open, is refused at once)
+/// and maps the whole of it read-only. `what` names what it should be.
+fn open_mapped(path: &Path, what: &str) -> Result<(File, Mapping), Failure> {
+    let (file, metadata) = open_regular(path).map_err(|e| match e {
+        OpenRegularError::NotRegular(kind) => {
+            Failure::Message(format!("{}: is {kind}, not {what}", path.display()))
+        }
+        OpenRegularError::Os(e) => smoe::Error::io("cannot open", path, &e).into(),
+    })?;
+    let len = usize::try_from(metadata.len())
+        .map_err(|_| Failure::Message(format!("{} is too large to map", path.display())))?;
+    let map = Mapping::new(&file, len, path)?;
+    Ok((file, map))
+}
+
 /// Replays `tokens` on a read-only mmap of the vault: per (token, layer),
 /// reads every byte of each routed expert, timing per token the time spent
-/// getting and reading them. `on_token` is called after each token.
+/// getting and reading them. `on_token` is called after each token. A
+/// model opened in place is read through [`InPlace::load`], its one read
+/// path, with the mappings of its files as the source ([`model_replay`]).
 pub fn mmap_replay(
     vault: &Vault,
     tokens: &TraceTokens,
     on_token: &mut dyn FnMut(u32),
 ) -> Result<MmapReport, Failure> {
+    if let Some(model) = vault.model() {
+        return model_replay(vault, model, tokens, on_token);
+    }
     let path = vault.path();
-    // Opened again by path, so judged again: a file put there since the
-    // vault was read (a FIFO would block the open) is refused at once.
-    let (file, metadata) = open_regular(path).map_err(|e| match e {
-        OpenRegularError::NotRegular(kind) => {
-            Failure::Message(format!("{}: is {kind}, not a vault file", path.display()))
-        }
-        OpenRegularError::Os(e) => smoe::Error::io("cannot open", path, &e).into(),
-    })?;
-    let len = metadata.len();
-    let len = usize::try_from(len)
-        .map_err(|_| Failure::Message(format!("{} is too large to map", path.display())))?;
-    let map = Mapping::new(&file, len, path)?;
+    let (_file, map) = open_mapped(path, "a vault file")?;
     let bytes = map.bytes();
     let mut waits = Vec::with_capacity(tokens.len());
     let start = Instant::now();
@@ -120,6 +131,84 @@ pub fn mmap_replay(
                     })?;
                 let t0 = Instant::now();
                 std::hint::black_box(sum_bytes(blob));
+                wait += t0.elapsed();
+            }
+        }
+        waits.push(wait);
+        on_token(t as u32);
+    }
+    Ok(MmapReport {
+        seconds: start.elapsed().as_secs_f64(),
+        waits,
+    })
+}
+
+/// [`mmap_replay`] of a model opened in place: each file mapped read-only;
+/// each routed expert loaded through [`InPlace::load`], whose "read" of a
+/// window reads (sums) the window's bytes straight from the mapping, copying
+/// nothing: the pages an engine that maps the model faults in and reads.
+/// The load's moves then shuffle a scratch buffer no one reads. A window
+/// that runs past the end of its file reads what the file has, as a direct
+/// read would.
+fn model_replay(
+    vault: &Vault,
+    model: &InPlace,
+    tokens: &TraceTokens,
+    on_token: &mut dyn FnMut(u32),
+) -> Result<MmapReport, Failure> {
+    let mut files = Vec::new();
+    let mut maps = Vec::new();
+    for path in vault.data_files() {
+        let (file, map) = open_mapped(&path, "a model file")?;
+        files.push(file);
+        maps.push(map);
+    }
+    let slot = usize::try_from(vault.max_padded_size()).map_err(|_| {
+        Failure::Message(format!(
+            "a slot of {} bytes does not fit this machine's memory",
+            vault.max_padded_size()
+        ))
+    })?;
+    let mut buf: Vec<u8> = Vec::new();
+    buf.try_reserve_exact(slot)
+        .map_err(|_| Failure::Message(format!("cannot allocate a slot of {slot} bytes")))?;
+    buf.resize(slot, 0);
+    let mut scratch = Scratch::default();
+    let mut waits = Vec::with_capacity(tokens.len());
+    let start = Instant::now();
+    for (t, token) in tokens.iter().enumerate() {
+        let mut wait = Duration::ZERO;
+        for (layer, experts) in token {
+            for &e in experts {
+                let entry = vault.entry(*layer, e).ok_or_else(|| {
+                    Failure::Message(format!(
+                        "trace token {t}: layer {layer} expert {e} is not in the vault"
+                    ))
+                })?;
+                // padded_size ≤ the largest, which fits `buf`.
+                let slot = &mut buf[..entry.padded_size as usize];
+                let mut sum = 0u64;
+                let t0 = Instant::now();
+                model.load(&files, entry, slot, &mut scratch, |file, window, offset| {
+                    let at = files.iter().position(|f| std::ptr::eq(f, file));
+                    let bytes = at.map_or(&[][..], |i| maps[i].bytes());
+                    let from = usize::try_from(offset)
+                        .unwrap_or(usize::MAX)
+                        .min(bytes.len());
+                    let there = &bytes[from..(from.saturating_add(window.len())).min(bytes.len())];
+                    sum = sum.wrapping_add(sum_bytes(there));
+                    if there.len() == window.len() {
+                        Ok(())
+                    } else {
+                        Err(ReadError {
+                            done: there.len(),
+                            wanted: window.len(),
+                            offset,
+                            error: std::io::ErrorKind::UnexpectedEof.into(),
+                        })
+                    }
+                })?;
+                std::hint::black_box(sum);
                 wait += t0.elapsed();
             }
         }

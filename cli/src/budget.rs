@@ -20,7 +20,9 @@ use crate::output::{human_bytes, out, warning_line, Failure};
 /// Arguments of `smoe budget`.
 #[derive(Debug, Args)]
 pub struct BudgetArgs {
-    /// The vault directory or its experts.smoe.
+    /// The vault (its directory or experts.smoe), or a model opened in
+    /// place: a GGUF file (the first part of a split one), a safetensors
+    /// file, a model directory or its model.safetensors.index.json.
     pub vault: PathBuf,
     /// Print one JSON object instead of the human summary.
     #[arg(long)]
@@ -31,7 +33,8 @@ pub struct BudgetArgs {
           value_parser = flags::mebibytes)]
     pub slot_mb: u32,
     /// Dense weights the engine keeps resident (10G, 1.5GiB or bytes)
-    /// [default: the size of the vault's scout.* files].
+    /// [default: the size of the vault's scout.* files; a model's
+    /// non-expert tensors].
     #[arg(long, value_name = "SIZE", allow_negative_numbers = true, value_parser = flags::size)]
     pub scout_bytes: Option<Size>,
     /// Memory the engine needs besides the ring and the scout (2G, 512MiB
@@ -62,7 +65,16 @@ pub fn run(args: &BudgetArgs) -> Result<(), Failure> {
         pinned: args.pinned,
         ..BudgetConfig::default()
     };
-    let plan = Plan::new(&vault, &plan_for(&vault, &config)?);
+    let mut plan = Plan::new(&vault, &plan_for(&vault, &config)?);
+    plan.model = vault.model().map(|m| ModelFacts {
+        kind: m.kind().name(),
+        given: args.vault.display().to_string(),
+        files: m
+            .files()
+            .iter()
+            .map(|f| f.path.display().to_string())
+            .collect(),
+    });
     if let Some(warning) = &plan.warning {
         warning_line(warning);
     }
@@ -87,6 +99,17 @@ struct Sources {
     committable: String,
 }
 
+/// A model opened in place (SPEC §6): what it is and where its experts are.
+#[derive(Debug, Serialize)]
+struct ModelFacts {
+    /// "gguf" or "safetensors".
+    kind: &'static str,
+    /// The path as given.
+    given: String,
+    /// Its files, in order (split parts, shards).
+    files: Vec<String>,
+}
+
 /// How an elastic ring gives memory back (docs/c-api.md, "Elastic ring").
 #[derive(Debug, Serialize)]
 struct Elastic {
@@ -103,6 +126,9 @@ struct Elastic {
 #[derive(Debug, Serialize)]
 struct Plan {
     vault: String,
+    /// A model opened in place; absent for a vault.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model: Option<ModelFacts>,
     entries: u32,
     avail_bytes: u64,
     ram_bytes: u64,
@@ -167,6 +193,7 @@ impl Plan {
         };
         Plan {
             vault: vault.path().display().to_string(),
+            model: None,
             entries: plan.n_entries,
             avail_bytes: plan.avail_bytes,
             ram_bytes: plan.ram_bytes,
@@ -217,6 +244,18 @@ impl Plan {
             text.push_str(&format!("{key:<18}{value}\n"));
         };
         line("vault", self.vault.clone());
+        if let Some(m) = &self.model {
+            let n = m.files.len();
+            line(
+                "model",
+                format!(
+                    "{}: a {} model opened in place, {n} file{} (nothing is written beside it)",
+                    m.given,
+                    m.kind,
+                    if n == 1 { "" } else { "s" }
+                ),
+            );
+        }
         line("entries", self.entries.to_string());
         line(
             "avail",

@@ -1,10 +1,12 @@
 //! `smoe inspect`: a vault's header, shape, sizes and metadata, for people
-//! or (with `--json`) for programs.
+//! or (with `--json`) for programs; for a model opened in place (SPEC §6),
+//! its kind and files, its shape, and each layer's slot: the items at their
+//! slot offsets, the slot's bytes and the reads an expert takes.
 
 use std::path::Path;
 
 use serde_json::{json, Value};
-use smoe::vault::Vault;
+use smoe::vault::{InPlace, Vault, FREQ_FILE};
 use smoe_pack::layout::{BlobLayouts, LayoutItem};
 
 use crate::output::{human_bytes, out, Failure};
@@ -15,12 +17,248 @@ pub fn run(path: &Path, as_json: bool) -> Result<(), Failure> {
     // Checked here so a malformed layout is an error, not a silent omission.
     let layouts = BlobLayouts::of(&vault)?;
     if as_json {
-        let text = serde_json::to_string_pretty(&json_summary(&vault))
+        let summary = match vault.model() {
+            Some(model) => model_json(&vault, model, layouts.as_ref()),
+            None => json_summary(&vault),
+        };
+        let text = serde_json::to_string_pretty(&summary)
             .map_err(|e| Failure::Message(format!("cannot encode the summary as JSON: {e}")))?;
         out(&(text + "\n"))
     } else {
-        out(&human_summary(&vault, layouts.as_ref()))
+        match vault.model() {
+            Some(model) => out(&model_summary(&vault, model, layouts.as_ref())),
+            None => out(&human_summary(&vault, layouts.as_ref())),
+        }
     }
+}
+
+/// "GGUF" or "safetensors".
+fn kind_name(model: &InPlace) -> &'static str {
+    match model.kind().name() {
+        "gguf" => "GGUF",
+        _ => "safetensors",
+    }
+}
+
+/// Where the library keeps a model's histogram (never beside the model),
+/// `None` without a cache directory.
+fn histogram_path(vault: &Vault) -> Option<std::path::PathBuf> {
+    vault.histogram_dir().map(|d| d.join(FREQ_FILE))
+}
+
+/// One layer of a model: its slot bytes, the bytes a claim spans and the
+/// reads an expert takes, from its first expert (every expert of a layer
+/// has the same layout and the same windows, SPEC §6).
+struct LayerSlot {
+    slot_bytes: u64,
+    data_bytes: u64,
+    reads: usize,
+}
+
+fn layer_slot(vault: &Vault, model: &InPlace, layer: u32) -> Option<LayerSlot> {
+    let e = vault.entries().iter().find(|e| e.layer == layer)?;
+    Some(LayerSlot {
+        slot_bytes: e.padded_size,
+        data_bytes: e.size,
+        reads: model.reads_per_expert(layer),
+    })
+}
+
+/// A model's `--json`: its own keys (a model has no vault header), see
+/// docs/cli.md.
+fn model_json(vault: &Vault, model: &InPlace, layouts: Option<&BlobLayouts>) -> Value {
+    let files: Vec<Value> = model
+        .files()
+        .iter()
+        .map(|f| json!({"path": f.path.display().to_string(), "bytes": f.len}))
+        .collect();
+    let layers: Vec<Value> = layouts
+        .map(|l| l.layers.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .map(|(layer, items)| {
+            let slot = layer_slot(vault, model, *layer);
+            json!({
+                "layer": layer,
+                "slot_bytes": slot.as_ref().map(|s| s.slot_bytes),
+                "data_bytes": slot.as_ref().map(|s| s.data_bytes),
+                "reads_per_expert": model.reads_per_expert(*layer),
+                "items": items.iter().map(|i| json!({
+                    "role": i.role,
+                    "tensor": i.tensor,
+                    "dtype": i.dtype,
+                    "shape": i.shape,
+                    "offset": i.offset,
+                    "bytes": i.bytes,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let (mut reads, mut moves) = (Vec::new(), Vec::new());
+    let entries: Vec<Value> = vault
+        .entries()
+        .iter()
+        .map(|e| {
+            reads.clear();
+            moves.clear();
+            model.reads(e.layer, e.expert, &mut reads, &mut moves);
+            json!({
+                "layer": e.layer,
+                "expert": e.expert,
+                "offset": e.offset,
+                "size": e.size,
+                "padded_size": e.padded_size,
+                "reads": reads.iter().map(|r| json!({
+                    "file": r.file,
+                    "offset": r.offset,
+                    "len": r.len,
+                    "slot": r.slot,
+                })).collect::<Vec<_>>(),
+                "moved_bytes": moves.iter().map(|m| m.len).sum::<u64>(),
+            })
+        })
+        .collect();
+    let h = vault.header();
+    json!({
+        "model": {
+            "kind": model.kind().name(),
+            "files": files,
+            "dense_bytes": model.dense_bytes(),
+            "histogram": histogram_path(vault).map(|p| p.display().to_string()),
+            "layers": layers,
+        },
+        "n_layers": h.n_layers,
+        "n_experts": h.n_experts,
+        "n_entries": h.n_entries,
+        "vault_id": h.vault_id_hex(),
+        "meta": meta_value(vault),
+        "entries": entries,
+    })
+}
+
+/// A model's human summary: what it is, where its bytes are, its shape and
+/// each layer's slot.
+fn model_summary(vault: &Vault, model: &InPlace, layouts: Option<&BlobLayouts>) -> String {
+    let h = vault.header();
+    let mut layers_with_experts: Vec<u32> = vault.entries().iter().map(|e| e.layer).collect();
+    layers_with_experts.dedup();
+    let files = model.files();
+    let mut s = String::new();
+    let mut line = |key: &str, value: String| {
+        s.push_str(&format!("{key:<14}{value}\n"));
+    };
+    line("path", vault.path().display().to_string());
+    line(
+        "kind",
+        format!(
+            "{} model, opened in place (read-only: no vault, no copy, nothing written beside it)",
+            kind_name(model)
+        ),
+    );
+    line(
+        "files",
+        format!(
+            "{} file{}, {} bytes ({})",
+            files.len(),
+            if files.len() == 1 { "" } else { "s" },
+            h.file_bytes,
+            human_bytes(h.file_bytes)
+        ),
+    );
+    for f in files {
+        line("", format!("  {}  {} bytes", f.path.display(), f.len));
+    }
+    line(
+        "vault_id",
+        format!(
+            "{} (from the model's headers and file sizes)",
+            h.vault_id_hex()
+        ),
+    );
+    line(
+        "histogram",
+        histogram_path(vault).map_or_else(
+            || "none (no cache directory: set SMOE_CACHE_DIR)".to_owned(),
+            |p| p.display().to_string(),
+        ),
+    );
+    line(
+        "shape",
+        format!(
+            "{} layers × {} experts ({} expert ids)",
+            h.n_layers,
+            h.n_experts,
+            h.expert_ids()
+        ),
+    );
+    line(
+        "experts",
+        format!(
+            "{}; {} of {} layers have experts ({})",
+            h.n_entries,
+            layers_with_experts.len(),
+            h.n_layers,
+            ranges(&layers_with_experts)
+        ),
+    );
+    let items: u64 = layouts.map_or(0, |l| {
+        vault
+            .entries()
+            .iter()
+            .filter_map(|e| l.layer(e.layer))
+            .flat_map(|items| items.iter().map(|i| i.bytes))
+            .sum()
+    });
+    line(
+        "expert bytes",
+        format!("{items} bytes ({}) of items", human_bytes(items)),
+    );
+    let dense = model.dense_bytes();
+    line(
+        "dense",
+        format!(
+            "{dense} bytes ({}): the non-expert tensors",
+            human_bytes(dense)
+        ),
+    );
+    let largest = vault.max_padded_size();
+    line(
+        "largest slot",
+        format!("{largest} bytes ({})", human_bytes(largest)),
+    );
+    line(
+        "checksums",
+        "none (a GGUF/safetensors model carries none; `smoe pack` writes checksummed blobs)"
+            .to_owned(),
+    );
+    let meta = match meta_value(vault) {
+        Value::Object(mut members) => {
+            members.remove("layer_blob_layouts");
+            serde_json::to_string_pretty(&Value::Object(members)).unwrap_or_default()
+        }
+        Value::Null => "none".to_owned(),
+        Value::String(raw) => raw,
+        value => serde_json::to_string_pretty(&value).unwrap_or_default(),
+    };
+    let mut meta_lines = meta.lines();
+    line("metadata", meta_lines.next().unwrap_or_default().to_owned());
+    for rest in meta_lines {
+        s.push_str(&format!("{:<14}{rest}\n", ""));
+    }
+    if let Some(layouts) = layouts {
+        s.push_str(&layout_lines(layouts, "slot layout", &|layer| {
+            layer_slot(vault, model, layer).map_or_else(String::new, |l| {
+                format!(
+                    "slot {} bytes, data {} bytes, {} read{} per expert",
+                    l.slot_bytes,
+                    l.data_bytes,
+                    l.reads,
+                    if l.reads == 1 { "" } else { "s" }
+                )
+            })
+        }));
+    }
+    s
 }
 
 /// The metadata as JSON: the parsed object, null when the vault has none,
@@ -139,19 +377,21 @@ fn human_summary(vault: &Vault, layouts: Option<&BlobLayouts>) -> String {
         s.push_str(&format!("{:<14}{rest}\n", ""));
     }
     if let Some(layouts) = layouts {
-        s.push_str(&layout_lines(layouts));
+        s.push_str(&layout_lines(layouts, "layout", &|_| String::new()));
     }
     s
 }
 
 /// The blob layouts, one block per run of layers whose items agree in role,
-/// dtype, shape, offset and size (the tensor names differ by layer):
+/// dtype, shape, offset and size (the tensor names differ by layer) and
+/// whose `about` (a model's slot: its bytes and reads) agrees, under
+/// `label`:
 ///
 /// ```text
 /// layout        layers 1-93 (blob 25165824 bytes)
 ///                 gate      Q4_K   [1536, 4096]   3538944 bytes at 0
 /// ```
-fn layout_lines(layouts: &BlobLayouts) -> String {
+fn layout_lines(layouts: &BlobLayouts, label: &str, about: &dyn Fn(u32) -> String) -> String {
     let key = |items: &[LayoutItem]| -> Vec<(String, String, Vec<u64>, u64, u64)> {
         items
             .iter()
@@ -167,21 +407,26 @@ fn layout_lines(layouts: &BlobLayouts) -> String {
             .collect()
     };
     let mut s = String::new();
-    let mut groups: Vec<(Vec<u32>, &[LayoutItem])> = Vec::new();
+    let mut groups: Vec<(Vec<u32>, &[LayoutItem], String)> = Vec::new();
     for (layer, items) in &layouts.layers {
+        let text = about(*layer);
         match groups.last_mut() {
-            Some((layers, first)) if key(first) == key(items) => layers.push(*layer),
-            _ => groups.push((vec![*layer], items)),
+            Some((layers, first, t)) if key(first) == key(items) && *t == text => {
+                layers.push(*layer)
+            }
+            _ => groups.push((vec![*layer], items, text)),
         }
     }
-    for (i, (layers, items)) in groups.iter().enumerate() {
+    for (i, (layers, items, text)) in groups.iter().enumerate() {
         let end = items.iter().map(LayoutItem::end).max().unwrap_or(0);
-        let label = if i == 0 { "layout" } else { "" };
+        let label = if i == 0 { label } else { "" };
         let which = if layers.len() == 1 { "layer" } else { "layers" };
-        s.push_str(&format!(
-            "{label:<14}{which} {} (blob {end} bytes)\n",
-            ranges(layers)
-        ));
+        let what = if text.is_empty() {
+            format!("blob {end} bytes")
+        } else {
+            text.clone()
+        };
+        s.push_str(&format!("{label:<14}{which} {} ({what})\n", ranges(layers)));
         for item in *items {
             let shape = item.shape_text();
             s.push_str(&format!(

@@ -14,6 +14,12 @@
 //!   byte and reports the throughput.
 //! - `smoe completions SHELL`: a completion script for the shell.
 //!
+//! Wherever a command takes a VAULT it also takes a model, opened in place
+//! (SPEC §6): a GGUF file (the first part of a split one), a safetensors
+//! file, a model directory or its index. Nothing is ever written beside a
+//! model; its expert bytes are read only through the library's one read
+//! path for a model, `smoe::vault::InPlace::load`.
+//!
 //! Exit codes: 0 success, 1 an invalid vault, a bad blob, an I/O error, an
 //! allocation that failed, or a flag value the vault cannot take (one line
 //! on stderr, `smoe: <message>`), 2 a usage error: clap's, and a flag value
@@ -63,17 +69,24 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Print a vault's header, shape, sizes and metadata.
+    /// Print a vault's header, shape, sizes and metadata; or a model's
+    /// kind, files, shape and per-layer slot layout, opened in place.
     Inspect {
-        /// The vault directory or its experts.smoe.
+        /// The vault (its directory or experts.smoe), or a model opened in
+        /// place: a GGUF file (the first part of a split one), a safetensors
+        /// file, a model directory or its model.safetensors.index.json.
         vault: PathBuf,
         /// Print one JSON object instead of the human summary.
         #[arg(long)]
         json: bool,
     },
-    /// Read every blob and check its xxh3 and its zero padding.
+    /// Read every blob and check its xxh3 and its zero padding; of a model
+    /// (no checksums), read every expert through the library's read path
+    /// and check each read is complete and each item inside its slot.
     Verify {
-        /// The vault directory or its experts.smoe.
+        /// The vault (its directory or experts.smoe), or a model opened in
+        /// place: a GGUF file (the first part of a split one), a safetensors
+        /// file, a model directory or its model.safetensors.index.json.
         vault: PathBuf,
     },
     /// Write a synthetic vault with deterministic payloads.
@@ -81,8 +94,9 @@ enum Command {
     /// Write a ~1 GB synthetic vault and stream synthetic tokens through it;
     /// report coverage, GB/s and the wait per token.
     Demo(demo::DemoArgs),
-    /// Stream an existing vault: a synthetic decode, a routing trace replayed
-    /// (and compared with mmap), or a cold scan of every blob.
+    /// Stream an existing vault or a model opened in place: a synthetic
+    /// decode, a routing trace replayed (and compared with mmap), or a cold
+    /// scan of every blob.
     Bench(bench::BenchArgs),
     /// Pack a GGUF or safetensors model into a vault: the experts into
     /// experts.smoe, everything else into the scout.

@@ -17,8 +17,9 @@ use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use smoe::internals::model::window::IO_ALIGN;
 use smoe::internals::sys::{open_for_streaming, probe_direct_read, read_at_exact, AlignedBuffer};
-use smoe::vault::Entry;
+use smoe::vault::{Entry, InPlace, Loaded, Scratch, Vault};
 use smoe::{DirectIo, Error, ErrorKind, Result};
 
 /// Alignment of the read buffer: the library's one alignment (the ring's
@@ -50,6 +51,19 @@ impl IoMode {
     }
 }
 
+/// A zeroed buffer of `len` bytes aligned to [`BUFFER_ALIGNMENT`], or an
+/// error of the NoMemory kind.
+fn read_buffer(len: usize) -> Result<AlignedBuffer> {
+    AlignedBuffer::zeroed(len, BUFFER_ALIGNMENT).map_err(|e| {
+        let kind = if e.kind() == io::ErrorKind::OutOfMemory {
+            ErrorKind::NoMemory
+        } else {
+            ErrorKind::Internal
+        };
+        Error::new(kind, format!("read buffer: {e}"))
+    })
+}
+
 /// Reads blobs of one vault file. See the module doc.
 pub struct BlobReader {
     file: File,
@@ -63,14 +77,7 @@ pub struct BlobReader {
 impl BlobReader {
     /// Opens `path`, with a buffer of [`CHUNK_BYTES`].
     pub fn open(path: &Path) -> Result<BlobReader> {
-        let buffer = AlignedBuffer::zeroed(CHUNK_BYTES, BUFFER_ALIGNMENT).map_err(|e| {
-            let kind = if e.kind() == io::ErrorKind::OutOfMemory {
-                ErrorKind::NoMemory
-            } else {
-                ErrorKind::Internal
-            };
-            Error::new(kind, format!("read buffer: {e}"))
-        })?;
+        let buffer = read_buffer(CHUNK_BYTES)?;
         let open =
             |mode| open_for_streaming(path, mode).map_err(|e| Error::io("cannot open", path, &e));
         let mut opened = open(DirectIo::Auto)?;
@@ -129,5 +136,111 @@ impl BlobReader {
             at += len as u64;
         }
         Ok(())
+    }
+}
+
+/// Loads the experts of a model opened in place, one at a time, through
+/// [`InPlace::load`] into one buffer of the largest slot: the files opened
+/// as the streamer's workers open them (direct I/O where every file allows
+/// it, probed with one read; else all buffered). See the module doc.
+pub struct ModelReader<'v> {
+    model: &'v InPlace,
+    files: Vec<File>,
+    mode: IoMode,
+    buffer: AlignedBuffer,
+    scratch: Scratch,
+    /// Seconds spent inside reads so far.
+    read_seconds: f64,
+}
+
+impl<'v> ModelReader<'v> {
+    /// Opens every file of `vault`'s model (`None` for a packed vault),
+    /// with a buffer of its largest `padded_size`.
+    pub fn open(vault: &'v Vault) -> Result<Option<ModelReader<'v>>> {
+        let Some(model) = vault.model() else {
+            return Ok(None);
+        };
+        let len = usize::try_from(vault.max_padded_size().max(IO_ALIGN)).map_err(|_| {
+            Error::new(
+                ErrorKind::NoMemory,
+                format!(
+                    "a slot of {} bytes does not fit this machine's memory",
+                    vault.max_padded_size()
+                ),
+            )
+        })?;
+        let buffer = read_buffer(len)?;
+        let paths = vault.data_files();
+        let open_all = |mode| -> Result<Vec<smoe::internals::sys::OpenedFile>> {
+            paths
+                .iter()
+                .map(|p| open_for_streaming(p, mode).map_err(|e| Error::io("cannot open", p, &e)))
+                .collect()
+        };
+        let mut opened = open_all(DirectIo::Auto)?;
+        // As the streamer does: a file that accepts O_DIRECT at open and
+        // refuses the reads makes every file buffered.
+        let refused = opened
+            .iter()
+            .any(|o| o.direct && probe_direct_read(&o.file, IO_ALIGN as usize).is_err());
+        if refused {
+            opened = open_all(DirectIo::Off)?;
+        }
+        let mode = if opened.iter().all(|o| o.direct) {
+            IoMode::Direct
+        } else {
+            IoMode::Buffered
+        };
+        Ok(Some(ModelReader {
+            model,
+            files: opened.into_iter().map(|o| o.file).collect(),
+            mode,
+            buffer,
+            scratch: Scratch::default(),
+            read_seconds: 0.0,
+        }))
+    }
+
+    /// Whether reads are direct or buffered.
+    pub fn mode(&self) -> IoMode {
+        self.mode
+    }
+
+    /// Seconds spent inside reads so far.
+    pub fn read_seconds(&self) -> f64 {
+        self.read_seconds
+    }
+
+    /// Loads `entry`'s expert through [`InPlace::load`] and returns what
+    /// the load did and the slot it filled (`padded_size` bytes: the items
+    /// at the layer's offsets). The error names the file: a failed or short
+    /// read, or a file changed since the model was opened.
+    pub fn load(&mut self, entry: &Entry) -> Result<(Loaded, &[u8])> {
+        let len = usize::try_from(entry.padded_size)
+            .ok()
+            .filter(|&n| n <= self.buffer.as_slice().len())
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Internal,
+                    format!(
+                        "layer {} expert {}: a slot of {} bytes passes the read buffer",
+                        entry.layer, entry.expert, entry.padded_size
+                    ),
+                )
+            })?;
+        let seconds = &mut self.read_seconds;
+        let loaded = self.model.load(
+            &self.files,
+            entry,
+            &mut self.buffer.as_mut_slice()[..len],
+            &mut self.scratch,
+            |file, window, offset| {
+                let start = std::time::Instant::now();
+                let r = read_at_exact(file, window, offset);
+                *seconds += start.elapsed().as_secs_f64();
+                r
+            },
+        )?;
+        Ok((loaded, &self.buffer.as_slice()[..len]))
     }
 }

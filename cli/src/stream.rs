@@ -203,6 +203,29 @@ pub struct ScanReport {
     pub stats: Stats,
 }
 
+/// Every expert of `vault` as (layer, expert), in file order: a vault's by
+/// blob offset; a model's by its first window (file, then offset), the
+/// windows the library's read path reads ([`smoe::vault::InPlace::reads`]).
+fn scan_order(vault: &Vault) -> Vec<(u32, u32)> {
+    let (mut reads, mut moves) = (Vec::new(), Vec::new());
+    let mut order: Vec<(usize, u64, u32, u32)> = vault
+        .entries()
+        .iter()
+        .map(|e| match vault.model() {
+            None => (0, e.offset, e.layer, e.expert),
+            Some(m) => {
+                reads.clear();
+                moves.clear();
+                m.reads(e.layer, e.expert, &mut reads, &mut moves);
+                let (file, offset) = reads.first().map_or((0, e.offset), |r| (r.file, r.offset));
+                (file, offset, e.layer, e.expert)
+            }
+        })
+        .collect();
+    order.sort_unstable();
+    order.into_iter().map(|(_, _, l, e)| (l, e)).collect()
+}
+
 /// Streams every blob once, in file order, keeping `2 × workers` reads in
 /// flight: the library's cold-read throughput on this drive. Each of the
 /// streamer's open-time warnings goes to `on_warning` once it is open;
@@ -225,23 +248,17 @@ pub fn scan(
         },
     )?;
     s.warnings().iter().for_each(|w| on_warning(w));
-    let mut order: Vec<(u64, u32, u32)> = s
-        .vault()
-        .entries()
-        .iter()
-        .map(|e| (e.offset, e.layer, e.expert))
-        .collect();
-    order.sort_unstable();
+    let order = scan_order(s.vault());
     let window = (s.stats().workers as usize * 2)
         .min(s.stats().ring_slots as usize / 2)
         .max(1);
     let start = Instant::now();
-    for (i, &(_, l, e)) in order.iter().enumerate() {
+    for (i, &(l, e)) in order.iter().enumerate() {
         if i == 0 {
-            for &(_, l2, e2) in order.iter().take(window) {
+            for &(l2, e2) in order.iter().take(window) {
                 s.prefetch(l2, e2, Priority::Demand)?;
             }
-        } else if let Some(&(_, l2, e2)) = order.get(i + window - 1) {
+        } else if let Some(&(l2, e2)) = order.get(i + window - 1) {
             s.prefetch(l2, e2, Priority::Demand)?;
         }
         let c = s

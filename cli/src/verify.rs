@@ -2,16 +2,32 @@
 //! (when the vault carries checksums) and that its padding is zero. Blobs
 //! stream through one bounded buffer and the hash is computed as they go, so
 //! a blob larger than memory is verified like any other.
+//!
+//! A model opened in place (SPEC §6) carries no checksums and has no
+//! padding of its own: verify loads every expert once through the
+//! library's read path ([`ModelReader`], [`smoe::vault::InPlace::load`]),
+//! and checks that each load read every window it needed (a failed or
+//! short read, or a file changed since open, is an error of that expert)
+//! and that every item of its layer's layout lies inside the bytes a claim
+//! spans and inside the slot. It writes nothing, beside the model or
+//! anywhere else.
 
 use std::path::Path;
 use std::time::Instant;
 
+use smoe::internals::model::window::IO_ALIGN;
 use smoe::vault::{Entry, Vault};
+use smoe_pack::layout::{BlobLayouts, LayoutItem};
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::output::{error_line, gb_per_s, human_bytes, out, Failure};
-use crate::progress::bytes_bar;
-use crate::reader::{BlobReader, IoMode};
+use crate::progress::{bytes_bar, count_bar};
+use crate::reader::{BlobReader, IoMode, ModelReader};
+
+/// What `smoe verify` says first about a model: why there is no checksum
+/// to check, and where to get one.
+pub const NO_CHECKSUMS: &str =
+    "no checksums: a GGUF/safetensors model carries none; use `smoe pack` for checksummed blobs";
 
 /// What a pass over every blob measured.
 #[derive(Debug)]
@@ -101,6 +117,14 @@ impl<'a> BlobCheck<'a> {
 /// a problem of that blob, not the end of the pass. Memory stays at one read
 /// chunk whatever the blobs' sizes.
 pub fn pass(vault: &Vault, label: &str, checksums: bool) -> Result<PassStats, Failure> {
+    if vault.model().is_some() {
+        // A model has no blobs at aligned offsets: its experts are read
+        // only through `InPlace::load` (`run_model`).
+        return Err(Failure::Message(format!(
+            "{}: a model opened in place has no blobs to read in file order",
+            vault.path().display()
+        )));
+    }
     let mut reader = BlobReader::open(vault.path())?;
     let entries = in_file_order(vault);
     // Blobs do not overlap and end inside the file, so this cannot overflow.
@@ -147,6 +171,9 @@ pub fn pass(vault: &Vault, label: &str, checksums: bool) -> Result<PassStats, Fa
 /// Runs `smoe verify`.
 pub fn run(path: &Path) -> Result<(), Failure> {
     let vault = Vault::open(path)?;
+    if vault.model().is_some() {
+        return run_model(&vault);
+    }
     let checksums = vault.header().has_checksums();
     if !checksums {
         out("this vault carries no checksums: checking only that padding bytes are zero\n")?;
@@ -170,6 +197,168 @@ pub fn run(path: &Path) -> Result<(), Failure> {
         Ok(())
     } else {
         // Each bad blob already has its stderr line; the count is on stdout.
+        Err(Failure::Reported)
+    }
+}
+
+/// What a pass over every expert of a model measured.
+#[derive(Debug)]
+struct ModelPass {
+    /// Experts loaded.
+    experts: usize,
+    /// Bytes read from the model's files (whole windows).
+    bytes_read: u64,
+    /// Payload bytes moved inside the slot after the reads.
+    bytes_moved: u64,
+    /// Bytes of the items, every expert's (what a host reads).
+    payload: u64,
+    /// Wall-clock seconds of the pass.
+    seconds: f64,
+    /// Seconds inside reads only.
+    read_seconds: f64,
+    mode: IoMode,
+    /// Experts with at least one problem.
+    bad: usize,
+}
+
+/// The problems of one loaded expert whose layer lays out `items`: a slot
+/// that is not whole blocks of direct I/O, data that passes the slot, and
+/// an item outside the bytes a claim spans.
+fn slot_problems(entry: &Entry, items: Option<&[LayoutItem]>, slot_len: usize) -> Vec<String> {
+    let mut problems = Vec::new();
+    let (l, e) = (entry.layer, entry.expert);
+    if entry.padded_size % IO_ALIGN != 0 || slot_len as u64 != entry.padded_size {
+        problems.push(format!(
+            "layer {l} expert {e}: slot of {} bytes is not a multiple of {IO_ALIGN} (loaded {slot_len})",
+            entry.padded_size
+        ));
+    }
+    if entry.size > entry.padded_size {
+        problems.push(format!(
+            "layer {l} expert {e}: its data spans {} bytes, more than its slot of {}",
+            entry.size, entry.padded_size
+        ));
+    }
+    let Some(items) = items else {
+        problems.push(format!(
+            "layer {l} expert {e}: layer {l} has no entry in layer_blob_layouts"
+        ));
+        return problems;
+    };
+    for item in items {
+        if item.end() > entry.size || item.end() > entry.padded_size {
+            problems.push(format!(
+                "layer {l} expert {e}: item {} ({} bytes at {}) ends at {}, past its data ({} bytes) or its slot ({} bytes)",
+                item.role,
+                item.bytes,
+                item.offset,
+                item.end(),
+                entry.size,
+                entry.padded_size
+            ));
+        }
+    }
+    problems
+}
+
+/// `smoe verify MODEL`: every expert loaded once through the library's
+/// read path (module doc); nothing is written.
+fn run_model(vault: &Vault) -> Result<(), Failure> {
+    let model = vault
+        .model()
+        .ok_or_else(|| Failure::Message(format!("{}: not a model", vault.path().display())))?;
+    // The metadata is the library's own; a layout it cannot read back is
+    // an error of the whole run, not of one expert.
+    let layouts = BlobLayouts::from_metadata(vault.meta())
+        .map_err(|e| e.with_path(vault.path()))?
+        .unwrap_or_default();
+    let mut reader = ModelReader::open(vault)?
+        .ok_or_else(|| Failure::Message(format!("{}: not a model", vault.path().display())))?;
+    out(&format!("{NO_CHECKSUMS}\n"))?;
+    // In the order of their first window, so the files are read forward.
+    let (mut reads, mut moves) = (Vec::new(), Vec::new());
+    let mut entries: Vec<(usize, u64, Entry)> = vault
+        .entries()
+        .iter()
+        .map(|e| {
+            reads.clear();
+            moves.clear();
+            model.reads(e.layer, e.expert, &mut reads, &mut moves);
+            let first = reads.first().map_or((0, 0), |r| (r.file, r.offset));
+            (first.0, first.1, *e)
+        })
+        .collect();
+    entries.sort_unstable_by_key(|&(file, offset, e)| (file, offset, e.layer, e.expert));
+    let bar = count_bar(entries.len() as u64, "verify", false);
+    let mut pass = ModelPass {
+        experts: 0,
+        bytes_read: 0,
+        bytes_moved: 0,
+        payload: 0,
+        seconds: 0.0,
+        read_seconds: 0.0,
+        mode: reader.mode(),
+        bad: 0,
+    };
+    let file = vault.path().display().to_string();
+    let start = Instant::now();
+    for (_, _, entry) in &entries {
+        let items = layouts.layer(entry.layer);
+        let problems = match reader.load(entry) {
+            Ok((loaded, slot)) => {
+                pass.bytes_read += loaded.bytes_read;
+                pass.bytes_moved += loaded.bytes_moved;
+                slot_problems(entry, items, slot.len())
+            }
+            Err(e) => vec![format!(
+                "layer {} expert {}: {}",
+                entry.layer,
+                entry.expert,
+                e.message()
+            )],
+        };
+        pass.payload += items.map_or(0, |i| i.iter().map(|i| i.bytes).sum());
+        if !problems.is_empty() {
+            pass.bad += 1;
+            bar.suspend(|| {
+                problems
+                    .iter()
+                    .for_each(|p| error_line(&format!("{file}: {p}")))
+            });
+        }
+        pass.experts += 1;
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    pass.seconds = start.elapsed().as_secs_f64();
+    pass.read_seconds = reader.read_seconds();
+    let files = vault.data_files().len();
+    let layers = layouts.layers.len();
+    out(&format!(
+        "read {} experts ({layers} layers × {} experts) of {} ({} model, {files} file{}) through the library's read path: \
+         {} bytes read ({}), {} bytes moved in the slot, {} bytes of items, in {:.2} s ({:.2} s reading): {} with {}; {}\n",
+        pass.experts,
+        vault.n_experts(),
+        file,
+        model.kind().name(),
+        if files == 1 { "" } else { "s" },
+        pass.bytes_read,
+        human_bytes(pass.bytes_read),
+        pass.bytes_moved,
+        pass.payload,
+        pass.seconds,
+        pass.read_seconds,
+        gb_per_s(pass.bytes_read, pass.seconds),
+        pass.mode.describe(),
+        if pass.bad == 0 {
+            "every read complete, every item inside its slot".to_owned()
+        } else {
+            format!("{} of {} experts bad", pass.bad, pass.experts)
+        }
+    ))?;
+    if pass.bad == 0 {
+        Ok(())
+    } else {
         Err(Failure::Reported)
     }
 }

@@ -17,6 +17,11 @@ use smoe::{Error, Result};
 /// the model (`smoe::internals::model`), and their alignment.
 pub use smoe::internals::model::{LayoutItem, ITEM_ALIGNMENT};
 
+/// The metadata's `format` of a model opened in place (SPEC §6), whose
+/// item offsets are slot positions that need not be multiples of
+/// [`ITEM_ALIGNMENT`].
+pub const IN_PLACE_FORMAT: &str = "smoe-model";
+
 /// The layouts of every layer that has experts, by layer.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BlobLayouts {
@@ -72,7 +77,10 @@ impl BlobLayouts {
 
     /// Reads `layer_blob_layouts` from a vault's metadata text: `Ok(None)`
     /// when the metadata has no such key (a synthetic vault), an error
-    /// naming the layer and item when it is malformed.
+    /// naming the layer and item when it is malformed. An item's offset
+    /// must be a multiple of [`ITEM_ALIGNMENT`], unless the metadata's
+    /// `format` is [`IN_PLACE_FORMAT`] (a model opened in place, whose
+    /// offsets are slot positions).
     pub fn from_metadata(meta: &str) -> Result<Option<BlobLayouts>> {
         if meta.trim().is_empty() {
             return Ok(None);
@@ -82,6 +90,10 @@ impl BlobLayouts {
         let Some(layouts) = v.get("layer_blob_layouts") else {
             return Ok(None);
         };
+        // A model opened in place (SPEC §6) places each item where its
+        // windows put it: a position in the slot, of any alignment. A
+        // packed vault's items start on ITEM_ALIGNMENT.
+        let in_place = v.get("format").and_then(Value::as_str) == Some(IN_PLACE_FORMAT);
         let layouts = layouts
             .as_object()
             .ok_or_else(|| bad("layer_blob_layouts is not an object".into()))?;
@@ -115,7 +127,7 @@ impl BlobLayouts {
                     .and_then(|a| a.iter().map(Value::as_u64).collect::<Option<Vec<_>>>())
                     .ok_or_else(|| at("shape is missing or not an array of unsigned integers"))?;
                 let offset = number("offset")?;
-                if offset % ITEM_ALIGNMENT != 0 {
+                if !in_place && offset % ITEM_ALIGNMENT != 0 {
                     return Err(at(&format!(
                         "offset {offset} is not a multiple of {ITEM_ALIGNMENT}"
                     )));
@@ -181,5 +193,15 @@ mod tests {
         let bad = meta.replace("\"offset\":0", "\"offset\":5");
         let e = BlobLayouts::from_metadata(&bad).unwrap_err();
         assert!(e.to_string().contains("layer 1 item 0: offset 5"), "{e}");
+        // A model opened in place: any slot position; another format still
+        // needs the alignment.
+        let model = bad.replacen('{', "{\"format\":\"smoe-model\",", 1);
+        let got = BlobLayouts::from_metadata(&model).unwrap().unwrap();
+        assert_eq!(got.layers[0].1[0].offset, 5);
+        let other = bad.replacen('{', "{\"format\":\"smoe-vault\",", 1);
+        let e = BlobLayouts::from_metadata(&other).unwrap_err();
+        assert!(e.to_string().contains("layer 1 item 0: offset 5"), "{e}");
+        let not_text = bad.replacen('{', "{\"format\":1,", 1);
+        assert!(BlobLayouts::from_metadata(&not_text).is_err());
     }
 }

@@ -84,7 +84,9 @@ impl Side {
 /// Arguments of `smoe bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// The vault directory or its experts.smoe.
+    /// The vault (its directory or experts.smoe), or a model opened in
+    /// place: a GGUF file (the first part of a split one), a safetensors
+    /// file, a model directory or its model.safetensors.index.json.
     pub vault: PathBuf,
     /// Decode or scan.
     #[arg(long, value_enum, default_value_t = Mode::Decode)]
@@ -138,7 +140,8 @@ pub struct BenchArgs {
     #[arg(long, help_heading = COMPARISON)]
     pub sweep: bool,
     /// With --trace: replay the trace a second way, on a read-only mmap of
-    /// the vault reading every byte of each routed expert, and compare.
+    /// the vault reading every byte of each routed expert (of a model, the
+    /// windows the library's read path reads), and compare.
     #[arg(long, value_enum, help_heading = COMPARISON)]
     pub baseline: Option<Baseline>,
     /// With --trace: run each side in its own memory cgroup limited to SIZE

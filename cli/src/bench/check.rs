@@ -130,17 +130,27 @@ pub fn check_ring_slots(args: &BenchArgs, vault: &Vault, top_k: TopK) -> Result<
 
 /// Refuses an output that is one of the run's own files, before anything
 /// is read or written (a usage error naming both, exit 2): `--plot` that is
-/// the vault file, the vault's histogram or the `--trace` input, and
+/// the vault file (a file of a model opened in place), the vault's
+/// histogram (a model's, in its cache directory) or the `--trace` input, and
 /// `--capture` that is one of these or the `--plot` file. "Is" is by
 /// identity ([`same_file`]: device and inode, links followed), so `./t.csv`
 /// and a symbolic or hard link to the trace are the trace; a file that
 /// does not exist yet is told by its directory and name.
 pub fn check_outputs(args: &BenchArgs, vault: &Vault) -> Result<(), Failure> {
-    let histogram = vault.dir().join(FREQ_FILE);
-    let mut own: Vec<(&str, &Path)> = vec![
-        ("the vault file", vault.path()),
-        ("the vault's histogram", &histogram),
-    ];
+    // A model's histogram is in its cache directory, never beside it; a
+    // model's files are each the run's input.
+    let histogram = vault.histogram_dir().map(|d| d.join(FREQ_FILE));
+    let data_files = vault.data_files();
+    let mut own: Vec<(&str, &Path)> = match vault.model() {
+        None => vec![("the vault file", vault.path())],
+        Some(_) => data_files
+            .iter()
+            .map(|f| ("a file of the model", f.as_path()))
+            .collect(),
+    };
+    if let Some(histogram) = &histogram {
+        own.push(("the vault's histogram", histogram));
+    }
     if let Some(trace) = &args.trace {
         own.push(("the --trace input", trace));
     }

@@ -1,6 +1,6 @@
-//! `smoe bench VAULT`: streams an existing vault through the library and
-//! prints what it measured, as text or one JSON object (`--json`), for the
-//! scripts under `scripts/`.
+//! `smoe bench VAULT`: streams an existing vault, or a model opened in
+//! place, through the library and prints what it measured, as text or one
+//! JSON object (`--json`), for the scripts under `scripts/`.
 //!
 //! - `args`: the command line;
 //! - `check`: the checks of the command line, and the top-k to use;
@@ -51,6 +51,12 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
         crate::baseline::enter(dir)?;
     }
     let vault = Vault::open(&args.vault)?;
+    if vault.model().is_some() && args.check_seed.is_some() {
+        return Err(Failure::Usage(format!(
+            "--check-seed checks the bytes of a synthetic vault; {} is a model opened in place",
+            args.vault.display()
+        )));
+    }
     let top_k = check_against(args, &vault)?;
     check_outputs(args, &vault)?;
     // The plot's file is judged now, before the run: a file that is not a
@@ -94,7 +100,9 @@ fn run_scan(args: &BenchArgs, vault: Vault) -> Result<(), Failure> {
     let r = r?;
     let result = ScanResult {
         mode: RunMode::Scan,
+        experts: r.stats.claims,
         bytes_read: r.bytes_read,
+        bytes_moved: r.stats.bytes_moved,
         seconds: r.seconds,
         gb_per_s: r.bytes_read as f64 / r.seconds.max(1e-9) / 1e9,
         workers: r.stats.workers,

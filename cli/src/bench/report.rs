@@ -82,8 +82,14 @@ impl TopK {
 pub struct ScanResult {
     /// Always [`RunMode::Scan`].
     pub mode: RunMode,
+    /// Experts claimed, each once.
+    pub experts: u64,
     /// Bytes the workers read.
     pub bytes_read: u64,
+    /// Payload bytes moved inside slots after the reads (a model opened in
+    /// place whose slices do not all sit alike in their blocks; 0 for a
+    /// vault).
+    pub bytes_moved: u64,
     /// Wall time of the scan.
     pub seconds: f64,
     /// Decimal GB per second.
@@ -103,8 +109,10 @@ impl ScanResult {
     /// The one line of text.
     pub fn text(&self) -> String {
         format!(
-            "scan: {} in {:.2} s = {} with {} workers, {} ({} slots of {})\n",
+            "scan: {} experts, {}{} in {:.2} s = {} with {} workers, {} ({} slots of {})\n",
+            self.experts,
             human_bytes(self.bytes_read),
+            moved(self.bytes_moved),
             self.seconds,
             gb_per_s(self.bytes_read, self.seconds),
             self.workers,
@@ -112,6 +120,15 @@ impl ScanResult {
             self.ring_slots,
             human_bytes(self.slot_bytes)
         )
+    }
+}
+
+/// ", 12.00 KiB moved in slots", or nothing when no byte was moved.
+fn moved(bytes_moved: u64) -> String {
+    if bytes_moved == 0 {
+        String::new()
+    } else {
+        format!(" ({} moved in slots)", human_bytes(bytes_moved))
     }
 }
 
@@ -139,6 +156,8 @@ pub struct DecodeResult {
     pub coverage: f64,
     /// Bytes the workers read.
     pub bytes_read: u64,
+    /// Payload bytes moved inside slots after the reads (0 for a vault).
+    pub bytes_moved: u64,
     /// Wall time of the decode loop.
     pub seconds: f64,
     /// Decimal GB per second.
@@ -181,13 +200,14 @@ impl DecodeResult {
             from: self.top_k_from,
         };
         format!(
-            "decode: {} tokens × {} MoE layers × {}, {} policy, coverage {:.1}%, read {} in {:.2} s = {}, wait per token mean {:.2} ms p99 {:.2} ms ({} slots)\n",
+            "decode: {} tokens × {} MoE layers × {}, {} policy, coverage {:.1}%, read {}{} in {:.2} s = {}, wait per token mean {:.2} ms p99 {:.2} ms ({} slots)\n",
             self.tokens,
             self.working_set.layers,
             top_k.text(),
             self.policy,
             self.coverage * 100.0,
             human_bytes(self.bytes_read),
+            moved(self.bytes_moved),
             self.seconds,
             gb_per_s(self.bytes_read, self.seconds),
             self.wait_mean_ms,
@@ -229,6 +249,7 @@ impl DecodeResult {
             hits: side.hits,
             coverage: side.hits as f64 / side.claims.max(1) as f64,
             bytes_read: side.bytes_read,
+            bytes_moved: side.bytes_moved,
             seconds: side.seconds,
             gb_per_s: side.bytes_read as f64 / side.seconds.max(1e-9) / 1e9,
             wait_mean_ms: mean,
@@ -490,6 +511,8 @@ pub struct SmoeSide {
     pub hits: u64,
     /// Bytes the workers read.
     pub bytes_read: u64,
+    /// Payload bytes moved inside slots after the reads.
+    pub bytes_moved: u64,
     /// Wall time of the decode loop.
     pub seconds: f64,
     /// Ring slots.
@@ -512,6 +535,7 @@ impl SmoeSide {
             claims: st.claims,
             hits: st.hits,
             bytes_read: st.bytes_read,
+            bytes_moved: st.bytes_moved,
             seconds: r.seconds,
             ring_slots: st.ring_slots,
             slot_bytes: st.slot_bytes,

@@ -35,10 +35,13 @@ struct Replay<'a> {
     /// The streamer's slot for this vault: the largest padded blob rounded
     /// up to the default alignment (docs/c-api.md, "Ring sizing").
     slot_bytes: u64,
-    /// The vault file's bytes.
+    /// The vault file's bytes (a model's files').
     vault_bytes: u64,
+    /// What each side opens again: the path as given, so that a model
+    /// opened from its directory or index is opened whole again.
     vault_path: PathBuf,
-    /// For the plot: the trace's file name and the vault's directory name.
+    /// For the plot: the trace's file name and the vault's directory name
+    /// (a model's name as given).
     trace_name: String,
     vault_name: String,
 }
@@ -61,9 +64,12 @@ impl<'a> Replay<'a> {
             top_k,
             slot_bytes: vault.max_padded_size().next_multiple_of(align).max(align),
             vault_bytes: vault.header().file_bytes,
-            vault_path: vault.path().to_path_buf(),
+            vault_path: args.vault.clone(),
             trace_name: args.trace.as_deref().map(name).unwrap_or_default(),
-            vault_name: name(vault.dir()),
+            vault_name: match vault.model() {
+                Some(_) => name(&args.vault),
+                None => name(vault.dir()),
+            },
         }
     }
 

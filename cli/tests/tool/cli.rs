@@ -235,7 +235,12 @@ fn bad_inputs(dir: &Path) -> Vec<(PathBuf, Vec<String>)> {
             vec![s(&truncated), "file_bytes".into(), good.len().to_string()],
         ),
         (short.clone(), vec![s(&short), "truncated".into()]),
-        (other.clone(), vec![s(&other), "not a smoe vault".into()]),
+        // Not a vault's magic: taken for a model to open in place, which
+        // it is not either (SPEC §6).
+        (
+            other.clone(),
+            vec![s(&other), "not a GGUF or safetensors model".into()],
+        ),
         (
             missing.clone(),
             vec![s(&missing), "No such file or directory".into()],
@@ -262,7 +267,10 @@ fn bad_inputs_fail_with_one_line() {
 fn directory_without_vault_fails_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let out = smoe(&["inspect", dir.path().to_str().unwrap()]);
-    assert_fails(&out, &["experts.smoe", "holds neither", "model.safetensors"]);
+    assert_fails(
+        &out,
+        &["experts.smoe", "holds neither", "model.safetensors"],
+    );
 }
 
 #[test]

@@ -12,6 +12,7 @@ mod cli;
 mod hardening_files_cli;
 mod hardening_input_cli;
 mod id_space_cli;
+mod in_place_cli;
 mod llama;
 mod pack;
 mod support;
