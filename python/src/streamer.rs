@@ -117,6 +117,33 @@ impl Streamer {
             .ok_or_else(|| errors::closed(py))
     }
 
+    /// `close()`; `strict` false closes even a strict streamer whose
+    /// leases are held (its `with` block ending by an exception).
+    fn close_as(&self, py: Python<'_>, strict: bool) -> PyResult<()> {
+        let core = {
+            let mut slot = self.core.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(core) = slot.as_ref() else {
+                return Ok(());
+            };
+            let held = core.held.load(Ordering::Acquire);
+            if strict && core.strict && held > 0 {
+                return Err(PyBufferError::new_err(format!(
+                    "{held} lease(s) of this streamer are still held (strict=True): \
+                     release them before close()"
+                )));
+            }
+            slot.take()
+        };
+        if let Some(core) = core {
+            // Release: a waiting thread that sees it gives up.
+            core.closed.store(true, Ordering::Release);
+            // The last reference stops and joins the library's threads:
+            // without the GIL, which they never take.
+            py.detach(move || drop(core));
+        }
+        Ok(())
+    }
+
     /// Waits for `attempt` (one claim attempt that waits up to the duration
     /// it is given) to land a claim, in slices of [`WAIT_SLICE`] with the
     /// GIL released, running signal handlers between slices. `what` names
@@ -342,28 +369,7 @@ impl Streamer {
     /// ``strict=True`` a close while leases are held raises
     /// ``BufferError`` and closes nothing.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let core = {
-            let mut slot = self.core.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(core) = slot.as_ref() else {
-                return Ok(());
-            };
-            let held = core.held.load(Ordering::Acquire);
-            if core.strict && held > 0 {
-                return Err(PyBufferError::new_err(format!(
-                    "{held} lease(s) of this streamer are still held (strict=True): \
-                     release them before close()"
-                )));
-            }
-            slot.take()
-        };
-        if let Some(core) = core {
-            // Release: a waiting thread that sees it gives up.
-            core.closed.store(true, Ordering::Release);
-            // The last reference stops and joins the library's threads:
-            // without the GIL, which they never take.
-            py.detach(move || drop(core));
-        }
-        Ok(())
+        self.close_as(py, true)
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
@@ -372,7 +378,8 @@ impl Streamer {
     }
 
     /// Closes. Under ``strict=True`` with leases held, raises only when no
-    /// other exception is on its way out.
+    /// other exception is on its way out (then it closes as a streamer
+    /// that is not strict does).
     #[pyo3(signature = (exc_type = None, _exc = None, _traceback = None))]
     fn __exit__(
         &self,
@@ -381,10 +388,8 @@ impl Streamer {
         _exc: Option<Bound<'_, PyAny>>,
         _traceback: Option<Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
-        match self.close(py) {
-            Err(_) if exc_type.is_some_and(|t| !t.is_none()) => {}
-            other => other?,
-        }
+        let unwinding = exc_type.is_some_and(|t| !t.is_none());
+        self.close_as(py, !unwinding)?;
         Ok(false)
     }
 

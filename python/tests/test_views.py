@@ -210,3 +210,20 @@ def test_an_unconsumed_capsule_frees_its_view(streamer):
     assert held(streamer) == 1
     del capsule
     assert held(streamer) == 0
+
+
+def test_strict_streamer_with_block(vault):
+    with pytest.raises(BufferError, match="1 lease"):
+        with smoe.Streamer(vault, ring_slots=4, strict=True, **QUIET) as s:
+            lease = s.claim(0, 1, timeout=10)
+    assert not s.closed, "refused: nothing closed"
+    lease.release()
+    s.close()
+    # Unwinding, it closes as a streamer that is not strict does.
+    with pytest.raises(KeyError):
+        with smoe.Streamer(vault, ring_slots=4, strict=True, **QUIET) as s:
+            lease = s.claim(0, 1, timeout=10)
+            raise KeyError("the error on its way out is not masked")
+    assert s.closed
+    assert len(bytes(memoryview(lease))) == lease.size
+    lease.release()
