@@ -27,8 +27,8 @@ pub mod gguf;
 pub mod identity;
 #[cfg(feature = "safetensors")]
 pub mod json;
-pub mod names;
 pub mod meta;
+pub mod names;
 mod plan;
 #[cfg(feature = "safetensors")]
 mod safetensors;

@@ -41,10 +41,10 @@ mod imp {
     use super::{Config, Stats};
     use crate::budget::RingPlan;
     use crate::error::{Error, ErrorKind, Result};
+    use crate::model::window::IO_ALIGN;
     use crate::popularity::Histogram;
     use crate::sys::{DirectIo, OpenedFile, PressureProbe};
     use crate::trace::TraceRecorder;
-    use crate::model::window::IO_ALIGN;
     use crate::vault::{Entry, Vault, DEFAULT_ALIGNMENT};
 
     // A ring has at most one slot per vault entry, so the slot table's

@@ -19,10 +19,10 @@ use std::time::SystemTime;
 
 use super::format::{Entry, Header, DEFAULT_ALIGNMENT, VERSION};
 use crate::error::{Error, ErrorKind, Result};
-use crate::sys::ReadError;
 use crate::model::meta::{metadata_json, MetaWriter};
 use crate::model::window::{LayerWindows, Move, Read};
 use crate::model::{self, LayerPlan, LayoutItem, Model, Slice, SourceKind};
+use crate::sys::ReadError;
 
 /// One of a model's files, as it was when the model was opened: a read
 /// checks that it still is (SPEC §6: a file changed while open fails its
@@ -253,7 +253,8 @@ impl InPlace {
 
     /// How many reads an expert of `layer` takes.
     pub fn reads_per_expert(&self, layer: u32) -> usize {
-        self.layer(layer).map_or(0, |l| l.windows.reads_per_expert())
+        self.layer(layer)
+            .map_or(0, |l| l.windows.reads_per_expert())
     }
 
     /// Appends the reads, then the moves, that load `expert` of `layer`
@@ -328,9 +329,7 @@ impl InPlace {
                         ErrorKind::Internal,
                         format!(
                             "a window of {} bytes at {} passes the buffer of {}",
-                            r.len,
-                            r.slot,
-                            entry.padded_size
+                            r.len, r.slot, entry.padded_size
                         ),
                     )
                 })?;

@@ -104,7 +104,8 @@ impl Vault {
                 format!("is a directory without {EXPERTS_FILE}"),
             ),
             OpenRegularError::NotRegular(kind) => {
-                Error::argument(format!("is {kind}, not a vault file")).with_path(&file_path)
+                Error::argument(format!("is {kind}, not a vault or model file"))
+                    .with_path(&file_path)
             }
         })?;
         let len = meta.len();
@@ -153,8 +154,8 @@ impl Vault {
         }
         // The metadata is written here, from names a header gave: checked
         // as a vault's is, so the C string holds no NUL.
-        let meta = format::parse_meta(&header, opened.meta.into_bytes())
-            .map_err(|e| e.with_path(path))?;
+        let meta =
+            format::parse_meta(&header, opened.meta.into_bytes()).map_err(|e| e.with_path(path))?;
         let first = opened.source.files()[0].path.clone();
         let dir = match first.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -191,9 +192,9 @@ impl Vault {
     pub fn histogram_dir(&self) -> Option<PathBuf> {
         match &self.model {
             None => Some(self.dir.clone()),
-            Some(_) => crate::model::identity::cache_dir(&self.header.vault_id, |k| {
-                std::env::var_os(k)
-            }),
+            Some(_) => {
+                crate::model::identity::cache_dir(&self.header.vault_id, |k| std::env::var_os(k))
+            }
         }
     }
 

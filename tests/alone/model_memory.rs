@@ -38,10 +38,20 @@ fn write_model(path: &Path) {
             ("up", [N_EMBD, N_FF, EXPERTS]),
             ("down", [N_FF, N_EMBD, EXPERTS]),
         ] {
-            tensors.push((format!("blk.{l}.ffn_{role}_exps.weight"), ne.to_vec(), Q4_K, q4k(&ne)));
+            tensors.push((
+                format!("blk.{l}.ffn_{role}_exps.weight"),
+                ne.to_vec(),
+                Q4_K,
+                q4k(&ne),
+            ));
         }
         for other in ["attn_norm", "ffn_norm"] {
-            tensors.push((format!("blk.{l}.{other}.weight"), vec![N_EMBD], 0, N_EMBD * 4));
+            tensors.push((
+                format!("blk.{l}.{other}.weight"),
+                vec![N_EMBD],
+                0,
+                N_EMBD * 4,
+            ));
         }
         tensors.push((
             format!("blk.{l}.ffn_gate_inp.weight"),
@@ -131,5 +141,9 @@ fn a_model_in_place_costs_its_table_and_nothing_more_before_a_claim() {
         "{} bytes resident after open",
         rss2 - rss1
     );
-    assert_eq!(s.stats().bytes_read, 0, "no tensor data read before a claim");
+    assert_eq!(
+        s.stats().bytes_read,
+        0,
+        "no tensor data read before a claim"
+    );
 }

@@ -11,9 +11,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use smoe::internals::sys::{
-    drop_file_cache, open_for_streaming, read_at_exact, AlignedBuffer,
-};
+use smoe::internals::sys::{drop_file_cache, open_for_streaming, read_at_exact, AlignedBuffer};
 use smoe::DirectIo;
 
 const SLICE: u64 = 835_584;

@@ -3,7 +3,6 @@
 //! design's 48 GB Mac. `smoe budget` run as a process is tested with the
 //! tool, in `cli/tests/tool/budget_cli.rs`.
 
-
 use proptest::prelude::*;
 use smoe::internals::budget::{check_fits, plan_ring, BudgetConfig, LargestBlob, VaultShape};
 use smoe::internals::sys::MemorySnapshot;
@@ -439,7 +438,10 @@ mod budget_plan {
             .unwrap();
         let largest = s.largest_blob.unwrap();
         assert_eq!((largest.layer, largest.expert), (first.layer, first.expert));
-        assert_eq!(s.scout_source, format!("scout.* files in {}", vault.dir().display()));
+        assert_eq!(
+            s.scout_source,
+            format!("scout.* files in {}", vault.dir().display())
+        );
     }
 
     proptest! {

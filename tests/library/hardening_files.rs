@@ -499,7 +499,7 @@ fn fifo_vault_file_does_not_block_the_library() {
         assert_eq!(err.path(), Some(fifo.as_path()));
         assert_eq!(
             err.message(),
-            format!("{}: is a FIFO, not a vault file", fifo.display())
+            format!("{}: is a FIFO, not a vault or model file", fifo.display())
         );
         let p = path.clone();
         let err = within_timeout("Streamer::open of a FIFO", &fifo, move || {

@@ -153,7 +153,10 @@ fn every_fixture_streams_in_place_byte_for_byte() {
         fixtures_seen += 1;
     }
     eprintln!("{slices} slices of {fixtures_seen} fixtures checked in place");
-    assert!(fixtures_seen >= 16 && slices > 500, "{fixtures_seen} {slices}");
+    assert!(
+        fixtures_seen >= 16 && slices > 500,
+        "{fixtures_seen} {slices}"
+    );
     // The fixtures' strides are not multiples of 4096: some layers' payloads
     // are moved after the read; the test below covers the other case.
     assert!(moved_any, "no fixture needed a move");
@@ -183,12 +186,27 @@ fn a_gguf_py_model_with_block_strides_streams_with_no_move() {
             sl["expert"].as_u64().unwrap() as u32,
         );
         let role = sl["role"].as_str().unwrap();
-        let (offset, n) = (sl["offset"].as_u64().unwrap(), sl["nbytes"].as_u64().unwrap());
-        assert_ne!(offset % 4096, 0, "the fixture's slices do not start on a block");
-        assert_eq!(n % 4096, 0, "the fixture's stride is a multiple of the block");
+        let (offset, n) = (
+            sl["offset"].as_u64().unwrap(),
+            sl["nbytes"].as_u64().unwrap(),
+        );
+        assert_ne!(
+            offset % 4096,
+            0,
+            "the fixture's slices do not start on a block"
+        );
+        assert_eq!(
+            n % 4096,
+            0,
+            "the fixture's stride is a multiple of the block"
+        );
         let (_, at, bytes, _) = layouts[&layer].iter().find(|i| i.0 == role).unwrap();
         assert_eq!(*bytes, n);
-        assert_eq!(at % 4096, offset % 4096, "the payload keeps its offset in the block");
+        assert_eq!(
+            at % 4096,
+            offset % 4096,
+            "the payload keeps its offset in the block"
+        );
         let c = s.claim_wait(layer, expert, WAIT).unwrap().unwrap();
         assert!(
             c[*at as usize..(*at + n) as usize] == file[offset as usize..(offset + n) as usize],
@@ -212,9 +230,15 @@ fn write_aligned_stride_gguf(path: &Path, n_experts: u64, seed: u8) -> Vec<u8> {
     head.extend_from_slice(&3u32.to_le_bytes());
     let tensors: Vec<(String, Vec<u64>)> = vec![
         ("token_embd.weight".into(), vec![8, 1]),
-        ("blk.0.ffn_gate_exps.weight".into(), vec![1024, 1, n_experts]),
+        (
+            "blk.0.ffn_gate_exps.weight".into(),
+            vec![1024, 1, n_experts],
+        ),
         ("blk.0.ffn_up_exps.weight".into(), vec![1024, 1, n_experts]),
-        ("blk.0.ffn_down_exps.weight".into(), vec![1024, 1, n_experts]),
+        (
+            "blk.0.ffn_down_exps.weight".into(),
+            vec![1024, 1, n_experts],
+        ),
     ];
     head.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
     let kvs: Vec<(&str, u32)> = vec![
@@ -295,7 +319,10 @@ fn the_c_api_streams_models_in_place() {
     let dir = tempfile::tempdir().unwrap();
     let library = dir.path().join("libsmoe.a");
     std::fs::copy(native::lib_dir().join("libsmoe.a"), &library).unwrap();
-    let compiler = native::c_compilers().into_iter().next().expect("a C compiler");
+    let compiler = native::c_compilers()
+        .into_iter()
+        .next()
+        .expect("a C compiler");
     let program = dir.path().join("model_test");
     native::run(
         std::process::Command::new(&compiler)
@@ -435,7 +462,10 @@ fn a_safetensors_header_that_lies_is_refused() {
     file.extend_from_slice(&[0u8; 16]);
     std::fs::write(&model, file).unwrap();
     let e = open_err(&model);
-    assert!(e.contains("model.safetensors") && e.contains("data_offsets"), "{e}");
+    assert!(
+        e.contains("model.safetensors") && e.contains("data_offsets"),
+        "{e}"
+    );
     let e = open_err(dir.path());
     assert!(e.contains("model.safetensors"), "{e}");
 }
@@ -444,7 +474,8 @@ fn a_safetensors_header_that_lies_is_refused() {
 fn a_model_without_experts_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("model.safetensors");
-    let header = r#"{"model.embed_tokens.weight":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}"#;
+    let header =
+        r#"{"model.embed_tokens.weight":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}"#;
     let mut file = (header.len() as u64).to_le_bytes().to_vec();
     file.extend_from_slice(header.as_bytes());
     file.extend_from_slice(&[0u8; 16]);
@@ -467,7 +498,10 @@ fn a_fifo_a_device_and_an_unknown_file_are_refused_without_blocking() {
     let text = dir.path().join("notes.txt");
     std::fs::write(&text, "not a model at all").unwrap();
     let e = open_err(&text);
-    assert!(e.contains("notes.txt") && e.contains("not a GGUF or safetensors"), "{e}");
+    assert!(
+        e.contains("notes.txt") && e.contains("not a GGUF or safetensors"),
+        "{e}"
+    );
     let empty = tempfile::tempdir().unwrap();
     let e = open_err(empty.path());
     assert!(e.contains("experts.smoe"), "{e}");
@@ -484,7 +518,10 @@ fn a_model_changed_while_open_fails_its_reads() {
         let path = copy_fixture("qwen3moe-q8_0.gguf", dir.path());
         let s = Streamer::open(&path, config()).unwrap();
         drop(s.claim_wait(0, 0, WAIT).unwrap().unwrap());
-        let f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
         match how {
             "append" => {
                 use std::io::Write;
@@ -535,7 +572,10 @@ fn the_histogram_of_a_model_lives_in_its_cache_directory() {
     drop(s);
     let listing: Vec<_> = std::fs::read_dir(&models).unwrap().collect();
     assert_eq!(listing.len(), 1, "only the model is in its directory");
-    let id = smoe::vault::Vault::open(&path).unwrap().header().vault_id_hex();
+    let id = smoe::vault::Vault::open(&path)
+        .unwrap()
+        .header()
+        .vault_id_hex();
     let freq = cache.join("smoe").join(&id).join("expert_freq.bin");
     assert!(freq.is_file(), "{} is missing", freq.display());
     // The copy finds the same histogram: its first claims are known.

@@ -49,7 +49,10 @@ fn cli_on_a_fifo_vault_file_fails_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("experts.smoe");
     common::mkfifo(&fifo);
-    let expected = format!("smoe: {}: is a FIFO, not a vault file", fifo.display());
+    let expected = format!(
+        "smoe: {}: is a FIFO, not a vault or model file",
+        fifo.display()
+    );
     for vault in [dir.path(), fifo.as_path()] {
         let vault = vault.to_str().unwrap();
         for args in [
