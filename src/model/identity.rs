@@ -65,14 +65,16 @@ pub fn identity(model: &Model) -> Result<[u8; 16]> {
 
 /// The directory of a model's own files (its histogram):
 /// `<base>/smoe/<identity in hex>`, where `<base>` is `$SMOE_CACHE_DIR`
-/// if set and not empty, else the platform's user cache directory
+/// if set to an absolute path (a relative one would put the histogram
+/// wherever the process happens to run, perhaps beside the model: it
+/// counts as unset, as a relative `XDG_CACHE_HOME` does), else the platform's user cache directory
 /// ([`crate::sys::user_cache_home`]). `env` reads a variable (the process's
 /// environment, or a test's). `None` when there is no such directory (no
 /// `HOME`): the caller then keeps no histogram, and says so.
 pub fn cache_dir(identity: &[u8; 16], env: impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
     let base = env(CACHE_DIR_VAR)
-        .filter(|v| !v.is_empty())
         .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
         .or_else(|| crate::sys::user_cache_home(&env))?;
     Some(base.join("smoe").join(crate::vault::hex(identity)))
 }
@@ -129,8 +131,12 @@ mod tests {
             cache_dir(&id, env(&[("SMOE_CACHE_DIR", "/c"), ("HOME", "/h")])),
             Some(PathBuf::from(format!("/c/smoe/{hex}")))
         );
-        // Empty is unset.
+        // Empty is unset, and so is a relative path.
         let home = cache_dir(&id, env(&[("SMOE_CACHE_DIR", ""), ("HOME", "/h")])).unwrap();
+        assert_eq!(
+            cache_dir(&id, env(&[("SMOE_CACHE_DIR", "rel"), ("HOME", "/h")])),
+            Some(home.clone())
+        );
         #[cfg(target_os = "linux")]
         {
             assert_eq!(home, PathBuf::from(format!("/h/.cache/smoe/{hex}")));

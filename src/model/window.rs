@@ -124,7 +124,9 @@ impl fmt::Display for WindowError {
 
 impl std::error::Error for WindowError {}
 
-/// Slices `first..=last` of every expert, read with one window.
+/// The slices of a run, read with one window: `first` is the run's first
+/// slice in the file, `last` its last (indices in the layer's slice
+/// order, which need not be file order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Run {
     first: usize,
@@ -160,9 +162,11 @@ impl LayerWindows {
     /// The layout of a layer whose experts have the slices `experts` (one
     /// list per expert, the roles in the same order, of the same lengths).
     ///
-    /// Slices `r` and `r + 1` join one run when, for every expert, they
-    /// are in the same file, `r + 1` starts at the same distance after `r`,
-    /// and no further than [`MAX_RUN_GAP`] past its end. A run's payload
+    /// The slices are taken in the first expert's file order (file, then
+    /// offset). Two that follow one another join one run when, for every
+    /// expert, they are in the same file, the second starts at the same
+    /// distance after the first, and no further than [`MAX_RUN_GAP`] past
+    /// its end. A run's payload
     /// keeps that shape in the slot. Runs follow one another in the slot,
     /// each at a block boundary, with room for its window whatever the
     /// expert's head.
@@ -193,45 +197,53 @@ impl LayerWindows {
                 }
             }
         }
-        let joins = |r: usize| {
-            let step = first[r + 1].offset.wrapping_sub(first[r].offset);
-            step >= first[r].bytes
-                && step - first[r].bytes <= MAX_RUN_GAP
+        // Runs follow the first expert's slices in file order (a
+        // safetensors checkpoint stores an expert's down, gate and up by
+        // name, so role order would split them); `order[k]` is the slice
+        // at position k. Every expert must keep the distances (`joins`).
+        let mut order: Vec<usize> = (0..first.len()).collect();
+        order.sort_by_key(|&r| (first[r].file, first[r].offset));
+        let joins = |k: usize| {
+            let (a, b) = (order[k], order[k + 1]);
+            let step = first[b].offset.wrapping_sub(first[a].offset);
+            step >= first[a].bytes
+                && step - first[a].bytes <= MAX_RUN_GAP
                 && experts.iter().all(|s| {
-                    s[r].file == s[r + 1].file && s[r + 1].offset.wrapping_sub(s[r].offset) == step
+                    s[a].file == s[b].file && s[b].offset.wrapping_sub(s[a].offset) == step
                 })
         };
         let mut offsets = vec![0; first.len()];
         let mut runs = Vec::new();
         let mut slot = 0u64;
         let mut start = 0;
-        while start < first.len() {
+        while start < order.len() {
             let mut last = start;
-            while last + 1 < first.len() && joins(last) {
+            while last + 1 < order.len() && joins(last) {
                 last += 1;
             }
+            let (a, z) = (order[start], order[last]);
             // Within a run the distances are every expert's (checked above),
             // so the span is too.
-            let span = first[last].offset - first[start].offset + first[last].bytes;
-            let heads = experts.iter().map(|s| s[start].offset % IO_ALIGN);
-            let same_head = heads.clone().all(|h| h == first[start].offset % IO_ALIGN);
+            let span = first[z].offset - first[a].offset + first[z].bytes;
+            let heads = experts.iter().map(|s| s[a].offset % IO_ALIGN);
+            let same_head = heads.clone().all(|h| h == first[a].offset % IO_ALIGN);
             let max_head = heads.max().unwrap_or(0);
             let window = slot;
             let payload = if same_head {
-                window + first[start].offset % IO_ALIGN
+                window + first[a].offset % IO_ALIGN
             } else {
                 window
             };
-            for r in start..=last {
-                offsets[r] = payload + (first[r].offset - first[start].offset);
+            for &r in &order[start..=last] {
+                offsets[r] = payload + (first[r].offset - first[a].offset);
             }
             let room = max_head
                 .checked_add(span)
                 .and_then(align_up)
                 .ok_or(WindowError::TooLarge)?;
             runs.push(Run {
-                first: start,
-                last,
+                first: a,
+                last: z,
                 window,
                 payload,
                 room,
@@ -396,6 +408,27 @@ mod tests {
         check(&w, &experts, &[file]);
     }
 
+    /// A safetensors checkpoint stores an expert's tensors by name: down,
+    /// gate, up. Listed in role order (gate, up, down), they are still one
+    /// read, their payloads in file order in the slot.
+    #[test]
+    fn slices_adjacent_in_file_order_are_one_read() {
+        let experts: Vec<Vec<Slice>> = (0..3)
+            .map(|e| {
+                let b = 50 + e * 10_000;
+                // gate, up, down; in the file: down at b, gate, up.
+                vec![s(0, b + 2990, 3000), s(0, b + 5990, 3000), s(0, b, 2990)]
+            })
+            .collect();
+        let refs: Vec<&[Slice]> = experts.iter().map(Vec::as_slice).collect();
+        let w = LayerWindows::plan(&refs).unwrap();
+        assert_eq!(w.reads_per_expert(), 1);
+        // The heads differ (10,000-byte strides): moved to the block.
+        assert_eq!(w.offsets(), [2990, 5990, 0]);
+        let file: Vec<u8> = (0..40_000u32).map(|i| (i ^ (i >> 9)) as u8).collect();
+        check(&w, &experts, &[file]);
+    }
+
     #[test]
     fn mismatched_experts_are_refused() {
         let a = [s(0, 0, 10), s(0, 100, 10)];
@@ -438,6 +471,7 @@ mod tests {
             bases in prop::collection::vec(0u64..50_000, 4),
             strides in prop::collection::vec(prop_oneof![Just(IO_ALIGN * 3), 1u64..30_000], 4),
             files in prop::collection::vec(0usize..2, 4),
+            per_expert_file in any::<bool>(),
         ) {
             let roles = lens.len();
             // A stacked tensor's stride is the expert's slice or more; a
@@ -447,7 +481,14 @@ mod tests {
                     (0..roles)
                         .map(|r| {
                             let len = lens[r].min(strides[r]);
-                            s(files[r], bases[r] + e * strides[r], len)
+                            // Shards: an expert's slices need not share
+                            // the first expert's files.
+                            let file = if per_expert_file {
+                                (files[r] + e as usize) % 2
+                            } else {
+                                files[r]
+                            };
+                            s(file, bases[r] + e * strides[r], len)
                         })
                         .collect()
                 })

@@ -43,7 +43,9 @@ mod imp {
     use crate::error::{Error, ErrorKind, Result};
     use crate::model::window::IO_ALIGN;
     use crate::popularity::Histogram;
-    use crate::sys::{DirectIo, OpenedFile, PressureProbe};
+    use crate::sys::{DirectIo, OpenRegularError, OpenedFile, PressureProbe};
+    use crate::vault::ModelFile;
+    use std::fs::File;
     use crate::trace::TraceRecorder;
     use crate::vault::{Entry, Vault, DEFAULT_ALIGNMENT};
 
@@ -1112,7 +1114,7 @@ mod imp {
         plan: RingPlan,
         ring: Ring,
         /// One per worker, each opened with the direct-I/O policy applied.
-        files: Vec<Vec<OpenedFile>>,
+        files: Vec<Arc<[File]>>,
         /// Whether every descriptor in `files` does direct I/O.
         direct_all: bool,
         histogram: Histogram,
@@ -1206,8 +1208,7 @@ mod imp {
                     vault.path().display()
                 ));
             }
-            let files = open_worker_files(vault, workers, config.direct_io)?;
-            let direct_all = files.iter().flatten().all(|f| f.direct);
+            let (files, direct_all) = open_worker_files(vault, workers, config.direct_io)?;
             if !direct_all && config.direct_io == DirectIo::Auto {
                 warnings.push(format!(
                     "direct I/O is not available for {}: reading through the page cache",
@@ -1264,62 +1265,125 @@ mod imp {
         }
     }
 
-    /// Opens, per worker, one descriptor of each file the vault's experts
-    /// are in (`experts.smoe`, or a model's parts) with the `policy`. Some
-    /// filesystems accept `O_DIRECT` at open and refuse the reads, so the
-    /// first direct descriptor of each file is probed with one read; if one
-    /// is refused, all are reopened buffered (or, under `Require`, it is an
-    /// error).
+    /// The descriptors each I/O worker reads through, and whether all do
+    /// direct I/O: for a vault, one descriptor of `experts.smoe` per
+    /// worker; for a model, one descriptor of each of its files, shared by
+    /// every worker (`pread` takes no file position; a model of 163 shards
+    /// and 64 workers would otherwise need 10,432 descriptors).
     fn open_worker_files(
         vault: &Vault,
         workers: u32,
         policy: DirectIo,
-    ) -> Result<Vec<Vec<OpenedFile>>> {
-        let paths = vault.data_files();
-        let open_all = |policy: DirectIo| -> Result<Vec<Vec<OpenedFile>>> {
-            let mut all = Vec::with_capacity(workers as usize);
-            for _ in 0..workers {
-                let mut mine = Vec::with_capacity(paths.len());
-                for path in &paths {
-                    let opened = crate::sys::open_for_streaming(path, policy).map_err(|e| {
-                        let kind = if e.kind() == std::io::ErrorKind::Unsupported {
-                            ErrorKind::Unsupported
-                        } else {
-                            ErrorKind::Io
-                        };
-                        Error::io("cannot open for streaming", path, &e).with_kind(kind)
-                    })?;
-                    mine.push(opened);
-                }
-                all.push(mine);
+    ) -> Result<(Vec<Arc<[File]>>, bool)> {
+        match vault.model() {
+            None => {
+                let files = open_vault_files(vault, workers, policy)?;
+                let direct = files.iter().all(|f| f.direct);
+                Ok((
+                    files.into_iter().map(|o| Arc::from([o.file])).collect(),
+                    direct,
+                ))
             }
-            Ok(all)
+            Some(model) => {
+                let (files, direct) = open_model_files(model.files(), policy)?;
+                let shared: Arc<[File]> = files.into();
+                Ok(((0..workers).map(|_| shared.clone()).collect(), direct))
+            }
+        }
+    }
+
+    /// Opens each of a model's files once, as the files it was opened from:
+    /// never waiting on a FIFO put at a path, and refusing a file that is
+    /// no longer the one whose headers were read (replaced by a rename, or
+    /// changed). A direct descriptor of each is probed with one read; if
+    /// one is refused, all are opened again buffered (or, under `Require`,
+    /// it is an error).
+    fn open_model_files(files: &[ModelFile], policy: DirectIo) -> Result<(Vec<File>, bool)> {
+        let open_all = |policy: DirectIo| -> Result<Vec<OpenedFile>> {
+            let mut opened = Vec::with_capacity(files.len());
+            for known in files {
+                let (file, meta) = crate::sys::open_regular_for_streaming(&known.path, policy)
+                    .map_err(|e| match e {
+                        OpenRegularError::Os(e) => {
+                            let kind = if e.kind() == std::io::ErrorKind::Unsupported {
+                                ErrorKind::Unsupported
+                            } else {
+                                ErrorKind::Io
+                            };
+                            Error::io("cannot open for streaming", &known.path, &e).with_kind(kind)
+                        }
+                        OpenRegularError::NotRegular(kind) => Error::path_is(
+                            ErrorKind::Io,
+                            &known.path,
+                            format!("is {kind} now, not the model file that was opened"),
+                        ),
+                    })?;
+                known
+                    .check_metadata(&meta)
+                    .map_err(|why| Error::new(ErrorKind::Io, why).with_path(&known.path))?;
+                opened.push(file);
+            }
+            Ok(opened)
         };
-        let files = open_all(policy)?;
-        if let Some(first) = files.first() {
-            for (opened, path) in first.iter().zip(&paths) {
-                if !opened.direct {
-                    continue;
+        let opened = open_all(policy)?;
+        for (o, known) in opened.iter().zip(files) {
+            if !o.direct {
+                continue;
+            }
+            if let Err(e) = crate::sys::probe_direct_read(&o.file, IO_ALIGN as usize) {
+                if policy == DirectIo::Require {
+                    return Err(Error::new(
+                        ErrorKind::Unsupported,
+                        format!(
+                            "direct I/O required but {} refuses direct reads: {e}",
+                            known.path.display()
+                        ),
+                    )
+                    .with_os_error(e.raw_os_error()));
                 }
-                // A model's windows are blocks of IO_ALIGN; a vault's reads
-                // multiples of its alignment.
-                let block = match vault.model() {
-                    Some(_) => IO_ALIGN as usize,
-                    None => DEFAULT_ALIGNMENT as usize,
+                let opened = open_all(DirectIo::Off)?;
+                return Ok((opened.into_iter().map(|o| o.file).collect(), false));
+            }
+        }
+        let direct = opened.iter().all(|o| o.direct);
+        Ok((opened.into_iter().map(|o| o.file).collect(), direct))
+    }
+
+    /// Opens one descriptor of the vault per worker with the `policy`. Some
+    /// filesystems accept `O_DIRECT` at open and refuse the reads, so a
+    /// direct descriptor is probed with one read; if it is refused, all are
+    /// reopened buffered (or, under `Require`, it is an error).
+    fn open_vault_files(vault: &Vault, workers: u32, policy: DirectIo) -> Result<Vec<OpenedFile>> {
+        let mut files = Vec::with_capacity(workers as usize);
+        for _ in 0..workers {
+            let opened = crate::sys::open_for_streaming(vault.path(), policy).map_err(|e| {
+                let kind = if e.kind() == std::io::ErrorKind::Unsupported {
+                    ErrorKind::Unsupported
+                } else {
+                    ErrorKind::Io
                 };
-                let probe = crate::sys::probe_direct_read(&opened.file, block);
-                if let Err(e) = probe {
-                    if policy == DirectIo::Require {
-                        return Err(Error::new(
-                            ErrorKind::Unsupported,
-                            format!(
-                                "direct I/O required but {} refuses direct reads: {e}",
-                                path.display()
-                            ),
-                        )
-                        .with_os_error(e.raw_os_error()));
-                    }
-                    return open_all(DirectIo::Off);
+                Error::io("cannot open for streaming", vault.path(), &e).with_kind(kind)
+            })?;
+            files.push(opened);
+        }
+        if files.iter().any(|f| f.direct) {
+            let probe = crate::sys::probe_direct_read(&files[0].file, DEFAULT_ALIGNMENT as usize);
+            if let Err(e) = probe {
+                if policy == DirectIo::Require {
+                    return Err(Error::new(
+                        ErrorKind::Unsupported,
+                        format!(
+                            "direct I/O required but {} refuses direct reads: {e}",
+                            vault.path().display()
+                        ),
+                    )
+                    .with_os_error(e.raw_os_error()));
+                }
+                files.clear();
+                for _ in 0..workers {
+                    let f = crate::sys::open_for_streaming(vault.path(), DirectIo::Off)
+                        .map_err(|e| Error::io("cannot open", vault.path(), &e))?;
+                    files.push(f);
                 }
             }
         }
@@ -1330,12 +1394,11 @@ mod imp {
     /// logic their threads. If one cannot start, stops those that did.
     fn start_workers(
         shared: &Arc<Shared>,
-        files: Vec<Vec<OpenedFile>>,
+        files: Vec<Arc<[File]>>,
     ) -> Result<Vec<JoinHandle<()>>> {
         let mut threads = Vec::with_capacity(files.len());
-        for (i, opened) in files.into_iter().enumerate() {
+        for (i, mine) in files.into_iter().enumerate() {
             let shared2 = shared.clone();
-            let mine: Vec<std::fs::File> = opened.into_iter().map(|o| o.file).collect();
             let spawned = std::thread::Builder::new()
                 .name(format!("smoe-io-{i}"))
                 .spawn(move || worker::run(shared2, i as u32, mine));

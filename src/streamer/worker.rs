@@ -205,7 +205,7 @@ impl Landed {
 /// A worker's life: take jobs until shutdown. Catches panics. `files` are
 /// the worker's own descriptors of the vault's data files
 /// ([`Vault::data_files`](crate::vault::Vault::data_files)), in order.
-pub(crate) fn run(shared: Arc<Shared>, me: u32, files: Vec<File>) {
+pub(crate) fn run(shared: Arc<Shared>, me: u32, files: Arc<[File]>) {
     let result = catch_unwind(AssertUnwindSafe(|| work(&shared, me, &files)));
     if result.is_err() {
         // Release: later API calls that Acquire `broken` fail cleanly.

@@ -67,6 +67,20 @@ pub(super) fn open_nonblocking(path: &Path) -> io::Result<File> {
         .open(path)
 }
 
+/// Turns direct I/O on for an open descriptor as [`open_direct`] does:
+/// fcntl(2) `F_NOCACHE` "Turns data caching off/on. A non-zero value in arg
+/// turns data caching off."
+/// <https://developer.apple.com/library/archive/documentation/System/Conceptual/ManPages_iPhoneOS/man2/fcntl.2.html>
+pub(super) fn set_direct(fd: RawFd) -> Result<(), DirectOpenError> {
+    // SAFETY: plain syscall on an integer descriptor; F_NOCACHE takes an
+    // int argument and touches no memory of ours.
+    let rc = unsafe { libc::fcntl(fd, libc::F_NOCACHE, 1) };
+    if rc == -1 {
+        return Err(DirectOpenError::Refused(io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
 /// Clears `O_NONBLOCK` on `fd`, leaving its other status flags as they are.
 /// fcntl(2) `F_GETFL`/`F_SETFL`: "Get descriptor status flags"/"Set
 /// descriptor status flags to arg" (O_NONBLOCK among them).

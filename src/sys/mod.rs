@@ -217,6 +217,39 @@ pub fn open_regular(path: &Path) -> Result<(File, Metadata), OpenRegularError> {
     Ok((file, metadata))
 }
 
+/// Opens the regular file at `path` for the I/O workers as
+/// [`open_regular`] does (never waiting on a FIFO, refusing anything but a
+/// regular file), then, unless `mode` is [`DirectIo::Off`], turns direct
+/// I/O on for it (Linux `O_DIRECT` through `fcntl(F_SETFL)`, Apple
+/// `F_NOCACHE`). Returns the file, its metadata (taken from the open
+/// descriptor: the file read, whatever the path names later) and whether
+/// reads bypass the page cache. A refusal of direct I/O is as in
+/// [`open_for_streaming`]: `Auto` keeps the file buffered, `Require` is an
+/// error of kind [`io::ErrorKind::Unsupported`].
+pub fn open_regular_for_streaming(
+    path: &Path,
+    mode: DirectIo,
+) -> Result<(OpenedFile, Metadata), OpenRegularError> {
+    let (file, metadata) = open_regular(path)?;
+    if mode == DirectIo::Off {
+        return Ok((OpenedFile { file, direct: false }, metadata));
+    }
+    match imp::set_direct(file.as_raw_fd()) {
+        Ok(()) => Ok((OpenedFile { file, direct: true }, metadata)),
+        Err(DirectOpenError::Other(err)) => Err(OpenRegularError::Os(err)),
+        Err(DirectOpenError::Refused(err)) => match mode {
+            DirectIo::Require => Err(OpenRegularError::Os(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "the filesystem refused direct I/O ({}): {err}",
+                    imp::DIRECT_IO_CALL
+                ),
+            ))),
+            DirectIo::Auto | DirectIo::Off => Ok((OpenedFile { file, direct: false }, metadata)),
+        },
+    }
+}
+
 /// Whether a process with this id exists (`kill(pid, 0)`): `true` also when
 /// it exists but belongs to another user (`EPERM`), and for any answer other
 /// than "no such process" (`ESRCH`). An id that no process can have (0,

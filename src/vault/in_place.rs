@@ -19,6 +19,7 @@ use std::time::SystemTime;
 
 use super::format::{Entry, Header, DEFAULT_ALIGNMENT, VERSION};
 use crate::error::{Error, ErrorKind, Result};
+use crate::fs_safe::{file_id, FileId};
 use crate::model::meta::{metadata_json, MetaWriter};
 use crate::model::window::{LayerWindows, Move, Read};
 use crate::model::{self, LayerPlan, LayoutItem, Model, Slice, SourceKind};
@@ -35,16 +36,31 @@ pub struct ModelFile {
     pub len: u64,
     /// Its modification time at open, where the filesystem keeps one.
     pub modified: Option<SystemTime>,
+    /// Its device and inode: which file the path named at open.
+    pub id: FileId,
 }
 
 impl ModelFile {
-    /// Whether `file` (a descriptor of this file) still has the length and
-    /// modification time it had at open; else a sentence saying what
-    /// changed.
+    /// Whether `file` (a descriptor of this file) is still the file that
+    /// was opened (device and inode) with the length and modification time
+    /// it had then; else a sentence saying what changed. The modification
+    /// time is the kernel's (best effort: a write through a shared mapping
+    /// may not move it at once); the length and the identity are exact.
     pub fn check_unchanged(&self, file: &File) -> std::result::Result<(), String> {
         let meta = file
             .metadata()
             .map_err(|e| format!("cannot stat {}: {e}", self.path.display()))?;
+        self.check_metadata(&meta)
+    }
+
+    /// [`ModelFile::check_unchanged`] on metadata already taken.
+    pub fn check_metadata(&self, meta: &std::fs::Metadata) -> std::result::Result<(), String> {
+        if file_id(meta) != self.id {
+            return Err(format!(
+                "{} was replaced since the model was opened: the path names another file",
+                self.path.display()
+            ));
+        }
         if meta.len() != self.len {
             return Err(format!(
                 "{} changed while open: it was {} bytes, it is {}",
@@ -97,6 +113,8 @@ pub struct InPlace {
     layers: Vec<Option<LayerSource>>,
     /// Bytes of every tensor that is not an expert's.
     dense_bytes: u64,
+    /// Experts per layer.
+    n_experts: u32,
 }
 
 /// What [`open`] builds: the parts of a [`super::Vault`].
@@ -122,6 +140,7 @@ pub(super) fn open(path: &Path) -> Result<Opened> {
             path: p.clone(),
             len: meta.len(),
             modified: meta.modified().ok(),
+            id: file_id(&meta),
         });
     }
     let mut layers: Vec<Option<LayerSource>> = vec![None; n_layers as usize];
@@ -186,6 +205,7 @@ pub(super) fn open(path: &Path) -> Result<Opened> {
             files,
             layers,
             dense_bytes,
+            n_experts,
         },
     })
 }
@@ -264,6 +284,9 @@ impl InPlace {
         let Some(l) = self.layer(layer) else {
             return;
         };
+        if expert >= self.n_experts {
+            return;
+        }
         let mut slices = [Slice {
             file: 0,
             offset: 0,
@@ -308,6 +331,14 @@ impl InPlace {
         reads.clear();
         moves.clear();
         self.reads(entry.layer, entry.expert, reads, moves);
+        if reads.is_empty() {
+            return Err(Error::expert_is(
+                ErrorKind::NotFound,
+                entry.layer,
+                entry.expert,
+                "is not in the model",
+            ));
+        }
         let mut loaded = Loaded::default();
         for r in reads.iter() {
             let known = &self.files[r.file];

@@ -16,6 +16,7 @@ mod elastic;
 mod id_space;
 mod idle_workers;
 mod lazy_ring;
+mod model_fds;
 mod model_memory;
 mod pinned_ring;
 mod read_size;
