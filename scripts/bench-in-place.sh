@@ -48,7 +48,7 @@ scan() {
   sync
   echo 3 >/proc/sys/vm/drop_caches
   "$SMOE_BIN" bench "$1" --mode scan --workers "$WORKERS" --ring-slots "$RING_SLOTS" --json 2>/dev/null |
-    python3 -c 'import json, sys; print("%.3f" % json.load(sys.stdin)["gb_per_s"])'
+    sed -n 's/.*"gb_per_s":\([0-9.]*\).*/\1/p'
 }
 
 say "model $MODEL ($(stat -c %s "$MODEL") bytes), vault $VAULT, $ROUNDS rounds, $WORKERS workers"
@@ -56,7 +56,7 @@ ratios=()
 for r in $(seq 1 "$ROUNDS"); do
   a="$(scan "$MODEL")"
   b="$(scan "$VAULT")"
-  ratio="$(python3 -c "print('%.3f' % ($a / $b))")"
+  ratio="$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", a / b }')"
   ratios+=("$ratio")
   printf 'round %d: in place %s GB/s, vault %s GB/s, in place / vault %s\n' "$r" "$a" "$b" "$ratio"
 done

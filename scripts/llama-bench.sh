@@ -261,7 +261,7 @@ capped() {
   broad_model
   local text gbs secs vault_bytes
   text=$(prompt)
-  echo "== capped: $(basename "$BROAD") ($(du -h "$BROAD" | cut -f1)), memory.max $CAP, cold page cache, -t $THREADS, $CAPPED_SLOTS ring slots"
+  echo "== capped: $(basename "$BROAD") ($(du -hL "$BROAD" | cut -f1)), memory.max $CAP, cold page cache, -t $THREADS, $CAPPED_SLOTS ring slots"
   gbs=$(drive "$VAULT/experts.smoe") || exit 1
   read -r gbs secs <<<"$gbs"
   vault_bytes=$(stat -c %s "$VAULT/experts.smoe")
@@ -285,7 +285,7 @@ inplace() {
   broad_model
   local text cache="$WORK/inplace-cache"
   text=$(prompt)
-  echo "== inplace: $(basename "$BROAD") ($(du -h "$BROAD" | cut -f1)) read in place (SMOE=1) against its vault (SMOE_VAULT), memory.max $CAP, cold page cache, -t $THREADS, $CAPPED_SLOTS ring slots"
+  echo "== inplace: $(basename "$BROAD") ($(du -hL "$BROAD" | cut -f1)) read in place (SMOE=1) against its vault (SMOE_VAULT), memory.max $CAP, cold page cache, -t $THREADS, $CAPPED_SLOTS ring slots"
   cgroup "$(numfmt --from=iec "$CAP")"
   local r v_np v_ps v_dn v_ds i_np i_ps i_dn i_ds x
   for ((r = 1; r <= ROUNDS; r++)); do
