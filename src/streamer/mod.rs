@@ -44,10 +44,10 @@ mod imp {
     use crate::model::window::IO_ALIGN;
     use crate::popularity::Histogram;
     use crate::sys::{DirectIo, OpenRegularError, OpenedFile, PressureProbe};
-    use crate::vault::ModelFile;
-    use std::fs::File;
     use crate::trace::TraceRecorder;
+    use crate::vault::ModelFile;
     use crate::vault::{Entry, Vault, DEFAULT_ALIGNMENT};
+    use std::fs::File;
 
     // A ring has at most one slot per vault entry, so the slot table's
     // ticket field (20 bits) holds every slot index.
@@ -1392,10 +1392,7 @@ mod imp {
 
     /// Starts one I/O worker per set of descriptors, then tells the wake-up
     /// logic their threads. If one cannot start, stops those that did.
-    fn start_workers(
-        shared: &Arc<Shared>,
-        files: Vec<Arc<[File]>>,
-    ) -> Result<Vec<JoinHandle<()>>> {
+    fn start_workers(shared: &Arc<Shared>, files: Vec<Arc<[File]>>) -> Result<Vec<JoinHandle<()>>> {
         let mut threads = Vec::with_capacity(files.len());
         for (i, mine) in files.into_iter().enumerate() {
             let shared2 = shared.clone();

@@ -232,7 +232,13 @@ pub fn open_regular_for_streaming(
 ) -> Result<(OpenedFile, Metadata), OpenRegularError> {
     let (file, metadata) = open_regular(path)?;
     if mode == DirectIo::Off {
-        return Ok((OpenedFile { file, direct: false }, metadata));
+        return Ok((
+            OpenedFile {
+                file,
+                direct: false,
+            },
+            metadata,
+        ));
     }
     match imp::set_direct(file.as_raw_fd()) {
         Ok(()) => Ok((OpenedFile { file, direct: true }, metadata)),
@@ -245,7 +251,13 @@ pub fn open_regular_for_streaming(
                     imp::DIRECT_IO_CALL
                 ),
             ))),
-            DirectIo::Auto | DirectIo::Off => Ok((OpenedFile { file, direct: false }, metadata)),
+            DirectIo::Auto | DirectIo::Off => Ok((
+                OpenedFile {
+                    file,
+                    direct: false,
+                },
+                metadata,
+            )),
         },
     }
 }

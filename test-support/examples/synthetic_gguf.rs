@@ -14,7 +14,9 @@ use std::io::{BufWriter, Seek, Write};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let out = args.get(1).expect("usage: synthetic_gguf OUT.gguf [LAYERS EXPERTS EMBD FF]");
+    let out = args
+        .get(1)
+        .expect("usage: synthetic_gguf OUT.gguf [LAYERS EXPERTS EMBD FF]");
     let num = |i: usize, d: u64| args.get(i).map_or(d, |a| a.parse().expect("a number"));
     let (layers, experts, embd, ff) = (num(2, 24), num(3, 64), num(4, 1024), num(5, 768));
     // GGML_TYPE_Q8_0 = 8: 32 elements in 34 bytes.
@@ -33,7 +35,12 @@ fn main() {
             ("down", [ff, embd, experts]),
         ] {
             let bytes = q8(ne.iter().product());
-            tensors.push((format!("blk.{l}.ffn_{role}_exps.weight"), ne.to_vec(), 8, bytes));
+            tensors.push((
+                format!("blk.{l}.ffn_{role}_exps.weight"),
+                ne.to_vec(),
+                8,
+                bytes,
+            ));
         }
     }
     let mut w = BufWriter::with_capacity(8 << 20, File::create(out).expect("create OUT"));

@@ -20,12 +20,14 @@ fn open_fds() -> usize {
 fn write_sharded(dir: &Path) {
     let mut map = Vec::new();
     for i in 0..SHARDS {
-        let (expert, proj) = (i / 3, ["gate_proj", "up_proj", "down_proj"][(i % 3) as usize]);
+        let (expert, proj) = (
+            i / 3,
+            ["gate_proj", "up_proj", "down_proj"][(i % 3) as usize],
+        );
         let name = format!("model.layers.0.mlp.experts.{expert}.{proj}.weight");
         let file = format!("model-{:05}-of-{SHARDS:05}.safetensors", i + 1);
-        let header = format!(
-            r#"{{"{name}":{{"dtype":"F32","shape":[4,4],"data_offsets":[0,64]}}}}"#
-        );
+        let header =
+            format!(r#"{{"{name}":{{"dtype":"F32","shape":[4,4],"data_offsets":[0,64]}}}}"#);
         let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
         bytes.extend_from_slice(header.as_bytes());
         bytes.extend((0..64u8).map(|b| b.wrapping_add(i as u8)));
@@ -61,9 +63,19 @@ fn a_model_of_many_shards_takes_one_descriptor_a_shard() {
         "{} descriptors opened for {SHARDS} shards and 16 workers",
         during - before
     );
-    let c = s.claim_wait(0, 39, std::time::Duration::from_secs(10)).unwrap().unwrap();
-    assert_eq!(c.len(), 3 * 64 + 2 * 4032 /* each slice in its own block */);
+    let c = s
+        .claim_wait(0, 39, std::time::Duration::from_secs(10))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        c.len(),
+        3 * 64 + 2 * 4032 /* each slice in its own block */
+    );
     drop(c);
     drop(s);
-    assert_eq!(open_fds(), before, "every descriptor is closed with the streamer");
+    assert_eq!(
+        open_fds(),
+        before,
+        "every descriptor is closed with the streamer"
+    );
 }

@@ -421,10 +421,16 @@ fn a_truncated_gguf_is_refused_naming_it() {
     let path = copy_fixture("qwen3moe-q8_0.gguf", dir.path());
     let bytes = std::fs::read(&path).unwrap();
     // In the header, then in the tensor data.
-    for (keep, says) in [(100, "truncated"), (bytes.len() - 1000, "is outside the file")] {
+    for (keep, says) in [
+        (100, "truncated"),
+        (bytes.len() - 1000, "is outside the file"),
+    ] {
         std::fs::write(&path, &bytes[..keep]).unwrap();
         let e = open_err(&path);
-        assert!(e.contains("qwen3moe-q8_0.gguf") && e.contains(says), "{keep}: {e}");
+        assert!(
+            e.contains("qwen3moe-q8_0.gguf") && e.contains(says),
+            "{keep}: {e}"
+        );
     }
 }
 
@@ -492,7 +498,10 @@ fn a_fifo_a_device_and_an_unknown_file_are_refused_without_blocking() {
     let e = open_err(&fifo);
     assert!(e.contains("FIFO"), "{e}");
     let e = open_err(Path::new("/dev/null"));
-    assert!(e.contains("/dev/null") && e.contains("character device"), "{e}");
+    assert!(
+        e.contains("/dev/null") && e.contains("character device"),
+        "{e}"
+    );
     let text = dir.path().join("notes.txt");
     std::fs::write(&text, "not a model at all").unwrap();
     let e = open_err(&text);
@@ -627,7 +636,9 @@ fn experts_of_a_layer_with_different_types_are_refused() {
     std::fs::write(&model, file).unwrap();
     let e = open_err(&model);
     assert!(
-        e.contains("experts.1.up_proj") && e.contains("F16") && e.contains("every expert of a layer"),
+        e.contains("experts.1.up_proj")
+            && e.contains("F16")
+            && e.contains("every expert of a layer"),
         "{e}"
     );
 }
