@@ -12,56 +12,29 @@
 //! (`blk.N.ffn_{gate,up,down}_exps.weight`, 8 experts of 16 × 4 F32) and
 //! seven others (attention, norms), as a real model's blocks have.
 
-use std::fs::File;
 use std::hint::black_box;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use smoe::internals::model::{open_model, plan};
 use smoe::vault::Vault;
+use smoe_test_support::models::{write_gguf, GgufData, GgufTensor};
 
 /// Tensors per block: three expert tensors and seven others.
 const PER_BLOCK: u64 = 10;
 const EXPERTS: u64 = 8;
-const GGUF_ALIGNMENT: u64 = 32;
 
 /// Writes a GGUF v3 file of `layers` blocks to `path` (headers only; the
 /// data section is a hole of the right size).
-fn write_gguf(path: &Path, layers: u64) {
-    let mut w = BufWriter::new(File::create(path).unwrap());
-    let string = |w: &mut BufWriter<File>, s: &str| {
-        w.write_all(&(s.len() as u64).to_le_bytes()).unwrap();
-        w.write_all(s.as_bytes()).unwrap();
-    };
-    w.write_all(b"GGUF").unwrap();
-    w.write_all(&3u32.to_le_bytes()).unwrap();
-    w.write_all(&(layers * PER_BLOCK).to_le_bytes()).unwrap();
-    w.write_all(&1u64.to_le_bytes()).unwrap(); // one key/value
-    string(&mut w, "general.architecture");
-    w.write_all(&8u32.to_le_bytes()).unwrap(); // GGUF_TYPE_STRING
-    string(&mut w, "bench");
-    let mut offset = 0u64;
-    let mut header_bytes = 4 + 4 + 8 + 8 + (8 + 20) + 4 + (8 + 5);
-    let mut tensor = |w: &mut BufWriter<File>, name: &str, dims: &[u64]| {
-        string(w, name);
-        w.write_all(&(dims.len() as u32).to_le_bytes()).unwrap();
-        for d in dims {
-            w.write_all(&d.to_le_bytes()).unwrap();
-        }
-        w.write_all(&0u32.to_le_bytes()).unwrap(); // GGML_TYPE_F32
-        w.write_all(&offset.to_le_bytes()).unwrap();
-        header_bytes += 8 + name.len() as u64 + 4 + 8 * dims.len() as u64 + 4 + 8;
-        let bytes = dims.iter().product::<u64>() * 4;
-        offset += bytes.next_multiple_of(GGUF_ALIGNMENT);
-    };
+fn write_model(path: &Path, layers: u64) {
+    let mut tensors = Vec::new();
     for l in 0..layers {
         for role in ["gate", "up", "down"] {
-            tensor(
-                &mut w,
-                &format!("blk.{l}.ffn_{role}_exps.weight"),
+            tensors.push(GgufTensor::new(
+                format!("blk.{l}.ffn_{role}_exps.weight"),
                 &[16, 4, EXPERTS],
-            );
+                0,
+            ));
         }
         for other in [
             "attn_q",
@@ -72,13 +45,10 @@ fn write_gguf(path: &Path, layers: u64) {
             "ffn_norm",
             "ffn_gate_inp",
         ] {
-            tensor(&mut w, &format!("blk.{l}.{other}.weight"), &[16]);
+            tensors.push(GgufTensor::new(format!("blk.{l}.{other}.weight"), &[16], 0));
         }
     }
-    w.flush().unwrap();
-    let file = w.into_inner().unwrap();
-    let data_start = header_bytes.next_multiple_of(GGUF_ALIGNMENT);
-    file.set_len(data_start + offset).unwrap();
+    write_gguf(path, "bench", &[], &tensors, GgufData::Hole);
 }
 
 fn model_open(c: &mut Criterion) {
@@ -87,7 +57,7 @@ fn model_open(c: &mut Criterion) {
         .into_iter()
         .map(|layers| {
             let path = dir.path().join(format!("m{layers}.gguf"));
-            write_gguf(&path, layers);
+            write_model(&path, layers);
             (layers * PER_BLOCK, path)
         })
         .collect();

@@ -9,9 +9,9 @@
 
 use smoe_test_support as common;
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::Path;
+
+use common::models::{write_gguf, GgufData, GgufTensor};
 
 use smoe::vault::Vault;
 use smoe::{Config, Streamer};
@@ -25,74 +25,38 @@ const Q4_K: u32 = 12;
 
 /// A GGUF v3 header of a Qwen3-235B-shaped model; the data is a hole.
 fn write_model(path: &Path) {
-    let mut w = BufWriter::new(File::create(path).unwrap());
-    let string = |w: &mut BufWriter<File>, s: &str| {
-        w.write_all(&(s.len() as u64).to_le_bytes()).unwrap();
-        w.write_all(s.as_bytes()).unwrap();
-    };
-    let mut tensors: Vec<(String, Vec<u64>, u32, u64)> = Vec::new();
-    let q4k = |ne: &[u64]| ne.iter().product::<u64>() / 256 * 144;
+    let mut tensors = Vec::new();
     for l in 0..LAYERS {
         for (role, ne) in [
             ("gate", [N_EMBD, N_FF, EXPERTS]),
             ("up", [N_EMBD, N_FF, EXPERTS]),
             ("down", [N_FF, N_EMBD, EXPERTS]),
         ] {
-            tensors.push((
+            tensors.push(GgufTensor::new(
                 format!("blk.{l}.ffn_{role}_exps.weight"),
-                ne.to_vec(),
+                &ne,
                 Q4_K,
-                q4k(&ne),
             ));
         }
         for other in ["attn_norm", "ffn_norm"] {
-            tensors.push((
+            tensors.push(GgufTensor::new(
                 format!("blk.{l}.{other}.weight"),
-                vec![N_EMBD],
+                &[N_EMBD],
                 0,
-                N_EMBD * 4,
             ));
         }
-        tensors.push((
+        tensors.push(GgufTensor::new(
             format!("blk.{l}.ffn_gate_inp.weight"),
-            vec![N_EMBD, EXPERTS],
+            &[N_EMBD, EXPERTS],
             0,
-            N_EMBD * EXPERTS * 4,
         ));
     }
-    w.write_all(b"GGUF").unwrap();
-    w.write_all(&3u32.to_le_bytes()).unwrap();
-    w.write_all(&(tensors.len() as u64).to_le_bytes()).unwrap();
-    w.write_all(&4u64.to_le_bytes()).unwrap();
-    string(&mut w, "general.architecture");
-    w.write_all(&8u32.to_le_bytes()).unwrap();
-    string(&mut w, "qwen3moe");
-    for (k, v) in [
-        ("qwen3moe.block_count", LAYERS),
-        ("qwen3moe.expert_count", EXPERTS),
+    let kvs = [
+        ("qwen3moe.block_count", LAYERS as u32),
+        ("qwen3moe.expert_count", EXPERTS as u32),
         ("qwen3moe.expert_used_count", 8),
-    ] {
-        string(&mut w, k);
-        w.write_all(&4u32.to_le_bytes()).unwrap(); // UINT32
-        w.write_all(&(v as u32).to_le_bytes()).unwrap();
-    }
-    let mut offset = 0u64;
-    for (name, ne, ty, bytes) in &tensors {
-        string(&mut w, name);
-        w.write_all(&(ne.len() as u32).to_le_bytes()).unwrap();
-        for d in ne {
-            w.write_all(&d.to_le_bytes()).unwrap();
-        }
-        w.write_all(&ty.to_le_bytes()).unwrap();
-        w.write_all(&offset.to_le_bytes()).unwrap();
-        offset += bytes.next_multiple_of(32);
-    }
-    w.flush().unwrap();
-    let mut file = w.into_inner().unwrap();
-    let head = file.metadata().unwrap().len();
-    let data = head.next_multiple_of(32);
-    file.write_all(&vec![0u8; (data - head) as usize]).unwrap();
-    file.set_len(data + offset).unwrap();
+    ];
+    write_gguf(path, "qwen3moe", &kvs, &tensors, GgufData::Hole);
 }
 
 #[test]

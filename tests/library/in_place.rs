@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use smoe::vault::Vault;
 use smoe::{Config, Streamer};
+use smoe_test_support::models::{write_gguf, GgufData, GgufTensor};
 use smoe_test_support::native;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -215,68 +216,32 @@ fn a_gguf_py_model_with_block_strides_streams_with_no_move() {
     assert_eq!(s.stats().bytes_moved, 0, "{:?}", s.stats());
 }
 
-/// Writes a GGUF v3 file of one layer of stacked Q8_0-sized experts whose
-/// per-expert stride is a multiple of 4096 (as Qwen3-235B's and Mixtral's
-/// are), with data at an offset that is not: every expert's slice then has
-/// the same offset modulo the block, and no byte is moved.
-fn write_aligned_stride_gguf(path: &Path, n_experts: u64, seed: u8) -> Vec<u8> {
-    // A tensor of F32 [n_experts, 1024 rows, 1024 cols]... kept small:
-    // ne = [1024, 1, n_experts] f32 → 4096 bytes per expert.
-    let mut head = Vec::new();
-    head.extend_from_slice(b"GGUF");
-    head.extend_from_slice(&3u32.to_le_bytes());
-    let tensors: Vec<(String, Vec<u64>)> = vec![
-        ("token_embd.weight".into(), vec![8, 1]),
-        (
-            "blk.0.ffn_gate_exps.weight".into(),
-            vec![1024, 1, n_experts],
-        ),
-        ("blk.0.ffn_up_exps.weight".into(), vec![1024, 1, n_experts]),
-        (
-            "blk.0.ffn_down_exps.weight".into(),
-            vec![1024, 1, n_experts],
-        ),
+/// Writes a GGUF v3 file of one layer of stacked F32 experts whose
+/// per-expert stride is 4096 bytes (a multiple of the block, as Qwen3-235B's
+/// and Mixtral's are), with data at an offset that is not: every expert's
+/// slice then has the same offset modulo the block, and no byte is moved.
+/// Returns the file's bytes and where its expert data starts.
+fn write_aligned_stride_gguf(path: &Path, n_experts: u64, seed: u64) -> (Vec<u8>, u64) {
+    let tensors = [
+        GgufTensor::new("token_embd.weight", &[8, 1], 0),
+        GgufTensor::new("blk.0.ffn_gate_exps.weight", &[1024, 1, n_experts], 0),
+        GgufTensor::new("blk.0.ffn_up_exps.weight", &[1024, 1, n_experts], 0),
+        GgufTensor::new("blk.0.ffn_down_exps.weight", &[1024, 1, n_experts], 0),
     ];
-    head.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
-    let kvs: Vec<(&str, u32)> = vec![
+    let kvs = [
         ("llama.expert_count", n_experts as u32),
         ("llama.expert_used_count", 2),
         ("llama.block_count", 1),
     ];
-    head.extend_from_slice(&((kvs.len() + 1) as u64).to_le_bytes());
-    let s = |h: &mut Vec<u8>, t: &str| {
-        h.extend_from_slice(&(t.len() as u64).to_le_bytes());
-        h.extend_from_slice(t.as_bytes());
-    };
-    s(&mut head, "general.architecture");
-    head.extend_from_slice(&8u32.to_le_bytes());
-    s(&mut head, "llama");
-    for (k, v) in &kvs {
-        s(&mut head, k);
-        head.extend_from_slice(&4u32.to_le_bytes());
-        head.extend_from_slice(&v.to_le_bytes());
-    }
-    let mut offset = 0u64;
-    for (name, ne) in &tensors {
-        s(&mut head, name);
-        head.extend_from_slice(&(ne.len() as u32).to_le_bytes());
-        for d in ne {
-            head.extend_from_slice(&d.to_le_bytes());
-        }
-        head.extend_from_slice(&0u32.to_le_bytes()); // F32
-        head.extend_from_slice(&offset.to_le_bytes());
-        offset += (ne.iter().product::<u64>() * 4).next_multiple_of(32);
-    }
-    let data_at = head.len().next_multiple_of(32);
-    assert_ne!(data_at % 4096, 0, "the data must start off a block");
-    head.resize(data_at, 0);
-    let mut data = vec![0u8; offset as usize];
-    for (i, b) in data.iter_mut().enumerate() {
-        *b = (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 12) as u8;
-    }
-    head.extend_from_slice(&data);
-    std::fs::write(path, &head).unwrap();
-    head
+    let data_at = write_gguf(path, "llama", &kvs, &tensors, GgufData::Random(seed));
+    // token_embd's 32 bytes come first.
+    let experts_at = data_at + 32;
+    assert_ne!(
+        experts_at % 4096,
+        0,
+        "the expert data must start off a block"
+    );
+    (std::fs::read(path).unwrap(), experts_at)
 }
 
 /// Strides that are multiples of the block: the payload lands where the
@@ -285,7 +250,7 @@ fn write_aligned_stride_gguf(path: &Path, n_experts: u64, seed: u8) -> Vec<u8> {
 fn a_block_multiple_stride_is_read_with_no_move() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("aligned.gguf");
-    let file = write_aligned_stride_gguf(&path, 8, 3);
+    let (file, experts_at) = write_aligned_stride_gguf(&path, 8, 3);
     let vault = Vault::open(&path).unwrap();
     assert!(vault.model().is_some());
     let s = Streamer::with_vault(vault, config()).unwrap();
@@ -293,8 +258,7 @@ fn a_block_multiple_stride_is_read_with_no_move() {
     for e in 0..8u32 {
         let c = s.claim_wait(0, e, WAIT).unwrap().unwrap();
         for (k, (_, offset, bytes, _)) in layouts[&0].iter().enumerate() {
-            let entry_offset = file.len() as u64 - 3 * 8 * 4096; // data start
-            let at = entry_offset + k as u64 * 8 * 4096 + u64::from(e) * 4096;
+            let at = experts_at + k as u64 * 8 * 4096 + u64::from(e) * 4096;
             assert_eq!(
                 &c[*offset as usize..(*offset + *bytes) as usize],
                 &file[at as usize..(at + bytes) as usize],
