@@ -166,6 +166,22 @@ mod imp {
         pub hit: bool,
     }
 
+    /// How often a wait asks its host whether to go on, and the question.
+    struct Wake<'a> {
+        every: Duration,
+        keep_waiting: Option<&'a mut dyn FnMut() -> bool>,
+    }
+
+    impl Wake<'static> {
+        /// A wait nobody stops.
+        fn never() -> Wake<'static> {
+            Wake {
+                every: Duration::MAX,
+                keep_waiting: None,
+            }
+        }
+    }
+
     /// A claimed expert: derefs to its payload bytes and releases on drop.
     pub struct Claim<'s> {
         streamer: &'s Streamer,
@@ -652,7 +668,28 @@ mod imp {
             expert: u32,
             timeout: Duration,
         ) -> Result<Option<SlotInfo>> {
-            self.wait_for_claim(timeout, || self.try_claim(layer, expert))
+            self.wait_for_claim(timeout, Wake::never(), || self.try_claim(layer, expert))
+        }
+
+        /// [`Streamer::claim_wait_ticket`] that a host can stop: it calls
+        /// `keep_waiting` at least every `every` while it waits and gives
+        /// up (`Ok(None)`, one pending claim counted, as a timeout) when
+        /// that returns false. For a binding whose waits must answer a
+        /// signal or a close from another thread (the Python package's
+        /// Ctrl-C) without cutting one wait into many, each counted pending.
+        pub fn claim_wait_ticket_until(
+            &self,
+            layer: u32,
+            expert: u32,
+            timeout: Duration,
+            every: Duration,
+            keep_waiting: &mut dyn FnMut() -> bool,
+        ) -> Result<Option<SlotInfo>> {
+            let wake = Wake {
+                every,
+                keep_waiting: Some(keep_waiting),
+            };
+            self.wait_for_claim(timeout, wake, || self.try_claim(layer, expert))
         }
 
         /// Calls `attempt` until it gives a claim or an error, or `timeout`
@@ -664,6 +701,7 @@ mod imp {
         fn wait_for_claim(
             &self,
             timeout: Duration,
+            wake: Wake<'_>,
             mut attempt: impl FnMut() -> Result<Option<SlotInfo>>,
         ) -> Result<Option<SlotInfo>> {
             if timeout.is_zero() {
@@ -699,8 +737,22 @@ mod imp {
                 std::thread::yield_now();
             }
             // Then sleep until a read lands (a worker wakes us), trying again
-            // after each.
-            let claimed = self.shared.landed.wait_for(deadline, attempt)?;
+            // after each; a host that can stop the wait is asked every
+            // `wake.every` whether to go on.
+            let Wake {
+                every,
+                mut keep_waiting,
+            } = wake;
+            let claimed = loop {
+                let until = Instant::now()
+                    .checked_add(every)
+                    .map_or(deadline, |t| t.min(deadline));
+                let claimed = self.shared.landed.wait_for(until, &mut attempt)?;
+                let stop = keep_waiting.as_mut().is_some_and(|k| !k());
+                if claimed.is_some() || until >= deadline || stop {
+                    break claimed;
+                }
+            };
             if claimed.is_none() {
                 self.shared.counters.pending.fetch_add(1, Ordering::Relaxed);
             }
@@ -874,7 +926,30 @@ mod imp {
                 }
                 return Ok(claimed);
             }
-            self.wait_for_claim(timeout, || self.try_claim_any(layer, base, experts))
+            self.wait_for_claim(timeout, Wake::never(), || {
+                self.try_claim_any(layer, base, experts)
+            })
+        }
+
+        /// [`Streamer::claim_any_ticket`] that a host can stop, as
+        /// [`Streamer::claim_wait_ticket_until`] is.
+        pub fn claim_any_ticket_until(
+            &self,
+            layer: u32,
+            experts: &[u32],
+            timeout: Duration,
+            every: Duration,
+            keep_waiting: &mut dyn FnMut() -> bool,
+        ) -> Result<Option<SlotInfo>> {
+            if experts.is_empty() || timeout.is_zero() {
+                return self.claim_any_ticket(layer, experts, timeout);
+            }
+            let base = self.check_set(layer, experts)?;
+            let wake = Wake {
+                every,
+                keep_waiting: Some(keep_waiting),
+            };
+            self.wait_for_claim(timeout, wake, || self.try_claim_any(layer, base, experts))
         }
 
         /// One pass of [`Streamer::claim_any`] ([`SlotTable::claim_set`])

@@ -576,3 +576,72 @@ fn adaptive_policy_survives_the_layer_loop() {
         hits[0]
     );
 }
+
+/// A drive that answers nothing until it is opened: every read waits for
+/// the flag.
+struct GatedReader(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl BlobReader for GatedReader {
+    fn read_exact_at(&self, file: &File, buf: &mut [u8], offset: u64) -> Result<(), ReadError> {
+        while !self.0.load(std::sync::atomic::Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        FileReader.read_exact_at(file, buf, offset)
+    }
+}
+
+/// A wait a host can stop: asked every `every`, it gives up when told to,
+/// counts one pending claim (not one per question), and claims the expert
+/// once its read lands.
+#[test]
+fn a_wait_asks_its_host_and_stops_when_told() {
+    let v = common::vault(2, 4, 20_000, &[]);
+    let gate = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s = Streamer::with_reader(
+        Vault::open(v.dir.path()).unwrap(),
+        common::quiet_config(4, 2),
+        GatedReader(gate.clone()),
+    )
+    .unwrap();
+    let mut asked = 0;
+    let start = Instant::now();
+    let got = s
+        .claim_wait_ticket_until(1, 2, WAIT, Duration::from_millis(20), &mut || {
+            asked += 1;
+            asked < 5
+        })
+        .unwrap();
+    let waited = start.elapsed();
+    assert!(got.is_none());
+    assert_eq!(asked, 5, "asked until it said stop");
+    assert!(
+        waited >= Duration::from_millis(80) && waited < Duration::from_secs(2),
+        "{waited:?} for five questions 20 ms apart"
+    );
+    assert_eq!(s.stats().pending, 1, "one wait, one pending claim");
+    // The same for a working set; then the reads land and the waits claim.
+    let mut asked = 0;
+    let got = s
+        .claim_any_ticket_until(1, &[2, 3], WAIT, Duration::from_millis(20), &mut || {
+            asked += 1;
+            asked < 3
+        })
+        .unwrap();
+    assert!(got.is_none() && asked == 3);
+    assert_eq!(s.stats().pending, 2);
+    gate.store(true, std::sync::atomic::Ordering::Release);
+    let info = s
+        .claim_any_ticket_until(1, &[2, 3], WAIT, Duration::from_millis(20), &mut || true)
+        .unwrap()
+        .expect("claimed once the reads land");
+    s.release_ticket(info.ticket).unwrap();
+    let info = s
+        .claim_wait_ticket_until(1, 2, WAIT, Duration::from_millis(20), &mut || true)
+        .unwrap()
+        .expect("claimed");
+    // SAFETY: the ticket holds the slot until released below; `size`
+    // bytes from `data` are the expert's.
+    let bytes = unsafe { std::slice::from_raw_parts(info.data, info.size as usize) };
+    v.check(1, 2, bytes);
+    s.release_ticket(info.ticket).unwrap();
+}
