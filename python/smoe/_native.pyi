@@ -9,6 +9,7 @@ from typing import Any, Literal, Sequence, TypedDict, final
 
 import numpy
 import numpy.typing
+import torch as _torch  # aliased: Lease.torch would shadow it
 
 __version__: str
 
@@ -156,9 +157,10 @@ class Lease:
 
     Read-only views without a copy: ``memoryview(lease)``,
     ``numpy.frombuffer(lease, ...)``, ``numpy.from_dlpack(lease)``,
-    ``lease.numpy(role)``. A release while a view is alive is deferred until
-    the last view is gone (``strict=True``: raises ``BufferError``). After
-    ``release()`` the methods raise ``smoe.Stale``.
+    ``torch.from_dlpack(lease)``, ``lease.numpy(role)``, ``lease.torch(role)``.
+    A release while a view is alive is deferred until the last view is gone
+    (``strict=True``: raises ``BufferError``). After ``release()`` the
+    methods raise ``smoe.Stale``.
     """
 
     @property
@@ -181,6 +183,8 @@ class Lease:
         """Releases the claim (deferred while a view is alive)."""
     def numpy(self, role: str) -> numpy.typing.NDArray[Any]:
         """A read-only array of one item of the layer's blob layout (``gate``, ``up``, ``down``, ...)."""
+    def torch(self, role: str) -> _torch.Tensor:
+        """A torch tensor of one item of the layout, without a copy (read-only by contract); uint8 for quantized types."""
     def __dlpack__(
         self,
         *,

@@ -1,6 +1,7 @@
 //! The blob layouts of the metadata (`layer_blob_layouts`, docs/format.md
-//! §3.2), read once at open, and the numpy type of each item's `dtype`:
-//! what `Lease.numpy(role)` needs to type a view of an expert's bytes.
+//! §3.2), read once at open, and the numpy and torch types of each item's
+//! `dtype`: what `Lease.numpy(role)` and `Lease.torch(role)` need to type a
+//! view of an expert's bytes.
 
 use std::collections::HashMap;
 
@@ -151,6 +152,33 @@ pub(crate) fn numpy_type(dtype: &str) -> NumpyType {
     }
 }
 
+/// The torch type of a layout's `dtype` (the name of its `torch.dtype`
+/// attribute) and its element size; `None` for raw bytes (the quantized
+/// GGML types, anything torch has no type for). torch has `bfloat16` and
+/// the two 8-bit float types safetensors stores (`F8_E4M3` is
+/// `float8_e4m3fn`, `F8_E5M2` `float8_e5m2`, as the safetensors package
+/// maps them).
+pub(crate) fn torch_type(dtype: &str) -> Option<(&'static str, u64)> {
+    Some(match dtype {
+        "F64" => ("float64", 8),
+        "F32" => ("float32", 4),
+        "F16" => ("float16", 2),
+        "BF16" => ("bfloat16", 2),
+        "F8_E4M3" => ("float8_e4m3fn", 1),
+        "F8_E5M2" => ("float8_e5m2", 1),
+        "I64" => ("int64", 8),
+        "I32" => ("int32", 4),
+        "I16" => ("int16", 2),
+        "I8" => ("int8", 1),
+        "U64" => ("uint64", 8),
+        "U32" => ("uint32", 4),
+        "U16" => ("uint16", 2),
+        "U8" => ("uint8", 1),
+        "BOOL" => ("bool", 1),
+        _ => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,5 +214,9 @@ mod tests {
         assert_eq!(numpy_type("Q4_K"), NumpyType::Raw);
         assert_eq!(numpy_type("F8_E4M3"), NumpyType::Raw);
         assert_eq!(numpy_type("F16"), NumpyType::Typed("<f2", 2));
+        assert_eq!(torch_type("Q4_K"), None);
+        assert_eq!(torch_type("IQ2_XXS"), None);
+        assert_eq!(torch_type("BF16"), Some(("bfloat16", 2)));
+        assert_eq!(torch_type("F8_E4M3"), Some(("float8_e4m3fn", 1)));
     }
 }

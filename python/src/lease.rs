@@ -1,7 +1,7 @@
 //! `smoe.Lease`: one claim, and the views of its bytes.
 //!
 //! The rule this module keeps: no view (a `memoryview`, a numpy array, a
-//! DLPack tensor) ever shows a slot whose claim was released, and no claim
+//! DLPack tensor, a torch tensor) ever shows a slot whose claim was released, and no claim
 //! is released while one does. Every view counts itself in the lease's
 //! [`Held`] and uncounts itself when it is gone; `release()` (or the end of
 //! a `with` block) releases the claim at once when no view is alive, and
@@ -13,7 +13,7 @@ use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use pyo3::exceptions::PyBufferError;
+use pyo3::exceptions::{PyBufferError, PyImportError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -21,7 +21,7 @@ use smoe::SlotInfo;
 
 use crate::dlpack;
 use crate::errors;
-use crate::layout::{numpy_type, NumpyType};
+use crate::layout::{numpy_type, torch_type, Item, NumpyType};
 use crate::streamer::Core;
 
 /// How many views are alive, and whether the claim was released (or asked
@@ -133,8 +133,9 @@ impl Drop for View {
 ///
 /// Read them without a copy through the buffer protocol
 /// (``memoryview(lease)``, ``numpy.frombuffer(lease, ...)``), DLPack
-/// (``numpy.from_dlpack(lease)``) or ``lease.numpy(role)``; every view is
-/// read-only. ``release()``, or the end of a ``with lease:`` block,
+/// (``numpy.from_dlpack(lease)``, ``torch.from_dlpack(lease)``),
+/// ``lease.numpy(role)`` or ``lease.torch(role)``; every view is read-only
+/// (a torch tensor by contract: torch has no read-only tensors). ``release()``, or the end of a ``with lease:`` block,
 /// releases the claim: at once if no view is alive, else when the last
 /// view is gone (``Streamer(..., strict=True)``: raises instead). After
 /// ``release()`` the lease's methods raise ``smoe.Stale``; ``layer``,
@@ -168,6 +169,51 @@ impl Lease {
     fn check_held(&self, py: Python<'_>) -> PyResult<()> {
         if self.held.views().release_asked {
             return Err(self.held.released_error(py));
+        }
+        Ok(())
+    }
+
+    /// The layout's item of `role` for this lease's layer, checked to lie
+    /// inside the claim; `smoe.Stale` after `release()`.
+    fn item(&self, py: Python<'_>, role: &str) -> PyResult<Item> {
+        self.check_held(py)?;
+        let info = &self.held.info;
+        let item = self
+            .held
+            .core
+            .layouts
+            .item(info.layer, role)
+            .map_err(|why| errors::argument(py, why))?
+            .clone();
+        if item
+            .offset
+            .checked_add(item.bytes)
+            .is_none_or(|end| end > info.size)
+        {
+            return Err(errors::format(
+                py,
+                format!(
+                    "layer {}'s {role:?} ({} bytes at offset {}) runs past the claim's {} bytes",
+                    info.layer, item.bytes, item.offset, info.size
+                ),
+            ));
+        }
+        Ok(item)
+    }
+
+    /// Checks that `item`'s shape, in elements of `size` bytes, is its
+    /// byte length.
+    fn check_elements(&self, py: Python<'_>, item: &Item, size: u64) -> PyResult<()> {
+        let elements = item.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
+        if elements.and_then(|n| n.checked_mul(size)) != Some(item.bytes) {
+            return Err(errors::format(
+                py,
+                format!(
+                    "layer {}'s {:?} is {} bytes, not the {:?} elements of {} its shape and \
+                     dtype make",
+                    self.held.info.layer, item.role, item.bytes, item.shape, item.dtype
+                ),
+            ));
         }
         Ok(())
     }
@@ -283,28 +329,7 @@ impl Lease {
     fn numpy<'py>(slf: &Bound<'py, Self>, role: &str) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let lease = slf.get();
-        lease.check_held(py)?;
-        let info = &lease.held.info;
-        let item = lease
-            .held
-            .core
-            .layouts
-            .item(info.layer, role)
-            .map_err(|why| errors::argument(py, why))?
-            .clone();
-        if item
-            .offset
-            .checked_add(item.bytes)
-            .is_none_or(|end| end > info.size)
-        {
-            return Err(errors::format(
-                py,
-                format!(
-                    "layer {}'s {role:?} ({} bytes at offset {}) runs past the claim's {} bytes",
-                    info.layer, item.bytes, item.offset, info.size
-                ),
-            ));
-        }
+        let item = lease.item(py, role)?;
         let numpy = py.import("numpy")?;
         let typed = match numpy_type(&item.dtype) {
             NumpyType::Typed(name, size) => Some((numpy.call_method1("dtype", (name,))?, size)),
@@ -316,17 +341,7 @@ impl Lease {
         };
         let (dtype, size, shape) = match typed {
             Some((dtype, size)) => {
-                let elements = item.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
-                if elements.and_then(|n| n.checked_mul(size)) != Some(item.bytes) {
-                    return Err(errors::format(
-                        py,
-                        format!(
-                            "layer {}'s {role:?} is {} bytes, not the {:?} elements of {} its \
-                             shape and dtype make",
-                            info.layer, item.bytes, item.shape, item.dtype
-                        ),
-                    ));
-                }
+                lease.check_elements(py, &item, size)?;
                 (dtype, size, item.shape.clone())
             }
             None => (numpy.call_method1("dtype", ("u1",))?, 1, vec![item.bytes]),
@@ -337,6 +352,54 @@ impl Lease {
         kwargs.set_item("offset", item.offset)?;
         let flat = numpy.call_method("frombuffer", (slf,), Some(&kwargs))?;
         flat.call_method1("reshape", (PyTuple::new(py, shape)?,))
+    }
+
+    /// A torch tensor of one item of the expert's layout, without a copy
+    /// (through DLPack): the item's dtype and shape for the types torch
+    /// has (``F32``, ``F16``, ``BF16``, ``F8_E4M3``, ``F8_E5M2``,
+    /// integers); one dimension of ``uint8`` for quantized GGML types and
+    /// anything else. torch has no read-only tensors: the tensor is
+    /// read-only by contract (a write changes the ring's copy of the expert
+    /// for every later claim until it is evicted). The tensor is a view: it
+    /// and every tensor made from it without a copy keep the claim held
+    /// until they are gone. Needs PyTorch (``pip install 'smoe[torch]'``).
+    fn torch<'py>(slf: &Bound<'py, Self>, role: &str) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let lease = slf.get();
+        let item = lease.item(py, role)?;
+        let torch = py.import("torch").map_err(|e| {
+            let error = PyImportError::new_err(
+                "Lease.torch needs PyTorch: pip install 'smoe[torch]' (or torch itself)",
+            );
+            error.set_cause(py, Some(e));
+            error
+        })?;
+        // The claim's bytes as one uint8 tensor: a counted view, freed when
+        // the last tensor sharing its memory is gone.
+        let whole = torch.call_method1("from_dlpack", (slf,)).map_err(|e| {
+            if !e.is_instance_of::<PyBufferError>(py) {
+                return e;
+            }
+            let version = torch
+                .getattr("__version__")
+                .map_or_else(|_| "?".to_owned(), |v| v.to_string());
+            let error = PyImportError::new_err(format!(
+                "Lease.torch needs torch 2.9 or newer, which reads DLPack 1.0 (its read-only \
+                 flag); this is torch {version}"
+            ));
+            error.set_cause(py, Some(e));
+            error
+        })?;
+        let bytes = whole.call_method1("narrow", (0, item.offset, item.bytes))?;
+        match torch_type(&item.dtype) {
+            Some((name, size)) => {
+                lease.check_elements(py, &item, size)?;
+                bytes
+                    .call_method1("view", (torch.getattr(name)?,))?
+                    .call_method1("view", (PyTuple::new(py, &item.shape)?,))
+            }
+            None => Ok(bytes),
+        }
     }
 
     /// DLPack (``numpy.from_dlpack(lease)``): the claim's bytes as a

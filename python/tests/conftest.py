@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 import pathlib
+import types
 
 import pytest
 
@@ -16,6 +19,24 @@ MODELS = REPO / "tests" / "fixtures" / "models"
 # cores), no pre-warm reads behind a test's back, no histogram file written
 # beside a fixture or in the user's cache.
 QUIET = {"workers": 2, "prewarm": False, "freq_path": ""}
+
+# No Hugging Face hub, ever: every transformers model is built by the tests.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def need(module: str) -> types.ModuleType:
+    """Imports ``module`` (torch, transformers, safetensors) for a test
+    module, or skips the module saying why: tests/library/python.rs sets
+    ``SMOE_TEST_TORCH_MISSING`` when it could not install them. Under
+    ``CI=true`` a missing module fails instead."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        why = os.environ.get("SMOE_TEST_TORCH_MISSING") or f"{e}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI is set, so this fails rather than skips: no {module} ({why})", pytrace=False)
+        pytest.skip(f"no {module} ({why})", allow_module_level=True)
+
 
 # The synthetic vault's shape.
 LAYERS = 2

@@ -5,7 +5,11 @@
 //!
 //! The environment (maturin, pytest and numpy at pinned versions, from
 //! PyPI) is made once and kept between runs; it is made again when the
-//! pins or the interpreter change. The package is built in a target
+//! pins or the interpreter change. torch, transformers and safetensors
+//! (for `Lease.torch` and `smoe.transformers`) are installed into it as a
+//! second step, kept the same way: PyPI's torch for Linux x86_64 is the
+//! CUDA build, whose NVIDIA wheels come along (about 5.5 GB installed, a
+//! minute or two to fetch); the tests run it on the CPU. The package is built in a target
 //! directory of its own (`target/python-test/cargo`): a cargo inside this
 //! `cargo test` must not wait for the outer one's lock on `target/`, nor
 //! rebuild the outer one's artifacts with other flags. Built with the
@@ -14,7 +18,9 @@
 //!
 //! Without Python ≥ 3.11, its `venv` module (Debian: python3-venv) or PyPI,
 //! the test says why and returns, except under CI, where it fails
-//! (`smoe_test_support::skip_or_fail`).
+//! (`smoe_test_support::skip_or_fail`). When only the second step fails
+//! (torch cannot be installed), the other tests run and pytest skips the
+//! torch and transformers ones, saying why; under CI it fails instead.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -26,6 +32,16 @@ use smoe_test_support::skip_or_fail;
 /// What the environment holds, pinned: the build backend and the test
 /// runner, and numpy for the views under test.
 const REQUIREMENTS: &[&str] = &["maturin==1.16.0", "pytest==9.2.0", "numpy==2.4.6"];
+
+/// The second step, pinned: torch for `Lease.torch` (≥ 2.9 reads DLPack
+/// 1.0), transformers (≥ 5: the experts interface) for `smoe.transformers`,
+/// and safetensors, which the tests read the checkpoints with. The versions
+/// scripts/make-model-fixtures.sh wrote the model fixtures with.
+const TORCH_REQUIREMENTS: &[&str] = &[
+    "torch==2.15.0",
+    "transformers==5.24.0",
+    "safetensors==0.8.0",
+];
 
 /// The interpreter: `SMOE_PYTHON`, or `python3` on the PATH.
 fn interpreter() -> String {
@@ -104,6 +120,29 @@ fn environment(python: &str, version: &str, venv: &Path) -> Result<PathBuf, Stri
     Ok(bin)
 }
 
+/// Installs [`TORCH_REQUIREMENTS`] into the environment at `venv`, unless
+/// it holds them already; why not, when it cannot.
+fn torch_environment(bin: &Path, venv: &Path) -> Result<(), String> {
+    let stamp = venv.join("smoe-torch-requirements.txt");
+    let wanted = format!("{}\n", TORCH_REQUIREMENTS.join("\n"));
+    if fs::read_to_string(&stamp).ok().as_deref() == Some(&wanted) {
+        return Ok(());
+    }
+    let installed = output(
+        Command::new(bin.join("pip"))
+            .args(["install", "--quiet", "--retries", "2", "--timeout", "60"])
+            .args(TORCH_REQUIREMENTS),
+    )?;
+    if !installed.status.success() {
+        return Err(format!(
+            "cannot install {} from PyPI (no network, or no wheel for this platform):\n{}",
+            TORCH_REQUIREMENTS.join(" "),
+            tail(&installed)
+        ));
+    }
+    fs::write(&stamp, wanted).map_err(|e| format!("cannot write {}: {e}", stamp.display()))
+}
+
 /// `PATH` with `bin` first: maturin's build backend runs `maturin` from it.
 fn path_with(bin: &Path) -> std::ffi::OsString {
     let mut paths = vec![bin.to_path_buf()];
@@ -125,11 +164,21 @@ fn the_python_package_passes_its_tests() {
         }
     };
     let work = root.join("target/python-test");
-    let bin = match environment(&python, &version, &work.join("venv")) {
+    let venv = work.join("venv");
+    let bin = match environment(&python, &version, &venv) {
         Ok(bin) => bin,
         Err(why) => {
             skip_or_fail(&format!("the Python package's tests: {why}"));
             return;
+        }
+    };
+    // Without torch the other tests still run; pytest skips the torch and
+    // transformers ones with this reason (python/tests/conftest.py).
+    let torch_missing = match torch_environment(&bin, &venv) {
+        Ok(()) => None,
+        Err(why) => {
+            skip_or_fail(&format!("the Python package's torch tests: {why}"));
+            Some(why)
         }
     };
     // The package as a user installs it (`pip install ./python`), from the
@@ -156,26 +205,36 @@ fn the_python_package_passes_its_tests() {
         "pip install ./python failed:\n{}",
         tail(&install)
     );
-    let pytest = output(
-        Command::new(bin.join("python"))
-            .current_dir(root)
-            .args([
-                "-m",
-                "pytest",
-                "python/tests",
-                "-q",
-                "-p",
-                "no:cacheprovider",
-            ])
-            .env("PATH", path_with(&bin))
-            .env("PYTHONDONTWRITEBYTECODE", "1"),
-    )
-    .unwrap();
+    let mut command = Command::new(bin.join("python"));
+    command
+        .current_dir(root)
+        .args([
+            "-m",
+            "pytest",
+            "python/tests",
+            "-q",
+            "-rfEsp",
+            "-p",
+            "no:cacheprovider",
+        ])
+        .env("PATH", path_with(&bin))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        // No Hugging Face hub: every model is built by the tests.
+        .env("HF_HUB_OFFLINE", "1");
+    if let Some(why) = &torch_missing {
+        command.env("SMOE_TEST_TORCH_MISSING", why.lines().next().unwrap_or(why));
+    }
+    let pytest = output(&mut command).unwrap();
     let report = tail(&pytest);
     assert!(
         pytest.status.success(),
         "pytest python/tests failed:\n{report}"
     );
-    // The counts, in the test's output (`--nocapture` shows them).
+    // The logits comparisons and the counts, in the test's output
+    // (`--nocapture` shows them).
+    let stdout = String::from_utf8_lossy(&pytest.stdout);
+    for line in stdout.lines().filter(|l| l.contains("::test_logits")) {
+        println!("{line}");
+    }
     println!("{}", report.lines().last().unwrap_or(""));
 }
