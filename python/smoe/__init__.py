@@ -9,6 +9,11 @@ over, and read each expert's bytes in place, without a copy::
         s.prefetch_set(3, [17, 5])
         with s.claim_any(3, [17, 5], timeout=1.0) as lease:
             gate = lease.numpy("gate")      # read-only, typed from the layout
+            down = lease.torch("down")      # a torch tensor, the same way
+
+``smoe.transformers.from_pretrained(path, ring_slots=...)`` runs a Hugging
+Face transformers model with its routed experts streamed (imported on first
+use: it needs transformers and torch).
 
 The API, its lifetime rules and what is not done yet: docs/python.md in the
 repository.
@@ -36,6 +41,18 @@ from ._native import (
     config_defaults,
     synth,
 )
+
+
+
+def __getattr__(name: str) -> object:
+    # `smoe.transformers` without an import of its own; imported on first
+    # use only, since it imports transformers and torch.
+    if name == "transformers":
+        import importlib
+
+        return importlib.import_module(".transformers", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CONFIG_FIELDS",

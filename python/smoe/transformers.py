@@ -1,0 +1,539 @@
+"""Hugging Face transformers models whose routed experts stream from the ring.
+
+``smoe.transformers.from_pretrained(path, ring_slots=..., **kwargs)`` loads a
+safetensors checkpoint directory with transformers (≥ 5) and returns the
+model with its routed experts never loaded: their parameters stay on the
+``meta`` device (no memory), and the experts are computed by the
+``"smoe"`` implementation of transformers' experts interface
+(``transformers.integrations.moe.ExpertsInterface``, chosen with
+``experts_implementation=``), registered when this module is imported.
+
+Per experts layer and forward call, the layer's routed experts go to
+``Streamer.prefetch_set`` once; each is computed as ``Streamer.claim_any``
+hands it over, by the model's own eager code, from torch views of the ring
+(``Lease.torch``); the outputs are summed in the eager implementation's
+order, so the logits equal ``experts_implementation="eager"``'s bit for bit.
+No code per model: every class whose experts use the interface works, and a
+model that does not is refused. docs/python.md in the repository has the
+rules and the costs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import pathlib
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import transformers
+
+_VERSION = transformers.__version__
+
+
+def _major(version: str) -> int:
+    match = re.match(r"\d+", version)
+    return int(match.group()) if match else 0
+
+
+if _major(_VERSION) < 5:
+    raise ImportError(
+        f"smoe.transformers needs transformers 5 or newer (its experts interface, "
+        f"transformers.integrations.moe); this is transformers {_VERSION}: "
+        f"pip install 'smoe[transformers]' (or 'transformers>=5')"
+    )
+
+import torch  # noqa: E402  (transformers' version is checked first)
+from safetensors import safe_open  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig  # noqa: E402
+from transformers.integrations.moe import ExpertsInterface  # noqa: E402
+
+import smoe  # noqa: E402
+
+__all__ = ["IMPLEMENTATION", "from_pretrained", "streamed_experts"]
+
+#: The name this module registers in transformers' experts interface.
+IMPLEMENTATION = "smoe"
+
+# The streamer's keywords: the library's settings and the package's own.
+_STREAMER_KEYWORDS = frozenset(smoe.CONFIG_FIELDS) | {"strict"}
+
+# safetensors' dtype names (the layouts' `dtype`) as torch dtypes.
+_TORCH_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+}
+
+
+def _experts_forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """The ``"smoe"`` experts implementation: the module's experts, from the ring."""
+    streamed = self.__dict__.get("_smoe_experts")
+    if streamed is None:
+        raise RuntimeError(
+            f"{type(self).__name__}: experts_implementation={IMPLEMENTATION!r} computes the experts "
+            f"of a model loaded by smoe.transformers.from_pretrained, and this module's were not"
+        )
+    return streamed.forward(self, *args, **kwargs)
+
+
+ExpertsInterface.register(IMPLEMENTATION, _experts_forward)
+
+
+class _Placeholder:
+    """A state-dict entry that loads as a tensor on the ``meta`` device.
+
+    transformers materialises each entry with ``entry[...]`` and then
+    ``.to(device=..., dtype=...)``; this one answers with an empty meta
+    tensor of the parameter's shape, so the parameter counts as loaded
+    (never initialised, never given memory) and stays on ``meta``.
+    """
+
+    def __init__(self, shape: torch.Size, dtype: torch.dtype) -> None:
+        self.shape = shape
+        self.dtype = dtype
+
+    def __getitem__(self, _index: Any) -> _Placeholder:
+        return self
+
+    def to(self, device: Any = None, dtype: torch.dtype | None = None, **_: Any) -> torch.Tensor:
+        return torch.empty(self.shape, dtype=dtype or self.dtype, device="meta")
+
+    def get_shape(self) -> list[int]:
+        return list(self.shape)
+
+    def is_floating_point(self) -> bool:
+        return self.dtype.is_floating_point
+
+
+class _OneExpert:
+    """A stacked parameter as the eager code indexes it: ``param[expert]``
+    is the claimed expert's tensor, any other expert an error."""
+
+    def __init__(self, expert: int, tensor: torch.Tensor, meta: torch.Tensor) -> None:
+        self._expert = expert
+        self._tensor = tensor
+        self.shape = meta.shape
+        self.dtype = tensor.dtype
+        self.device = tensor.device
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        rest: tuple[Any, ...] = ()
+        if isinstance(index, tuple):
+            index, rest = index[0], index[1:]
+        if int(index) != self._expert:
+            raise RuntimeError(
+                f"the eager experts code asked for expert {int(index)} while computing expert "
+                f"{self._expert} (smoe.transformers computes one expert at a time)"
+            )
+        return self._tensor[rest] if rest else self._tensor
+
+
+class _OneExpertModule:
+    """The experts module as its eager ``forward`` sees it while one expert
+    is computed: the stacked parameters answer for that expert only, with
+    its tensors from the ring; every other attribute is the module's."""
+
+    __slots__ = ("_module", "_params")
+
+    def __init__(self, module: torch.nn.Module, params: dict[str, _OneExpert]) -> None:
+        self._module = module
+        self._params = params
+
+    def __getattr__(self, name: str) -> Any:
+        params = object.__getattribute__(self, "_params")
+        if name in params:
+            return params[name]
+        return getattr(object.__getattribute__(self, "_module"), name)
+
+
+# A builder makes one parameter's per-expert tensor from a lease.
+_Builder = Callable[[smoe.Lease], torch.Tensor]
+
+
+class _Layer:
+    """One experts module: its layer in the streamer, and how each stacked
+    parameter's per-expert tensor is made from a claim's roles."""
+
+    def __init__(
+        self,
+        name: str,
+        module: torch.nn.Module,
+        streamer: smoe.Streamer,
+        layer: int,
+        builders: dict[str, _Builder],
+    ) -> None:
+        self.name = name
+        self.streamer = streamer
+        self.layer = layer
+        self.builders = builders
+        self.num_experts = int(module.num_experts)
+        eager = type(module).forward.__wrapped__  # type: ignore[attr-defined]
+        self.eager: Callable[..., torch.Tensor] = eager
+        self.signature = inspect.signature(eager)
+
+    def forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
+        bound = self.signature.bind(module, *args, **kwargs)
+        values = list(bound.arguments.values())
+        if len(values) < 4:
+            raise TypeError(f"{self.name}: the experts take hidden states, expert indices and weights")
+        hidden_states, top_k_index, top_k_weights = values[1:4]
+        # The experts the eager loop visits, in its order (ascending); an
+        # index equal to num_experts is its sentinel, never an expert.
+        hit = [e for e in torch.unique(top_k_index).tolist() if 0 <= e < self.num_experts]
+        if not hit:
+            return torch.zeros_like(hidden_states)
+        outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.streamer.prefetch_set(self.layer, hit)
+        todo = list(hit)
+        while todo:
+            with self.streamer.claim_any(self.layer, todo) as lease:
+                expert = lease.expert
+                outputs[expert] = self._one(module, lease, hidden_states, top_k_index, top_k_weights)
+            todo.remove(expert)
+        # The eager loop's accumulation: index_add_ of each expert's rows,
+        # experts in ascending order, in the dtype of its output.
+        first = outputs[hit[0]][1]
+        final = torch.zeros(hidden_states.shape, dtype=first.dtype, device=first.device)
+        for expert in hit:
+            token_idx, rows = outputs[expert]
+            final.index_add_(0, token_idx, rows)
+        return final
+
+    def _one(
+        self,
+        module: torch.nn.Module,
+        lease: smoe.Lease,
+        hidden_states: torch.Tensor,
+        top_k_index: torch.Tensor,
+        top_k_weights: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows expert ``lease.expert`` adds, computed by the module's
+        eager code on that expert's tokens alone. The ring's views live only
+        in this frame: none outlives the lease."""
+        expert = lease.expert
+        # The eager loop's rows for this expert, in its order (top-k
+        # position, then token).
+        top_k_pos, token_idx = torch.where((top_k_index == expert).T)
+        rows = token_idx.numel()
+        sub_index = torch.full((rows, 1), expert, dtype=top_k_index.dtype, device=top_k_index.device)
+        sub_weights = top_k_weights[token_idx, top_k_pos].unsqueeze(-1)
+        params = {}
+        for pname, build in self.builders.items():
+            meta = getattr(module, pname)
+            tensor = build(lease)
+            if tensor.dtype != meta.dtype or tensor.device != hidden_states.device:
+                tensor = tensor.to(device=hidden_states.device, dtype=meta.dtype)
+            params[pname] = _OneExpert(expert, tensor, meta)
+        # No autograd: a graph would keep the ring's views past the lease.
+        with torch.no_grad():
+            out = self.eager(
+                _OneExpertModule(module, params), hidden_states[token_idx], sub_index, sub_weights
+            )
+        return token_idx, out
+
+
+def _experts_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The modules whose class computes its experts through the interface
+    (transformers' ``use_experts_implementation`` decorator)."""
+    found = []
+    for name, module in model.named_modules():
+        marks = vars(module)
+        if all(m in marks for m in ("has_gate", "has_bias", "is_transposed", "is_concatenated")) and hasattr(
+            type(module).forward, "__wrapped__"
+        ):
+            found.append((name, module))
+    return found
+
+
+def _layer_of(name: str) -> int | None:
+    match = re.search(r"(?:^|\.)layers\.(\d+)\.", name)
+    return int(match.group(1)) if match else None
+
+
+def _role_view(role: str, shape: tuple[int, ...], transpose: bool) -> _Builder:
+    def build(lease: smoe.Lease) -> torch.Tensor:
+        tensor = lease.torch(role)
+        if tensor.dim() != len(shape) and tensor.numel() == _numel(shape):
+            tensor = tensor.reshape(shape)
+        return tensor.t().contiguous() if transpose else tensor
+
+    return build
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _fused(first: _Builder, second: _Builder, dim: int, interleaved: bool) -> _Builder:
+    def build(lease: smoe.Lease) -> torch.Tensor:
+        a, b = first(lease), second(lease)
+        if interleaved:
+            # gate and up alternate along the dimension: g0, u0, g1, u1, ...
+            d = dim % a.dim()
+            return torch.stack((a, b), dim=d + 1).flatten(d, d + 1)
+        return torch.cat((a, b), dim=dim)
+
+    return build
+
+
+def _builders(
+    name: str, module: torch.nn.Module, layout: list[dict[str, Any]], cls_name: str
+) -> dict[str, _Builder]:
+    """How each stacked parameter of ``module`` is made from a claim: a
+    role's view as it is (a stacked checkpoint tensor), transposed (a
+    per-expert ``nn.Linear`` weight where the module stores its weights
+    transposed), or the concatenation of ``gate`` and ``up`` (a fused
+    ``gate_up_proj`` from per-expert checkpoint tensors)."""
+    items = {item["role"]: item for item in layout}
+    transposed = bool(module.is_transposed)
+    builders: dict[str, _Builder] = {}
+
+    def direct(role: str, want: tuple[int, ...]) -> _Builder | None:
+        item = items.get(role)
+        if item is None:
+            return None
+        have = tuple(item["shape"])
+        per_expert = "{expert}" in item.get("tensor", "")
+        if have == want or (_numel(have) == _numel(want) and len(want) == 1):
+            return _role_view(role, want, transpose=False)
+        if per_expert and transposed and len(have) == 2 and have[::-1] == want:
+            return _role_view(role, have, transpose=True)
+        return None
+
+    for pname, param in module.named_parameters(recurse=False):
+        if param.dim() < 1 or param.shape[0] != module.num_experts:
+            continue
+        want = tuple(param.shape[1:])
+        if pname.endswith("_proj_bias"):
+            role = pname[: -len("_proj_bias")] + "_bias"
+        elif pname.endswith("_proj"):
+            role = pname[: -len("_proj")]
+        else:
+            role = pname
+        build = direct(role, want)
+        if build is None and role in ("gate_up", "gate_up_bias"):
+            suffix = "_bias" if role.endswith("_bias") else ""
+            half = list(want)
+            dim = -1 if (transposed and not suffix) else 0
+            if half[dim] % 2 == 0:
+                half[dim] //= 2
+                gate, up = direct("gate" + suffix, tuple(half)), direct("up" + suffix, tuple(half))
+                if gate is not None and up is not None:
+                    build = _fused(gate, up, dim, interleaved=not module.is_concatenated)
+        if build is None:
+            roles = ", ".join(f"{r} {tuple(i['shape'])}" for r, i in items.items())
+            raise smoe.FormatError(
+                f"{cls_name}: {name}.{pname} (one expert: {want}) has no counterpart in the "
+                f"checkpoint's layer {_layer_of(name)} (its roles: {roles})"
+            )
+        builders[pname] = build
+    return builders
+
+
+def _checkpoint_files(path: pathlib.Path, streamer: smoe.Streamer) -> list[pathlib.Path]:
+    source = streamer.metadata.get("source", {})
+    return [path / f for f in source.get("files", [])]
+
+
+def _expert_tensors(layouts: Mapping[str, list[dict[str, Any]]], counts: Mapping[int, int]) -> set[str]:
+    """The checkpoint's names of the routed experts' tensors: each layout
+    item's ``tensor``, a template with ``{expert}`` for one tensor per
+    expert, or the stacked tensor's name."""
+    names = set()
+    for layer, items in layouts.items():
+        for item in items:
+            tensor = item.get("tensor", "")
+            if "{expert}" in tensor:
+                names.update(tensor.replace("{expert}", str(e)) for e in range(counts[int(layer)]))
+            else:
+                names.add(tensor)
+    return names
+
+
+def from_pretrained(
+    path: str | os.PathLike[str],
+    *,
+    model_class: Any = None,
+    **kwargs: Any,
+) -> Any:
+    """A transformers model from a safetensors checkpoint directory, its
+    routed experts streamed by smoe.
+
+    ``path`` is a directory holding ``config.json`` and the weights
+    (``model.safetensors`` or a sharded index), read in place by
+    ``smoe.Streamer(path)``. Keyword arguments that are the streamer's
+    settings (``ring_slots``, ``workers``, ...: ``smoe.CONFIG_FIELDS``, and
+    ``strict``) open the streamer; the rest go to transformers'
+    ``from_pretrained`` (``dtype``, ``attn_implementation``, config
+    overrides...). ``model_class`` is the transformers class to load
+    (default ``AutoModelForCausalLM``).
+
+    The routed experts' parameters stay on the ``meta`` device, never
+    read into memory; the dense weights (attention, routers, shared
+    experts, embeddings) load as transformers loads them. The model's
+    ``smoe_streamer`` is the streamer (its ``stats()``; ``close()`` when
+    done). Raises ``smoe.Unsupported`` for a model whose experts do not use
+    transformers' experts interface.
+    """
+    path = pathlib.Path(path)
+    implementation = kwargs.pop("experts_implementation", IMPLEMENTATION)
+    if implementation != IMPLEMENTATION:
+        raise smoe.ArgumentError(
+            f"smoe.transformers.from_pretrained computes the experts with "
+            f"experts_implementation={IMPLEMENTATION!r}, not {implementation!r}"
+        )
+    if "state_dict" in kwargs:
+        raise smoe.ArgumentError(
+            "smoe.transformers.from_pretrained reads the weights from path, not a state_dict"
+        )
+    if not (path / "config.json").is_file():
+        raise smoe.ArgumentError(
+            f"{path}: smoe.transformers.from_pretrained takes a safetensors checkpoint directory "
+            f"(config.json beside model.safetensors or its index)"
+        )
+    streamer_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in _STREAMER_KEYWORDS}
+    cls = AutoModelForCausalLM if model_class is None else model_class
+
+    config = kwargs.pop("config", None)
+    if config is None:
+        config, kwargs = AutoConfig.from_pretrained(path, return_unused_kwargs=True, **kwargs)
+
+    # The model's structure, on the meta device (no memory): which modules
+    # are experts, their parameters' names and shapes.
+    with torch.device("meta"):
+        skeleton = cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
+    concrete = type(skeleton)  # an Auto class resolves to it
+    model_name = concrete.__name__
+    experts = _experts_modules(skeleton)
+    if not experts:
+        raise smoe.Unsupported(
+            f"{model_name} ({config.model_type}) does not compute its experts through transformers' "
+            f"experts interface (transformers.integrations.moe.use_experts_implementation): "
+            f"smoe.transformers cannot stream them"
+        )
+
+    streamer = smoe.Streamer(path, **streamer_kwargs)
+    try:
+        plans = _plan(streamer, path, model_name, experts)
+        # Each routed experts parameter loads as an empty meta tensor.
+        placeholders = {
+            f"{name}.{pname}": _Placeholder(param.shape, param.dtype)
+            for (name, module), (_, _, builders) in zip(experts, plans)
+            for pname, param in module.named_parameters(recurse=False)
+            if pname in builders
+        }
+        skip = _expert_tensors(
+            streamer.metadata["layer_blob_layouts"],
+            {layer: int(module.num_experts) for (_, module), (_, layer, _) in zip(experts, plans)},
+        )
+        del skeleton, experts
+        with contextlib.ExitStack() as files:
+            # The dense weights, as transformers itself reads them: slices of
+            # the files, materialised one by one while loading.
+            state: dict[str, Any] = {}
+            first_float = None
+            for file in _checkpoint_files(path, streamer):
+                reader = files.enter_context(safe_open(file, framework="pt"))
+                for key in reader.keys():
+                    if key in skip:
+                        continue
+                    piece = reader.get_slice(key)
+                    state[key] = piece
+                    if first_float is None and piece.get_dtype() in _TORCH_DTYPES:
+                        first_float = _TORCH_DTYPES[piece.get_dtype()]
+            state.update(placeholders)
+            if getattr(config, "dtype", None) is None and kwargs.get("dtype", "auto") == "auto":
+                # transformers would read it off the weights; these are slices.
+                kwargs["dtype"] = first_float or torch.get_default_dtype()
+            if "generation_config" not in kwargs and (path / "generation_config.json").is_file():
+                kwargs["generation_config"] = GenerationConfig.from_pretrained(path)
+            # transformers takes a state_dict instead of a path, not beside one.
+            model = concrete.from_pretrained(
+                None,
+                config=config,
+                state_dict=state,
+                experts_implementation=IMPLEMENTATION,
+                **kwargs,
+            )
+        model.config.name_or_path = str(path)
+        modules = dict(model.named_modules())
+        for name, layer, builders in plans:
+            module = modules[name]
+            loaded = [p for p in builders if getattr(module, p).device.type != "meta"]
+            if loaded:
+                raise smoe.InternalError(
+                    f"{model_name}: transformers gave {name}.{loaded[0]} memory; smoe.transformers "
+                    f"does not know this version's loader (transformers {_VERSION})"
+                )
+            module.__dict__["_smoe_experts"] = _Layer(name, module, streamer, layer, builders)
+        model.__dict__["smoe_streamer"] = streamer
+        return model
+    except BaseException:
+        streamer.close()
+        raise
+
+
+def _plan(
+    streamer: smoe.Streamer,
+    path: pathlib.Path,
+    model_name: str,
+    experts: list[tuple[str, torch.nn.Module]],
+) -> list[tuple[str, int, dict[str, _Builder]]]:
+    """Each experts module's layer in the checkpoint and the builders of
+    its parameters; refuses a checkpoint that does not match the model."""
+    meta = streamer.metadata
+    if meta.get("source", {}).get("kind") != "safetensors":
+        raise smoe.ArgumentError(
+            f"{path}: not a safetensors checkpoint (smoe reads it as {meta.get('source')})"
+        )
+    layouts = meta.get("layer_blob_layouts", {})
+    plans = []
+    for name, module in experts:
+        layer = _layer_of(name)
+        if layer is None or str(layer) not in layouts:
+            raise smoe.FormatError(
+                f"{model_name}: {name} has no routed experts in the checkpoint smoe reads "
+                f"(its expert layers: {', '.join(sorted(layouts, key=int))})"
+            )
+        _check_count(streamer, model_name, name, layer, int(module.num_experts))
+        plans.append((name, layer, _builders(name, module, layouts[str(layer)], model_name)))
+    unused = sorted(set(layouts) - {str(layer) for _, layer, _ in plans}, key=int)
+    if unused:
+        raise smoe.FormatError(
+            f"{model_name}: the checkpoint's layer {unused[0]} has routed experts, and the model "
+            f"has no experts module there"
+        )
+    return plans
+
+
+def _check_count(streamer: smoe.Streamer, model_name: str, name: str, layer: int, count: int) -> None:
+    try:
+        streamer.expert_info(layer, count - 1)
+    except smoe.NotFound:
+        raise smoe.FormatError(
+            f"{model_name}: {name} has {count} experts; the checkpoint's layer {layer} has fewer"
+        ) from None
+    try:
+        streamer.expert_info(layer, count)
+    except smoe.NotFound:
+        return
+    raise smoe.FormatError(
+        f"{model_name}: {name} has {count} experts; the checkpoint's layer {layer} has more"
+    )
+
+
+def streamed_experts(model: torch.nn.Module) -> dict[str, int]:
+    """The experts modules of a model from :func:`from_pretrained`, by
+    name, with the layer each streams."""
+    return {
+        name: module.__dict__["_smoe_experts"].layer
+        for name, module in model.named_modules()
+        if "_smoe_experts" in module.__dict__
+    }

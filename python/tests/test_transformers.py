@@ -1,0 +1,275 @@
+"""``smoe.transformers``: tiny random-weight MoE models built here from
+transformers' own config classes, saved with ``save_pretrained``, and run
+with their routed experts streamed; the logits equal the same checkpoint
+loaded in memory with ``experts_implementation="eager"``, bit for bit.
+
+Every model routes each token to 4 of its 8 experts: with 4 terms the order
+of the additions shows in the last bits (two terms commute), so a backend
+that summed in another order would fail (``test_the_comparison_can_tell``).
+"""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+
+import pytest
+
+import smoe
+from conftest import MODELS, QUIET, need
+
+torch = need("torch")
+transformers = need("transformers")
+st = need("smoe.transformers")
+
+EXPERTS = 8
+TOP_K = 4
+VOCAB = 128
+# The prompt: seeded token ids (no tokenizer), enough tokens that most
+# experts of every layer are hit.
+PROMPT_TOKENS = 12
+
+# Shared by every config: small, and token ids inside the vocabulary.
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_experts_per_tok=TOP_K,
+    bos_token_id=0,
+    eos_token_id=1,
+    pad_token_id=2,
+    tie_word_embeddings=False,
+)
+
+
+def configs() -> dict[str, object]:
+    """One config per family, from transformers' own classes."""
+    return {
+        "mixtral": transformers.MixtralConfig(
+            **COMMON, intermediate_size=32, num_hidden_layers=2, num_local_experts=EXPERTS
+        ),
+        "qwen3moe": transformers.Qwen3MoeConfig(
+            **COMMON,
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            num_hidden_layers=2,
+            num_experts=EXPERTS,
+            head_dim=16,
+        ),
+        "olmoe": transformers.OlmoeConfig(
+            **COMMON, intermediate_size=32, num_hidden_layers=2, num_experts=EXPERTS
+        ),
+        # Layer 0 dense (first_k_dense_replace), a shared expert beside
+        # the routed ones, grouped routing.
+        "deepseekv3": transformers.DeepseekV3Config(
+            **{**COMMON, "num_key_value_heads": 4},
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            num_hidden_layers=3,
+            n_routed_experts=EXPERTS,
+            n_group=2,
+            topk_group=2,
+            first_k_dense_replace=1,
+            n_shared_experts=1,
+            q_lora_rank=32,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+        ),
+    }
+
+
+MODELS_BUILT = list(configs())
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# A ring that holds every expert of the model, and one smaller than one
+# layer's experts (so every layer evicts).
+RINGS = {"whole ring": 64, "2-slot ring": 2}
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory) -> dict[tuple[str, str], object]:
+    """Each model, random weights (seeded), saved in float32 and in
+    bfloat16 with ``save_pretrained``."""
+    saved = {}
+    for i, (name, config) in enumerate(configs().items()):
+        torch.manual_seed(1000 + i)
+        model = transformers.AutoModelForCausalLM.from_config(config)
+        for dtype_name, dtype in DTYPES.items():
+            path = tmp_path_factory.mktemp(f"{name}-{dtype_name}")
+            model.to(dtype).save_pretrained(path)
+            saved[(name, dtype_name)] = path
+        del model
+    return saved
+
+
+@pytest.fixture(scope="session")
+def prompt():
+    generator = torch.Generator().manual_seed(7)
+    return torch.randint(3, VOCAB, (1, PROMPT_TOKENS), generator=generator)
+
+
+_REFERENCE: dict = {}
+
+
+def eager_logits(path, prompt, dtype=None, implementation="eager"):
+    """The logits of the checkpoint loaded in memory by transformers."""
+    key = (str(path), dtype, implementation)
+    if key not in _REFERENCE:
+        kwargs = {} if dtype is None else {"dtype": dtype}
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path, experts_implementation=implementation, **kwargs
+        )
+        with torch.no_grad():
+            _REFERENCE[key] = model(prompt).logits
+    return _REFERENCE[key]
+
+
+def routed_parameters(model) -> dict[str, torch.Tensor]:
+    names = st.streamed_experts(model)
+    return {
+        f"{name}.{pname}": param
+        for name, module in model.named_modules()
+        if name in names
+        for pname, param in module.named_parameters(recurse=False)
+    }
+
+
+@pytest.mark.parametrize("ring", RINGS)
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("name", MODELS_BUILT)
+def test_logits_equal_eager(checkpoints, prompt, name, dtype_name, ring):
+    path = checkpoints[(name, dtype_name)]
+    want = eager_logits(path, prompt)
+    slots = RINGS[ring]
+    # strict: a view of the ring kept past its claim would raise.
+    model = st.from_pretrained(path, ring_slots=slots, strict=True, **QUIET)
+    streamer = model.smoe_streamer
+    try:
+        params = routed_parameters(model)
+        assert params and all(p.device.type == "meta" for p in params.values()), "experts never loaded"
+        assert set(st.streamed_experts(model).values()) == {
+            int(layer) for layer in streamer.metadata["layer_blob_layouts"]
+        }
+        with torch.no_grad():
+            got = model(prompt).logits
+        assert got.dtype == want.dtype == DTYPES[dtype_name]
+        assert torch.equal(got, want), f"max |difference| {(got.float() - want.float()).abs().max().item()}"
+        stats = streamer.stats()
+        assert stats["slots_held"] == 0
+        if slots == RINGS["whole ring"]:
+            assert stats["evictions"] == 0
+        else:
+            assert stats["claims"] > slots and stats["evictions"] >= stats["claims"] - slots
+    finally:
+        streamer.close()
+
+
+@pytest.mark.parametrize("name", MODELS_BUILT)
+def test_the_comparison_can_tell(checkpoints, prompt, name):
+    """In bfloat16 another experts implementation's logits differ from
+    eager's (it sums the 4 experts of a token in another order and
+    precision): equality above is evidence, not luck."""
+    path = checkpoints[(name, "bfloat16")]
+    eager = eager_logits(path, prompt)
+    assert not torch.equal(eager, eager_logits(path, prompt, implementation="batched_mm"))
+
+
+def test_a_cast_on_load_is_eager_s_cast(checkpoints, prompt):
+    """A float32 checkpoint loaded as bfloat16: each expert is cast as
+    transformers casts it."""
+    path = checkpoints[("qwen3moe", "float32")]
+    want = eager_logits(path, prompt, dtype=torch.bfloat16)
+    model = st.from_pretrained(path, ring_slots=3, dtype=torch.bfloat16, **QUIET)
+    with torch.no_grad():
+        got = model(prompt).logits
+    model.smoe_streamer.close()
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+
+
+def test_generate_is_eager_s(checkpoints, prompt):
+    path = checkpoints[("deepseekv3", "bfloat16")]
+    eager = transformers.AutoModelForCausalLM.from_pretrained(path, experts_implementation="eager")
+    model = st.from_pretrained(path, ring_slots=3, **QUIET)
+    want = eager.generate(prompt, max_new_tokens=6, do_sample=False)
+    got = model.generate(prompt, max_new_tokens=6, do_sample=False)
+    assert torch.equal(got, want)
+    assert model.smoe_streamer.stats()["slots_held"] == 0
+    model.smoe_streamer.close()
+
+
+@pytest.mark.parametrize("name", ["gptoss-bf16", "qwen2moe-f32-sharded"])
+def test_repository_fixtures(prompt, name):
+    """Two more layouts from the repository's fixtures: gpt-oss (stacked
+    checkpoint tensors, transposed and interleaved gate_up, biases) and a
+    sharded Qwen2-MoE (a shared expert with its own gate)."""
+    path = MODELS / name
+    model = st.from_pretrained(path, ring_slots=2, strict=True, **QUIET)
+    with torch.no_grad():
+        got = model(prompt).logits
+    model.smoe_streamer.close()
+    assert torch.equal(got, eager_logits(path, prompt))
+
+
+def test_streamer_settings_and_transformers_keywords_are_split(checkpoints):
+    path = checkpoints[("olmoe", "float32")]
+    model = st.from_pretrained(
+        path, ring_slots=5, workers=1, prewarm=False, freq_path="", attn_implementation="eager"
+    )
+    assert model.smoe_streamer.stats()["ring_slots"] == 5
+    assert model.smoe_streamer.stats()["workers"] == 1
+    assert model.config._attn_implementation == "eager"
+    assert model.config._experts_implementation == st.IMPLEMENTATION
+    model.smoe_streamer.close()
+    with pytest.raises(smoe.ArgumentError, match="experts_implementation='smoe'"):
+        st.from_pretrained(path, experts_implementation="eager", **QUIET)
+
+
+def test_a_model_without_the_experts_interface_is_refused(tmp_path):
+    config = transformers.JetMoeConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        kv_channels=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        bos_token_id=0,
+        eos_token_id=1,
+    )
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    with pytest.raises(smoe.Unsupported, match="JetMoeForCausalLM"):
+        st.from_pretrained(tmp_path, **QUIET)
+
+
+def test_a_path_that_is_not_a_checkpoint_directory_is_refused():
+    with pytest.raises(smoe.ArgumentError, match="safetensors checkpoint directory"):
+        st.from_pretrained(MODELS / "mixtral-q8_0.gguf", **QUIET)
+
+
+def test_the_implementation_is_registered_and_refuses_other_models(checkpoints, prompt):
+    """``experts_implementation="smoe"`` on a model smoe did not load
+    says so instead of computing with meta tensors."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    assert st.IMPLEMENTATION in ALL_EXPERTS_FUNCTIONS
+    path = checkpoints[("mixtral", "float32")]
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, experts_implementation="smoe")
+    with pytest.raises(RuntimeError, match="smoe.transformers.from_pretrained"):
+        model(prompt)
+    del model
+    gc.collect()
+
+
+def test_transformers_4_is_refused():
+    code = (
+        "import transformers; transformers.__version__ = '4.57.1'\n"
+        "try:\n    import smoe.transformers\nexcept ImportError as e:\n    print(e)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "needs transformers 5 or newer" in done.stdout, done.stderr
+    assert "this is transformers 4.57.1" in done.stdout
