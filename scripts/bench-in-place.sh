@@ -43,21 +43,26 @@ if [ ! -e "$VAULT/experts.smoe" ]; then
   "$SMOE_BIN" pack "$MODEL" "$VAULT" >&2
 fi
 
-# scan PATH: one cold scan, prints its GB/s
+# scan PATH: one cold scan, prints its seconds and the bytes it read
 scan() {
   sync
   echo 3 >/proc/sys/vm/drop_caches
   "$SMOE_BIN" bench "$1" --mode scan --workers "$WORKERS" --ring-slots "$RING_SLOTS" --json 2>/dev/null |
-    sed -n 's/.*"gb_per_s":\([0-9.]*\).*/\1/p'
+    sed -n 's/.*"bytes_read":\([0-9]*\).*"seconds":\([0-9.]*\).*/\2 \1/p'
 }
 
+# The ratio is of times (the same experts, vault time / in-place time): a
+# model's bytes_read counts the whole 4 KiB windows around each slice, so
+# its GB/s would flatter it by its over-read.
 say "model $MODEL ($(stat -c %s "$MODEL") bytes), vault $VAULT, $ROUNDS rounds, $WORKERS workers"
 ratios=()
 for r in $(seq 1 "$ROUNDS"); do
-  a="$(scan "$MODEL")"
-  b="$(scan "$VAULT")"
-  ratio="$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", a / b }')"
+  read -r a a_bytes <<<"$(scan "$MODEL")"
+  read -r b b_bytes <<<"$(scan "$VAULT")"
+  ratio="$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", b / a }')"
   ratios+=("$ratio")
-  printf 'round %d: in place %s GB/s, vault %s GB/s, in place / vault %s\n' "$r" "$a" "$b" "$ratio"
+  awk -v r="$r" -v a="$a" -v b="$b" -v items="$b_bytes" -v ab="$a_bytes" -v q="$ratio" 'BEGIN {
+    printf "round %d: in place %.2f s (%.2f GB/s of experts, %.2f%% more bytes read), vault %.2f s (%.2f GB/s), in place / vault speed %s\n",
+      r, a, items / a / 1e9, (ab / items - 1) * 100, b, items / b / 1e9, q }'
 done
-printf 'in place / vault per round: %s\n' "${ratios[*]}"
+printf 'in place / vault speed per round: %s\n' "${ratios[*]}"

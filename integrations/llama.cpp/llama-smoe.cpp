@@ -23,6 +23,8 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+
+#include <sys/stat.h>
 #include <unordered_map>
 #include <vector>
 
@@ -300,9 +302,16 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, const char * model_path) {
         throw std::runtime_error("smoe: " + named + ": " + e.what());
     }
     if (s->in_place) {
-        if (cfg.verify) {
-            fprintf(stderr, "smoe: SMOE_VERIFY=1: %s has no checksums, so nothing is verified (a vault packed from it has)\n",
-                    vault.c_str());
+        // a model read in place must be the file llama.cpp loads: another GGUF with the
+        // same tensor table (a fine-tune, another quantizer's file) would pass every
+        // check of llama_smoe_bind and stream other weights
+        struct stat a = {}, b = {};
+        if (model_path == nullptr || stat(vault.c_str(), &a) != 0 || stat(model_path, &b) != 0 ||
+            a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
+            throw std::runtime_error("smoe: " + named + " is not the file llama.cpp loads (" +
+                                     (model_path ? model_path : "no path") +
+                                     "): a model read in place must be that file; unset SMOE_VAULT and set SMOE=1, "
+                                     "or name a vault packed from it");
         }
         s->where = "smoe: model " + vault + ": ";
         s->refit = named.rfind("SMOE_VAULT=", 0) == 0
