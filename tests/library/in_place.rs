@@ -398,9 +398,8 @@ fn a_truncated_gguf_is_refused_naming_it() {
     }
 }
 
-#[test]
-fn a_missing_split_part_is_refused_naming_it() {
-    let dir = tempfile::tempdir().unwrap();
+/// The parts of the committed split GGUF, in order.
+fn split_parts() -> Vec<PathBuf> {
     let split = fixtures().join("qwen3moe-q8_0-split");
     let mut parts: Vec<PathBuf> = std::fs::read_dir(&split)
         .unwrap()
@@ -408,6 +407,13 @@ fn a_missing_split_part_is_refused_naming_it() {
         .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
         .collect();
     parts.sort();
+    parts
+}
+
+#[test]
+fn a_missing_split_part_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let parts = split_parts();
     assert!(parts.len() >= 3, "{parts:?}");
     for p in &parts {
         if p != &parts[2] {
@@ -612,13 +618,7 @@ fn experts_of_a_layer_with_different_types_are_refused() {
 #[test]
 fn a_split_part_changed_while_open_fails_its_reads() {
     let dir = tempfile::tempdir().unwrap();
-    let split = fixtures().join("qwen3moe-q8_0-split");
-    let mut parts: Vec<PathBuf> = std::fs::read_dir(&split)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
-        .collect();
-    parts.sort();
+    let parts = split_parts();
     for p in &parts {
         std::fs::copy(p, dir.path().join(p.file_name().unwrap())).unwrap();
     }
