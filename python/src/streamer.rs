@@ -144,56 +144,75 @@ impl Streamer {
         Ok(())
     }
 
-    /// Waits for `attempt` (one claim attempt that waits up to the duration
-    /// it is given) to land a claim, in slices of [`WAIT_SLICE`] with the
-    /// GIL released, running signal handlers between slices. `what` names
-    /// the claim for a timeout's message.
+    /// Runs `attempt` (one of the library's stoppable waits: it asks the
+    /// closure it is given, at least every [`WAIT_SLICE`], whether to go
+    /// on) with the GIL released, until it lands a claim, `timeout` passes,
+    /// a signal handler raises (Ctrl-C: `KeyboardInterrupt`) or another
+    /// thread closes the streamer. One wait, so a claim that never lands
+    /// counts once in `stats()["pending"]`. `what` names the claim for a
+    /// timeout's message.
     fn wait<F>(&self, py: Python<'_>, timeout: Timeout, what: &str, attempt: F) -> PyResult<Lease>
     where
-        F: Fn(&smoe::Streamer, Duration) -> smoe::Result<Option<SlotInfo>> + Sync,
+        F: Fn(&smoe::Streamer, Duration, &mut dyn FnMut() -> bool) -> smoe::Result<Option<SlotInfo>>
+            + Sync,
     {
         let core = self.core(py)?;
         let lease = |info: SlotInfo| Lease::new(Arc::clone(&core), info);
-        if let Timeout::Once = timeout {
-            // Atomics only, and queues the read: no need to let go of the GIL.
-            return match attempt(&core.streamer, Duration::ZERO) {
-                Ok(Some(info)) => Ok(lease(info)),
-                Ok(None) => Err(errors::timeout(format!(
-                    "{what} is not in the ring yet (timeout=0 tries once; its read is queued)"
-                ))),
-                Err(err) => Err(errors::to_py(py, &err)),
-            };
-        }
-        loop {
-            let slice = match timeout {
-                Timeout::Until(deadline, _) => {
-                    WAIT_SLICE.min(deadline.saturating_duration_since(Instant::now()))
-                }
-                _ => WAIT_SLICE,
-            };
-            let core_ref = &core;
+        let wait = match timeout {
+            Timeout::Unbounded => Duration::MAX,
+            // Atomics only, and queues the read: the library never waits,
+            // so the GIL stays held.
+            Timeout::Once => Duration::ZERO,
+            Timeout::Until(deadline, _) => deadline.saturating_duration_since(Instant::now()),
+        };
+        let mut raised: Option<PyErr> = None;
+        let claimed = if wait.is_zero() {
+            attempt(&core.streamer, Duration::ZERO, &mut || true)
+        } else {
+            let core = &*core;
+            let raised = &mut raised;
             let attempt = &attempt;
-            match py.detach(move || attempt(&core_ref.streamer, slice)) {
-                Ok(Some(info)) => return Ok(lease(info)),
-                Ok(None) => {}
-                Err(err) => return Err(errors::to_py(py, &err)),
-            }
-            // Ctrl-C (KeyboardInterrupt) or any other signal handler's
-            // exception ends the wait; nothing is held yet.
-            py.check_signals()?;
-            if core.closed.load(Ordering::Acquire) {
-                // Perhaps the last reference: its drop joins the library's
-                // threads, which must not wait for the GIL.
-                py.detach(move || drop(core));
-                return Err(errors::closed(py));
-            }
-            if let Timeout::Until(deadline, wait) = timeout {
-                if Instant::now() >= deadline {
-                    return Err(errors::timeout(format!(
+            py.detach(move || {
+                let mut keep_waiting = || {
+                    if core.closed.load(Ordering::Acquire) {
+                        return false;
+                    }
+                    // Signal handlers run only with the GIL, on the main
+                    // thread: take it for the moment they need.
+                    match Python::attach(|py| py.check_signals()) {
+                        Ok(()) => true,
+                        Err(err) => {
+                            *raised = Some(err);
+                            false
+                        }
+                    }
+                };
+                attempt(&core.streamer, wait, &mut keep_waiting)
+            })
+        };
+        match claimed {
+            Ok(Some(info)) => Ok(lease(info)),
+            Err(err) => Err(errors::to_py(py, &err)),
+            // Nothing is held: the wait gave up.
+            Ok(None) => {
+                if let Some(err) = raised {
+                    return Err(err);
+                }
+                if core.closed.load(Ordering::Acquire) {
+                    // Perhaps the last reference: its drop joins the
+                    // library's threads, which must not wait for the GIL.
+                    py.detach(move || drop(core));
+                    return Err(errors::closed(py));
+                }
+                Err(errors::timeout(match timeout {
+                    Timeout::Until(_, wait) => format!(
                         "{what} did not land in the ring within {} s",
                         wait.as_secs_f64()
-                    )));
-                }
+                    ),
+                    _ => format!(
+                        "{what} is not in the ring yet (timeout=0 tries once; its read is queued)"
+                    ),
+                }))
             }
         }
     }
@@ -257,7 +276,7 @@ impl Streamer {
             py,
             timeout,
             &format!("layer {layer} expert {expert}"),
-            |s, wait| s.claim_wait_ticket(layer, expert, wait),
+            |s, wait, keep| s.claim_wait_ticket_until(layer, expert, wait, WAIT_SLICE, keep),
         )
     }
 
@@ -277,7 +296,9 @@ impl Streamer {
             py,
             timeout,
             &format!("no member of layer {layer}'s set {experts:?}"),
-            |s, wait| s.claim_any_ticket(layer, &experts, wait),
+            |s, wait, keep| {
+                s.claim_any_ticket_until(layer, &experts, wait, WAIT_SLICE, keep)
+            },
         )
     }
 
