@@ -38,7 +38,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use smoe::internals::files::{self, FileId, FileKind};
-use smoe::internals::model::meta;
+use smoe::internals::model::{json, meta};
 use smoe::internals::model::names::role_rank;
 use smoe::internals::model::{
     check_no_overlap, interrupted, open_model, plan, Cancel, LayerPlan, Model, Slice,
@@ -278,11 +278,19 @@ fn file_id(path: &Path) -> Option<FileId> {
     std::fs::metadata(path).ok().map(|m| files::file_id(&m))
 }
 
+/// The files of a safetensors checkpoint directory that a vault packed from
+/// it carries, copied byte for byte beside the scout (docs/format.md §6.2):
+/// what an engine needs besides the weights to build the model (the
+/// Python package's `smoe.transformers.from_pretrained(VAULT)`).
+const CHECKPOINT_CONFIGS: [&str; 2] = ["config.json", "generation_config.json"];
+
 /// Whether a vault directory may hold a file of this name: the vault, its
-/// scout, the claim histogram and the histogram writer's temporary files.
+/// scout, the checkpoint's configs, the claim histogram and the histogram
+/// writer's temporary files.
 fn is_vault_file_name(name: &str) -> bool {
     name == EXPERTS_FILE
         || name.starts_with("scout.")
+        || CHECKPOINT_CONFIGS.contains(&name)
         || name == FREQ_FILE
         || files::is_temp_file_name(name, FREQ_FILE)
 }
@@ -517,6 +525,9 @@ fn pack_cancellable(
     let scout_size = std::fs::metadata(&scout_path)
         .map_err(|e| Error::io("cannot stat", &scout_path, &e))?
         .len();
+    if model.kind == SourceKind::Safetensors {
+        copy_configs(&model, &tmp, cancelled)?;
+    }
     files::sync_dir(&tmp)?;
     if cancelled() {
         return Err(interrupted());
@@ -577,6 +588,39 @@ fn pack_cancellable(
         out_dir: out_dir.to_path_buf(),
         vault_id: hex(&vault_id),
     })
+}
+
+/// Copies each of [`CHECKPOINT_CONFIGS`] that the safetensors checkpoint's
+/// directory holds into `tmp`, byte for byte, after checking it is a JSON
+/// object as the model reader checks `config.json` (one reader: the
+/// library's).
+fn copy_configs(model: &Model, tmp: &Path, cancel: Cancel<'_>) -> Result<()> {
+    let Some(dir) = model.files.first().and_then(|f| f.parent()) else {
+        return Ok(());
+    };
+    for name in CHECKPOINT_CONFIGS {
+        let path = dir.join(name);
+        if matches!(std::fs::symlink_metadata(&path), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+        {
+            continue;
+        }
+        let (text, _) = json::read_json_text(&path)?;
+        let value = json::parse_cancellable(&text, cancel)
+            .map_err(|e| Error::format(format!("{}: {e}", path.display())))?;
+        if value.as_object().is_none() {
+            return Err(Error::format(format!(
+                "{}: holds {}, expected a JSON object",
+                path.display(),
+                value.kind()
+            )));
+        }
+        let to = tmp.join(name);
+        let mut out = File::create_new(&to).map_err(|e| Error::io("cannot create", &to, &e))?;
+        out.write_all(text.as_bytes())
+            .and_then(|()| out.sync_all())
+            .map_err(|e| Error::io("cannot write", &to, &e))?;
+    }
+    Ok(())
 }
 
 /// Copies `bytes` bytes at `offset` of `file` to `w`, 1 MiB at a time,

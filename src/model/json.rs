@@ -253,6 +253,16 @@ pub const MAX_JSON_BYTES: u64 = 64 << 20;
 /// at most [`MAX_JSON_BYTES`], UTF-8) and parses it. Returns the value and
 /// the file's metadata.
 pub fn read_json(path: &Path, cancel: Cancel<'_>) -> SmoeResult<(Value, std::fs::Metadata)> {
+    let (text, meta) = read_json_text(path)?;
+    let value = parse_cancellable(&text, cancel)
+        .map_err(|e| Error::format(format!("{}: {e}", path.display())))?;
+    Ok((value, meta))
+}
+
+/// The text of the JSON file at `path`, read as [`read_json`] reads it
+/// (not yet parsed), and the file's metadata: for a writer that copies a
+/// file such as `config.json` byte for byte.
+pub fn read_json_text(path: &Path) -> SmoeResult<(String, std::fs::Metadata)> {
     let (file, meta) = open_input(path)?;
     let too_big = |n: u64| {
         Error::format(format!(
@@ -279,9 +289,7 @@ pub fn read_json(path: &Path, cancel: Cancel<'_>) -> SmoeResult<(Value, std::fs:
             e.utf8_error().valid_up_to()
         ))
     })?;
-    let value = parse_cancellable(&text, cancel)
-        .map_err(|e| Error::format(format!("{}: {e}", path.display())))?;
-    Ok((value, meta))
+    Ok((text, meta))
 }
 
 /// Why [`parse_members`] stopped.

@@ -498,6 +498,50 @@ fn summary_and_inspect_show_the_layout() {
     }
 }
 
+#[test]
+fn a_safetensors_vault_carries_the_checkpoints_configs() {
+    let dir = tempfile::tempdir().unwrap();
+    // Both configs, copied byte for byte (whitespace and key order kept).
+    let src = fixtures().join("mixtral-bf16");
+    let out_dir = dir.path().join("vault");
+    let out = pack(&src, &out_dir);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for name in ["config.json", "generation_config.json"] {
+        assert_eq!(
+            std::fs::read(out_dir.join(name)).unwrap(),
+            std::fs::read(src.join(name)).unwrap(),
+            "{name}"
+        );
+    }
+    // A vault that carries them may be replaced with --force.
+    let again = smoe()
+        .args(["pack", "--force"])
+        .arg(&src)
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    // Only what is there: a checkpoint without generation_config.json.
+    let m = copy_fixture("qwen2moe-f32-sharded", &dir.path().join("sharded"));
+    std::fs::remove_file(m.join("generation_config.json")).unwrap();
+    let out_dir = dir.path().join("vault2");
+    let out = pack(&m, &out_dir);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out_dir.join("config.json").is_file());
+    assert!(!out_dir.join("generation_config.json").exists());
+    // A GGUF carries its configuration in itself.
+    let out_dir = dir.path().join("vault3");
+    assert!(pack(&fixtures().join("mixtral-q8_0.gguf"), &out_dir).status.success());
+    assert!(!out_dir.join("config.json").exists());
+    // A generation_config.json that is not a JSON object is refused, naming
+    // it, and nothing is created.
+    std::fs::write(m.join("generation_config.json"), b"[1]").unwrap();
+    refuses_at_once(
+        &m,
+        "generation_config.json: holds an array, expected a JSON object",
+    );
+}
+
 /// Runs `cmd` (stderr piped) under a 2 GiB address-space limit, killing it
 /// after `limit`; returns its output and how long it ran, or None if it
 /// had to be killed.
