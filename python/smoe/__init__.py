@@ -39,6 +39,7 @@ from ._native import (
     Streamer,
     __version__,
     config_defaults,
+    pack,
     synth,
 )
 
@@ -72,5 +73,6 @@ __all__ = [
     "Unsupported",
     "__version__",
     "config_defaults",
+    "pack",
     "synth",
 ]

@@ -81,6 +81,34 @@ def synth(
     layouts: ``Lease.numpy`` has no roles on it, ``memoryview`` works.
     """
 
+class _PackSummary(TypedDict):
+    out_dir: pathlib.Path
+    kind: Literal["gguf", "safetensors"]
+    files: list[pathlib.Path]
+    arch: str | None
+    top_k: int | None
+    layers: int
+    experts: int
+    blobs: int
+    expert_bytes: int
+    scout: str
+    scout_bytes: int
+    vault_id: str
+
+def pack(source: _Path, out_dir: _Path, *, force: bool = False) -> _PackSummary:
+    """Packs the model at ``source`` into a vault at ``out_dir``
+    (what ``smoe pack`` does: docs/pack.md) and returns what was written.
+
+    ``source``: a GGUF file (a split one's first part), a ``.safetensors``
+    file, a checkpoint directory or its index. The experts go into
+    ``experts.smoe``, the rest into a scout in the source's format; a
+    checkpoint directory's ``config.json`` and ``generation_config.json``
+    are copied beside them. ``out_dir`` must not exist; ``force=True``
+    replaces it only when it is empty or holds a vault and nothing else.
+    The GIL is released while it copies; Ctrl-C stops it and leaves no
+    ``out_dir``.
+    """
+
 @final
 class Streamer:
     """Streams a model's or a vault's experts into a ring of aligned slots.

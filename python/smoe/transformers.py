@@ -338,7 +338,18 @@ def _builders(
 
 
 def _checkpoint_files(path: pathlib.Path, streamer: smoe.Streamer) -> list[pathlib.Path]:
-    source = streamer.metadata.get("source", {})
+    """The files holding the dense weights: a vault's scout, or the
+    checkpoint's own files (smoe skips their experts)."""
+    meta = streamer.metadata
+    if meta.get("format") == "smoe-vault":
+        scout = meta.get("scout")
+        if not scout or pathlib.PurePath(scout).name != scout or not (path / scout).is_file():
+            raise smoe.FormatError(
+                f"{path}: the vault names no scout file beside experts.smoe "
+                f"(metadata 'scout': {scout!r}); pack it again with smoe pack"
+            )
+        return [path / scout]
+    source = meta.get("source", {})
     return [path / f for f in source.get("files", [])]
 
 
@@ -366,9 +377,12 @@ def from_pretrained(
     """A transformers model from a safetensors checkpoint directory, its
     routed experts streamed by smoe.
 
-    ``path`` is a directory holding ``config.json`` and the weights
-    (``model.safetensors`` or a sharded index), read in place by
-    ``smoe.Streamer(path)``. Keyword arguments that are the streamer's
+    ``path`` is a directory holding ``config.json`` and the weights: a
+    checkpoint (``model.safetensors`` or a sharded index), read in place by
+    ``smoe.Streamer(path)``, or a vault ``smoe pack`` made from one (its
+    experts from ``experts.smoe``, the dense weights from its
+    ``scout.safetensors``; the packer copies ``config.json`` beside them).
+    ``config=`` supplies the configuration when ``path`` has none. Keyword arguments that are the streamer's
     settings (``ring_slots``, ``workers``, ...: ``smoe.CONFIG_FIELDS``, and
     ``strict``) open the streamer; the rest go to transformers'
     ``from_pretrained`` (``dtype``, ``attn_implementation``, config
@@ -393,10 +407,11 @@ def from_pretrained(
         raise smoe.ArgumentError(
             "smoe.transformers.from_pretrained reads the weights from path, not a state_dict"
         )
-    if not (path / "config.json").is_file():
+    if not path.is_dir() or ("config" not in kwargs and not (path / "config.json").is_file()):
         raise smoe.ArgumentError(
             f"{path}: smoe.transformers.from_pretrained takes a safetensors checkpoint directory "
-            f"(config.json beside model.safetensors or its index)"
+            f"(config.json beside model.safetensors or its index) or a vault packed from one "
+            f"(config.json beside experts.smoe; pass config= if it has none)"
         )
     streamer_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in _STREAMER_KEYWORDS}
     cls = AutoModelForCausalLM if model_class is None else model_class

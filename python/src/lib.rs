@@ -12,6 +12,7 @@
 //! - `layout`: the metadata's blob layouts, for typed numpy views.
 //! - `errors`: the library's errors as the `smoe.Error` family.
 //! - `synth`: `smoe.synth`, the library's synthetic vaults.
+//! - `pack`: `smoe.pack`, the packer.
 //! - `testing` (feature `test-hooks`): a gated reader for the tests.
 
 mod config;
@@ -19,6 +20,7 @@ mod dlpack;
 mod errors;
 mod layout;
 mod lease;
+mod pack;
 mod streamer;
 mod synth;
 #[cfg(feature = "test-hooks")]
@@ -33,6 +35,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<streamer::Streamer>()?;
     module.add_class::<lease::Lease>()?;
     module.add_function(wrap_pyfunction!(synth::synth, module)?)?;
+    module.add_function(wrap_pyfunction!(pack::pack, module)?)?;
     module.add_function(wrap_pyfunction!(streamer::config_defaults, module)?)?;
     module.add("CONFIG_FIELDS", streamer::names(py, config::CONFIG_FIELDS)?)?;
     module.add("STATS_FIELDS", streamer::names(py, config::STATS_FIELDS)?)?;

@@ -88,3 +88,42 @@ def test_roles_that_are_not_there_are_named(expected):
         with s.claim(0, 0, timeout=10) as lease:
             with pytest.raises(smoe.ArgumentError, match=r"no \"gate_up\" \(its roles: gate, up, down\)"):
                 lease.numpy("gate_up")
+
+
+@pytest.mark.parametrize("name", ["mixtral-q8_0", "qwen2moe-f32-sharded"])
+def test_pack_makes_a_vault_with_the_model_s_experts(expected, tmp_path, name):
+    """``smoe.pack`` writes a vault whose experts are byte for byte the
+    slices the formats' own readers recorded."""
+    fixture = expected["fixtures"][name]
+    out = tmp_path / "vault"
+    summary = smoe.pack(MODELS / fixture["source"], out)
+    assert summary["out_dir"] == out and summary["kind"] == fixture["format"]
+    assert summary["vault_id"] and summary["scout"] == f"scout.{fixture['format']}"
+    assert (out / summary["scout"]).stat().st_size == summary["scout_bytes"]
+    by_expert = defaultdict(list)
+    for item in fixture["expert_slices"]:
+        by_expert[(item["layer"], item["expert"])].append(item)
+    assert summary["blobs"] == len(by_expert)
+    with smoe.Streamer(out, ring_slots=2, **QUIET) as s:
+        assert s.metadata["format"] == "smoe-vault"
+        for (layer, expert), items in sorted(by_expert.items()):
+            with s.claim(layer, expert, timeout=10) as lease:
+                for item in items:
+                    want = file_bytes(item["file"], item["offset"], item["nbytes"])
+                    assert lease.numpy(item["role"]).tobytes() == want, (layer, expert, item["role"])
+
+
+def test_pack_refuses_an_existing_out_dir_and_bad_input(tmp_path):
+    out = tmp_path / "vault"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(smoe.ArgumentError, match="exists"):
+        smoe.pack(MODELS / "mixtral-q8_0.gguf", out)
+    with pytest.raises(smoe.ArgumentError, match="notes.txt"):
+        smoe.pack(MODELS / "mixtral-q8_0.gguf", out, force=True)
+    assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00")
+    with pytest.raises(smoe.FormatError, match="truncated"):
+        smoe.pack(bad, tmp_path / "v2")
+    assert not (tmp_path / "v2").exists()

@@ -273,3 +273,36 @@ def test_transformers_4_is_refused():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "needs transformers 5 or newer" in done.stdout, done.stderr
     assert "this is transformers 4.57.1" in done.stdout
+
+
+def test_a_packed_vault_alone_is_the_model(checkpoints, prompt, tmp_path):
+    """``smoe.pack`` of a checkpoint, then the checkpoint moved away: the
+    vault (experts.smoe, its scout, the configs it copied) loads and gives
+    eager's logits."""
+    path = checkpoints[("qwen3moe", "bfloat16")]
+    want = eager_logits(path, prompt)
+    checkpoint = tmp_path / "checkpoint"
+    import shutil
+
+    shutil.copytree(path, checkpoint)
+    vault = tmp_path / "vault"
+    smoe.pack(checkpoint, vault)
+    shutil.rmtree(checkpoint)
+    model = st.from_pretrained(vault, ring_slots=3, strict=True, **QUIET)
+    try:
+        assert model.smoe_streamer.metadata["format"] == "smoe-vault"
+        with torch.no_grad():
+            got = model(prompt).logits
+        assert torch.equal(got, want)
+    finally:
+        model.smoe_streamer.close()
+    # Without config.json (a vault packed before the packer copied it),
+    # config= supplies it; without either, the refusal says so.
+    config = transformers.AutoConfig.from_pretrained(vault)
+    (vault / "config.json").unlink()
+    with pytest.raises(smoe.ArgumentError, match="pass config="):
+        st.from_pretrained(vault, **QUIET)
+    model = st.from_pretrained(vault, config=config, ring_slots=3, **QUIET)
+    with torch.no_grad():
+        assert torch.equal(model(prompt).logits, want)
+    model.smoe_streamer.close()
