@@ -38,11 +38,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use smoe::internals::files::{self, FileId, FileKind};
-use smoe::internals::model::{json, meta};
 use smoe::internals::model::names::role_rank;
 use smoe::internals::model::{
     check_no_overlap, interrupted, open_model, plan, Cancel, LayerPlan, Model, Slice,
 };
+use smoe::internals::model::{json, meta};
 use smoe::vault::{hex, VaultWriter, WriterOptions, EXPERTS_FILE, FREQ_FILE};
 use smoe::{Error, ErrorKind, Result};
 

@@ -153,7 +153,11 @@ impl Streamer {
     /// timeout's message.
     fn wait<F>(&self, py: Python<'_>, timeout: Timeout, what: &str, attempt: F) -> PyResult<Lease>
     where
-        F: Fn(&smoe::Streamer, Duration, &mut dyn FnMut() -> bool) -> smoe::Result<Option<SlotInfo>>
+        F: Fn(
+                &smoe::Streamer,
+                Duration,
+                &mut dyn FnMut() -> bool,
+            ) -> smoe::Result<Option<SlotInfo>>
             + Sync,
     {
         let core = self.core(py)?;
@@ -296,9 +300,7 @@ impl Streamer {
             py,
             timeout,
             &format!("no member of layer {layer}'s set {experts:?}"),
-            |s, wait, keep| {
-                s.claim_any_ticket_until(layer, &experts, wait, WAIT_SLICE, keep)
-            },
+            |s, wait, keep| s.claim_any_ticket_until(layer, &experts, wait, WAIT_SLICE, keep),
         )
     }
 

@@ -505,7 +505,11 @@ fn a_safetensors_vault_carries_the_checkpoints_configs() {
     let src = fixtures().join("mixtral-bf16");
     let out_dir = dir.path().join("vault");
     let out = pack(&src, &out_dir);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for name in ["config.json", "generation_config.json"] {
         assert_eq!(
             std::fs::read(out_dir.join(name)).unwrap(),
@@ -520,18 +524,28 @@ fn a_safetensors_vault_carries_the_checkpoints_configs() {
         .arg(&out_dir)
         .output()
         .unwrap();
-    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
     // Only what is there: a checkpoint without generation_config.json.
     let m = copy_fixture("qwen2moe-f32-sharded", &dir.path().join("sharded"));
     std::fs::remove_file(m.join("generation_config.json")).unwrap();
     let out_dir = dir.path().join("vault2");
     let out = pack(&m, &out_dir);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(out_dir.join("config.json").is_file());
     assert!(!out_dir.join("generation_config.json").exists());
     // A GGUF carries its configuration in itself.
     let out_dir = dir.path().join("vault3");
-    assert!(pack(&fixtures().join("mixtral-q8_0.gguf"), &out_dir).status.success());
+    assert!(pack(&fixtures().join("mixtral-q8_0.gguf"), &out_dir)
+        .status
+        .success());
     assert!(!out_dir.join("config.json").exists());
     // A generation_config.json that is not a JSON object is refused, naming
     // it, and nothing is created.
