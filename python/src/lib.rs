@@ -3,8 +3,8 @@
 //! stats and errors) for Python. The package's Python half, `smoe/`,
 //! defines the exception classes and re-exports what is here.
 //!
-//! - `streamer`: `smoe.Streamer`; its blocking waits release the GIL in
-//!   slices and run signal handlers between them.
+//! - `streamer`: `smoe.Streamer`; its blocking waits release the GIL and
+//!   take it back every 50 ms for a moment, to run signal handlers.
 //! - `lease`: `smoe.Lease`, one claim, and the rule that no view outlives
 //!   its claim (the buffer protocol here, DLPack in `dlpack`).
 //! - `config`: the settings' keywords and the counters' names, held to the

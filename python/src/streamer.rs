@@ -1,5 +1,6 @@
-//! `smoe.Streamer`: the library's `Streamer`, its blocking waits sliced so
-//! Python keeps running (the GIL released) and Ctrl-C still interrupts.
+//! `smoe.Streamer`: the library's `Streamer`, its blocking waits made with
+//! the GIL released, and stoppable: Ctrl-C or a `close()` from another
+//! thread ends one within [`WAIT_SLICE`].
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -16,9 +17,10 @@ use crate::errors;
 use crate::layout::Layouts;
 use crate::lease::Lease;
 
-/// How long one wait inside `claim`/`claim_any` lasts before it comes back
-/// to Python to run signal handlers (Ctrl-C) and to see a `close()` from
-/// another thread. Short enough that Ctrl-C feels immediate.
+/// How often a waiting `claim`/`claim_any` (one library wait, counted once)
+/// takes the GIL for a moment to run signal handlers (Ctrl-C) and looks for
+/// a `close()` from another thread. Short enough that Ctrl-C feels
+/// immediate.
 const WAIT_SLICE: Duration = Duration::from_millis(50);
 
 /// What every lease of a streamer shares with it: the library's streamer,
@@ -29,8 +31,8 @@ pub(crate) struct Core {
     pub(crate) streamer: smoe::Streamer,
     /// `Streamer(..., strict=True)`.
     pub(crate) strict: bool,
-    /// Set by `close()`: a wait in another thread gives up at its next
-    /// slice.
+    /// Set by `close()`: a wait in another thread gives up within
+    /// [`WAIT_SLICE`].
     closed: AtomicBool,
     /// Leases whose ticket is still held (not yet really released).
     pub(crate) held: AtomicUsize,
@@ -182,20 +184,32 @@ impl Streamer {
                         return false;
                     }
                     // Signal handlers run only with the GIL, on the main
-                    // thread: take it for the moment they need.
-                    match Python::attach(|py| py.check_signals()) {
-                        Ok(()) => true,
-                        Err(err) => {
+                    // thread: take it for the moment they need. An
+                    // interpreter that is finalizing cannot be attached
+                    // to: stop waiting then.
+                    match Python::try_attach(|py| py.check_signals()) {
+                        Some(Ok(())) => true,
+                        Some(Err(err)) => {
                             *raised = Some(err);
                             false
                         }
+                        None => false,
                     }
                 };
                 attempt(&core.streamer, wait, &mut keep_waiting)
             })
         };
         match claimed {
-            Ok(Some(info)) => Ok(lease(info)),
+            // The library asks `keep_waiting` only while nothing has landed,
+            // so a raised signal never comes with a claim; were it to, the
+            // claim is given back and the signal wins.
+            Ok(Some(info)) => match raised {
+                None => Ok(lease(info)),
+                Some(err) => {
+                    drop(lease(info));
+                    Err(err)
+                }
+            },
             Err(err) => Err(errors::to_py(py, &err)),
             // Nothing is held: the wait gave up.
             Ok(None) => {

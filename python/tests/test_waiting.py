@@ -81,6 +81,38 @@ def test_ctrl_c_interrupts_a_wait(gated):
         assert lease.expert == 1
 
 
+def test_ctrl_c_is_never_lost_when_the_claim_lands_with_it(vault, testing):
+    # The signal and the read's landing a moment apart: whether the claim
+    # raises or returns, the KeyboardInterrupt reaches Python, and nothing
+    # stays held.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for round_ in range(6):
+            s, gate = testing.open_gated(vault, ring_slots=4, **{**QUIET, "workers": 1})
+
+            def interrupt_then_land(gate=gate):
+                os.kill(os.getpid(), signal.SIGINT)
+                gate.open()
+
+            interrupted = False
+            lease = None
+            try:
+                threading.Timer(0.1, interrupt_then_land).start()
+                lease = s.claim(0, 1, timeout=20)
+                # Returned first: the signal is raised by Python's next check.
+                for _ in range(100):
+                    time.sleep(0.01)
+            except KeyboardInterrupt:
+                interrupted = True
+            assert interrupted, f"round {round_}: the KeyboardInterrupt was lost"
+            if lease is not None:
+                lease.release()
+            assert s.stats()["slots_held"] == 0
+            s.close()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_close_from_another_thread_ends_a_wait(gated):
     s, gate = gated
 

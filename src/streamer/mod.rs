@@ -748,9 +748,14 @@ mod imp {
                     .checked_add(every)
                     .map_or(deadline, |t| t.min(deadline));
                 let claimed = self.shared.landed.wait_for(until, &mut attempt)?;
-                let stop = keep_waiting.as_mut().is_some_and(|k| !k());
-                if claimed.is_some() || until >= deadline || stop {
+                // The host is asked only while nothing landed: a claim in
+                // hand is returned, so a host that consumed a signal in
+                // `keep_waiting` never sees it paired with a claim.
+                if claimed.is_some() || until >= deadline {
                     break claimed;
+                }
+                if keep_waiting.as_mut().is_some_and(|k| !k()) {
+                    break None;
                 }
             };
             if claimed.is_none() {
