@@ -325,6 +325,9 @@ fn check_out_dir(out_dir: &Path, force: bool, inputs: &[FileId]) -> Result<()> {
     let inputs: HashSet<&FileId> = inputs.iter().collect();
     let entries = std::fs::read_dir(out_dir).map_err(|e| Error::io("cannot list", out_dir, &e))?;
     let mut empty = true;
+    // A config the packer copies, which only a vault packed from a
+    // checkpoint can have had from it.
+    let mut config: Option<String> = None;
     for entry in entries {
         let entry = entry.map_err(|e| Error::io("cannot list", out_dir, &e))?;
         empty = false;
@@ -346,14 +349,29 @@ fn check_out_dir(out_dir: &Path, force: bool, inputs: &[FileId]) -> Result<()> {
                 "holds {shown}, which is {kind}, not a vault's file"
             ));
         }
+        if CHECKPOINT_CONFIGS.contains(&&*shown) {
+            config = Some(shown.into_owned());
+        }
     }
     if empty {
         return Ok(());
     }
-    match smoe::vault::Vault::open(out_dir) {
-        Ok(_) => Ok(()),
-        Err(e) => refuse(format!("does not hold a valid vault ({e})")),
+    let vault = match smoe::vault::Vault::open(out_dir) {
+        Ok(vault) => vault,
+        Err(e) => return refuse(format!("does not hold a valid vault ({e})")),
+    };
+    if let Some(name) = config {
+        let kind = json::parse(vault.meta())
+            .ok()
+            .and_then(|m| Some(m.get("source")?.get("kind")?.as_str()?.to_owned()));
+        if kind.as_deref() != Some(SourceKind::Safetensors.name()) {
+            return refuse(format!(
+                "holds {name}, which a vault packed from {} does not: it is not the packer's",
+                kind.map_or("an unknown source".to_owned(), |k| format!("a {k} model"))
+            ));
+        }
     }
+    Ok(())
 }
 
 /// Removes the temporary directory unless disarmed.
@@ -410,6 +428,9 @@ fn pack_cancellable(
     let model = open_model(source, cancelled)?;
     check_out_dir(out_dir, force, &model.inputs)?;
     check_no_overlap(&model)?;
+    // Read and checked now, written last: a bad config.json fails the pack
+    // before a byte is copied.
+    let configs = read_configs(&model, cancelled)?;
     let (n_layers, n_experts, plans) = plan(&model)?;
     let files = &model.handles;
     if cancelled() {
@@ -525,9 +546,7 @@ fn pack_cancellable(
     let scout_size = std::fs::metadata(&scout_path)
         .map_err(|e| Error::io("cannot stat", &scout_path, &e))?
         .len();
-    if model.kind == SourceKind::Safetensors {
-        copy_configs(&model, &tmp, cancelled)?;
-    }
+    write_configs(&configs, &tmp)?;
     files::sync_dir(&tmp)?;
     if cancelled() {
         return Err(interrupted());
@@ -590,13 +609,17 @@ fn pack_cancellable(
     })
 }
 
-/// Copies each of [`CHECKPOINT_CONFIGS`] that the safetensors checkpoint's
-/// directory holds into `tmp`, byte for byte, after checking it is a JSON
-/// object as the model reader checks `config.json` (one reader: the
-/// library's).
-fn copy_configs(model: &Model, tmp: &Path, cancel: Cancel<'_>) -> Result<()> {
+/// The text of each of [`CHECKPOINT_CONFIGS`] beside a safetensors
+/// model's files (where the model reader finds `config.json`), checked to
+/// be a JSON object as the reader checks `config.json` (one reader: the
+/// library's). None for a GGUF.
+fn read_configs(model: &Model, cancel: Cancel<'_>) -> Result<Vec<(&'static str, String)>> {
+    let mut configs = Vec::new();
+    if model.kind != SourceKind::Safetensors {
+        return Ok(configs);
+    }
     let Some(dir) = model.files.first().and_then(|f| f.parent()) else {
-        return Ok(());
+        return Ok(configs);
     };
     for name in CHECKPOINT_CONFIGS {
         let path = dir.join(name);
@@ -614,6 +637,14 @@ fn copy_configs(model: &Model, tmp: &Path, cancel: Cancel<'_>) -> Result<()> {
                 value.kind()
             )));
         }
+        configs.push((name, text));
+    }
+    Ok(configs)
+}
+
+/// Writes `configs` into `tmp`, byte for byte as read.
+fn write_configs(configs: &[(&'static str, String)], tmp: &Path) -> Result<()> {
+    for (name, text) in configs {
         let to = tmp.join(name);
         let mut out = File::create_new(&to).map_err(|e| Error::io("cannot create", &to, &e))?;
         out.write_all(text.as_bytes())

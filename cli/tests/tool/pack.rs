@@ -311,6 +311,17 @@ fn force_never_replaces_user_files() {
     );
     std::fs::remove_file(v.join("scout.safetensors")).unwrap();
 
+    // A config.json in a vault packed from a GGUF is the user's: the
+    // packer copies one only from a safetensors checkpoint.
+    std::fs::write(v.join("config.json"), b"{\"mine\": 1}").unwrap();
+    force_refuses(
+        &model,
+        &v,
+        root,
+        "holds config.json, which a vault packed from a gguf model does not",
+    );
+    std::fs::remove_file(v.join("config.json")).unwrap();
+
     // Not a regular file, though named like one.
     std::fs::create_dir(v.join("scout.d")).unwrap();
     std::fs::write(v.join("scout.d/weights.bin"), b"mine").unwrap();
