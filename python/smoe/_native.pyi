@@ -101,12 +101,12 @@ def pack(source: _Path, out_dir: _Path, *, force: bool = False) -> _PackSummary:
 
     ``source``: a GGUF file (a split one's first part), a ``.safetensors``
     file, a checkpoint directory or its index. The experts go into
-    ``experts.smoe``, the rest into a scout in the source's format; a
-    checkpoint directory's ``config.json`` and ``generation_config.json``
-    are copied beside them. ``out_dir`` must not exist; ``force=True``
+    ``experts.smoe``, the rest into a scout in the source's format; the
+    ``config.json`` and ``generation_config.json`` beside a safetensors
+    model are copied beside them. ``out_dir`` must not exist; ``force=True``
     replaces it only when it is empty or holds a vault and nothing else.
-    The GIL is released while it copies; Ctrl-C stops it and leaves no
-    ``out_dir``.
+    The pack runs on a thread of its own, the GIL released; Ctrl-C stops it
+    within 50 ms and leaves no ``out_dir``.
     """
 
 @final

@@ -3,26 +3,31 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::mpsc;
+use std::time::Duration;
 
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use smoe_pack::{PackOptions, SourceKind};
 
 use crate::errors;
 
-/// How often, at most, a pack asks Python whether Ctrl-C was pressed.
+/// How often a pack's caller, waiting for it with the GIL released, takes
+/// the GIL back for a moment to run signal handlers (Ctrl-C).
 const SIGNAL_EVERY: Duration = Duration::from_millis(50);
 
 /// Packs the model at ``source`` (a GGUF file or the first part of a split
 /// one, a safetensors file, a checkpoint directory or its index) into a
 /// vault at ``out_dir``: the experts into ``experts.smoe``, every other
-/// tensor into a scout in the source's format and, from a checkpoint
-/// directory, its ``config.json`` and ``generation_config.json``
+/// tensor into a scout in the source's format and, from a safetensors
+/// model, the ``config.json`` and ``generation_config.json`` beside it
 /// (docs/pack.md). ``out_dir`` must not exist; ``force=True`` replaces it
 /// only when it is empty or holds a vault and nothing else. Returns what
-/// was written, as a ``dict``. The GIL is released while it copies, and
-/// Ctrl-C stops it (``KeyboardInterrupt``), leaving no ``out_dir``.
+/// was written, as a ``dict``. The pack runs on a thread of its own, the
+/// GIL released; Ctrl-C stops it (``KeyboardInterrupt``), leaving no
+/// ``out_dir`` (a Ctrl-C in the moment the pack finishes still raises; the
+/// vault is then whole).
 #[pyfunction]
 #[pyo3(signature = (source, out_dir, *, force = false))]
 pub(crate) fn pack<'py>(
@@ -32,34 +37,51 @@ pub(crate) fn pack<'py>(
     force: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let cancel = AtomicBool::new(false);
-    let mut raised: Option<PyErr> = None;
-    let packed = {
-        let (source, out_dir, cancel, raised) = (&source, &out_dir, &cancel, &mut raised);
-        py.detach(move || {
-            let mut asked = Instant::now();
-            // Called after each MiB copied: now and then, take the GIL to
-            // run signal handlers (they run only on the main thread, with
-            // it), and stop the pack when one raises.
-            let mut progress = |_: u64, _: u64| {
-                if asked.elapsed() < SIGNAL_EVERY || cancel.load(Ordering::Relaxed) {
-                    return;
-                }
-                asked = Instant::now();
-                if let Err(err) = Python::attach(|py| py.check_signals()) {
-                    *raised = Some(err);
-                    // Relaxed: the flag publishes nothing; the packer reads
-                    // it in this same thread.
-                    cancel.store(true, Ordering::Relaxed);
-                }
-            };
+    let (packed, raised) = std::thread::scope(|scope| {
+        let (done, finished) = mpsc::channel();
+        let (source, out_dir, cancel) = (&source, &out_dir, &cancel);
+        // The pack, on its own thread: this one keeps answering signals
+        // whatever phase the packer is in.
+        let worker = scope.spawn(move || {
             let opts = PackOptions {
                 force,
                 cancel: Some(cancel),
             };
-            smoe_pack::pack(source, out_dir, &opts, &mut progress)
-        })
-    };
+            let packed = smoe_pack::pack(source, out_dir, &opts, &mut |_, _| {});
+            // The receiver outlives the scope's threads.
+            let _ = done.send(());
+            packed
+        });
+        let mut raised: Option<PyErr> = None;
+        let mut finished = finished;
+        loop {
+            let (ended, back) = py.detach(move || {
+                let ended = finished.recv_timeout(SIGNAL_EVERY).is_ok();
+                (ended, finished)
+            });
+            finished = back;
+            if ended || worker.is_finished() {
+                break;
+            }
+            if raised.is_none() {
+                if let Err(err) = py.check_signals() {
+                    raised = Some(err);
+                    // Relaxed: the flag publishes nothing; the packer only
+                    // asks whether it is set, and removes what it wrote.
+                    cancel.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+        // Joined with the GIL released: the packer never takes it.
+        let packed = py.detach(move || worker.join());
+        (packed, raised)
+    });
+    let packed = packed.map_err(|_| {
+        PyRuntimeError::new_err("smoe.pack: the packer panicked; nothing of out_dir was kept")
+    })?;
     if let Some(err) = raised {
+        // The packer saw the flag and removed what it wrote, or had just
+        // finished: then the vault is whole, and the signal still wins.
         return Err(err);
     }
     let summary = packed.map_err(|err| errors::to_py(py, &err))?;

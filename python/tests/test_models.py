@@ -127,3 +127,56 @@ def test_pack_refuses_an_existing_out_dir_and_bad_input(tmp_path):
     with pytest.raises(smoe.FormatError, match="truncated"):
         smoe.pack(bad, tmp_path / "v2")
     assert not (tmp_path / "v2").exists()
+
+
+def sparse_checkpoint(path, n_experts=8, rows=1024, cols=4096):
+    """A Mixtral-named safetensors file of zeros, its data a hole on disk:
+    n_experts × 3 × rows × cols float32 (384 MiB by default), big enough
+    that packing it takes a while."""
+    header, offset = {}, 0
+    for e in range(n_experts):
+        for role, shape in (("w1", [rows, cols]), ("w3", [rows, cols]), ("w2", [cols, rows])):
+            size = rows * cols * 4
+            name = f"model.layers.0.block_sparse_moe.experts.{e}.{role}.weight"
+            header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+            offset += size
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        f.truncate(8 + len(text) + offset)
+
+
+def test_ctrl_c_stops_a_pack_and_leaves_nothing(tmp_path):
+    import os
+    import signal
+    import threading
+    import time
+
+    source = tmp_path / "model.safetensors"
+    sparse_checkpoint(source)
+    out = tmp_path / "vault"
+    started = threading.Event()
+
+    def interrupt_once_writing():
+        # The packer's temporary directory, beside out_dir, holds a file.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if any(any(p.iterdir()) for p in tmp_path.glob(".vault.smoe-pack-*")):
+                started.set()
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.001)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        watcher = threading.Thread(target=interrupt_once_writing)
+        watcher.start()
+        with pytest.raises(KeyboardInterrupt):
+            smoe.pack(source, out)
+            time.sleep(5)  # had the pack finished first, the signal lands here
+        watcher.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert started.is_set(), "the pack never started writing"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"], "nothing left"
