@@ -254,12 +254,25 @@ def _layer_of(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+# torch's CPU allocator aligns every tensor to 64 bytes, as eager's
+# parameters are; its matrix kernels take other paths, which round
+# differently, on data that is not.
+_ALIGN = 64
+
+
 def _role_view(role: str, shape: tuple[int, ...], transpose: bool) -> _Builder:
     def build(lease: smoe.Lease) -> torch.Tensor:
         tensor = lease.torch(role)
         if tensor.dim() != len(shape) and tensor.numel() == _numel(shape):
             tensor = tensor.reshape(shape)
-        return tensor.t().contiguous() if transpose else tensor
+        if transpose:
+            return tensor.t().contiguous()
+        # A model read in place keeps its file's offsets: a safetensors
+        # tensor starts wherever the header before it ends. Such a view is
+        # copied into aligned memory, so the logits stay eager's bit for
+        # bit (tests: qwen3moe float32, whose down_proj sits 56 bytes past
+        # a 64-byte boundary).
+        return tensor.clone() if tensor.data_ptr() % _ALIGN else tensor
 
     return build
 
@@ -343,7 +356,12 @@ def _checkpoint_files(path: pathlib.Path, streamer: smoe.Streamer) -> list[pathl
     meta = streamer.metadata
     if meta.get("format") == "smoe-vault":
         scout = meta.get("scout")
-        if not scout or pathlib.PurePath(scout).name != scout or not (path / scout).is_file():
+        if (
+            not isinstance(scout, str)
+            or not scout
+            or pathlib.PurePath(scout).name != scout
+            or not (path / scout).is_file()
+        ):
             raise smoe.FormatError(
                 f"{path}: the vault names no scout file beside experts.smoe "
                 f"(metadata 'scout': {scout!r}); pack it again with smoe pack"
@@ -407,36 +425,32 @@ def from_pretrained(
         raise smoe.ArgumentError(
             "smoe.transformers.from_pretrained reads the weights from path, not a state_dict"
         )
-    if not path.is_dir() or ("config" not in kwargs and not (path / "config.json").is_file()):
+    if not path.is_dir():
         raise smoe.ArgumentError(
             f"{path}: smoe.transformers.from_pretrained takes a safetensors checkpoint directory "
-            f"(config.json beside model.safetensors or its index) or a vault packed from one "
-            f"(config.json beside experts.smoe; pass config= if it has none)"
+            f"(config.json beside model.safetensors or its index) or a vault packed from one"
         )
     streamer_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in _STREAMER_KEYWORDS}
     cls = AutoModelForCausalLM if model_class is None else model_class
 
     config = kwargs.pop("config", None)
-    if config is None:
+    if config is None and (path / "config.json").is_file():
         config, kwargs = AutoConfig.from_pretrained(path, return_unused_kwargs=True, **kwargs)
+    if config is not None:
+        skeleton, model_name, experts = _skeleton(cls, config)
+        concrete = type(skeleton)
 
-    # The model's structure, on the meta device (no memory): which modules
-    # are experts, their parameters' names and shapes.
-    with torch.device("meta"):
-        skeleton = cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
-    concrete = type(skeleton)  # an Auto class resolves to it
-    model_name = concrete.__name__
-    experts = _experts_modules(skeleton)
-    if not experts:
-        raise smoe.Unsupported(
-            f"{model_name} ({config.model_type}) does not compute its experts through transformers' "
-            f"experts interface (transformers.integrations.moe.use_experts_implementation): "
-            f"smoe.transformers cannot stream them"
-        )
-
+    # What the streamer reads at path (a checkpoint, a vault and what it was
+    # packed from) says what else is needed there.
     streamer = smoe.Streamer(path, **streamer_kwargs)
     try:
-        plans = _plan(streamer, path, model_name, experts)
+        _check_source(streamer, path)
+        if config is None:
+            raise smoe.ArgumentError(
+                f"{path}: has no config.json (a checkpoint holds one beside its weights; "
+                f"smoe pack copies it into the vault); pass config="
+            )
+        plans = _plan(streamer, model_name, experts)
         # Each routed experts parameter loads as an empty meta tensor.
         placeholders = {
             f"{name}.{pname}": _Placeholder(param.shape, param.dtype)
@@ -495,20 +509,50 @@ def from_pretrained(
         raise
 
 
+def _skeleton(cls: Any, config: Any) -> tuple[torch.nn.Module, str, list[tuple[str, torch.nn.Module]]]:
+    """The model's structure on the meta device (no memory), its class's
+    name and its experts modules; refuses a model whose experts do not go
+    through transformers' experts interface."""
+    with torch.device("meta"):
+        skeleton = cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
+    model_name = type(skeleton).__name__  # an Auto class resolves to it
+    experts = _experts_modules(skeleton)
+    if not experts:
+        raise smoe.Unsupported(
+            f"{model_name} ({config.model_type}) does not compute its experts through "
+            f"transformers' experts interface "
+            f"(transformers.integrations.moe.use_experts_implementation): "
+            f"smoe.transformers cannot stream them"
+        )
+    return skeleton, model_name, experts
+
+
+def _check_source(streamer: smoe.Streamer, path: pathlib.Path) -> None:
+    """Refuses what is not a safetensors checkpoint or a vault packed from
+    one (a GGUF, a vault packed from a GGUF): transformers' models read
+    safetensors names and layouts."""
+    meta = streamer.metadata
+    source = meta.get("source")
+    kind = source.get("kind") if isinstance(source, dict) else None
+    if kind == "safetensors":
+        return
+    vault = meta.get("format") == "smoe-vault"
+    name = kind.upper() if isinstance(kind, str) else "model of unknown kind"
+    what = f"a vault packed from a {name}" if vault else f"a {name} model"
+    raise smoe.ArgumentError(
+        f"{path}: is {what}; smoe.transformers.from_pretrained takes a safetensors checkpoint "
+        f"or a vault packed from one (llama.cpp with smoe runs GGUF models: docs/llama.md)"
+    )
+
+
 def _plan(
     streamer: smoe.Streamer,
-    path: pathlib.Path,
     model_name: str,
     experts: list[tuple[str, torch.nn.Module]],
 ) -> list[tuple[str, int, dict[str, _Builder]]]:
     """Each experts module's layer in the checkpoint and the builders of
     its parameters; refuses a checkpoint that does not match the model."""
-    meta = streamer.metadata
-    if meta.get("source", {}).get("kind") != "safetensors":
-        raise smoe.ArgumentError(
-            f"{path}: not a safetensors checkpoint (smoe reads it as {meta.get('source')})"
-        )
-    layouts = meta.get("layer_blob_layouts", {})
+    layouts = streamer.metadata.get("layer_blob_layouts", {})
     plans = []
     for name, module in experts:
         layer = _layer_of(name)

@@ -246,9 +246,15 @@ def test_a_model_without_the_experts_interface_is_refused(tmp_path):
         st.from_pretrained(tmp_path, **QUIET)
 
 
-def test_a_path_that_is_not_a_checkpoint_directory_is_refused():
+def test_a_path_that_is_not_a_checkpoint_directory_is_refused(tmp_path):
     with pytest.raises(smoe.ArgumentError, match="safetensors checkpoint directory"):
         st.from_pretrained(MODELS / "mixtral-q8_0.gguf", **QUIET)
+    # A vault packed from a GGUF is a directory, and still not a checkpoint:
+    # said before any config.json is looked for.
+    vault = tmp_path / "vault"
+    smoe.pack(MODELS / "mixtral-q8_0.gguf", vault)
+    with pytest.raises(smoe.ArgumentError, match="is a vault packed from a GGUF"):
+        st.from_pretrained(vault, **QUIET)
 
 
 def test_the_implementation_is_registered_and_refuses_other_models(checkpoints, prompt):
