@@ -92,12 +92,12 @@ class Cgroup:
     """A memory cgroup capped at `cap` bytes: v2 at /sys/fs/cgroup, else v1
     under this process's own memory cgroup."""
 
-    def __init__(self, cap: int):
+    def __init__(self, cap: int, name: str):
         root = pathlib.Path("/sys/fs/cgroup")
         if (root / "cgroup.controllers").is_file():
             if "memory" not in (root / "cgroup.controllers").read_text().split():
                 die("the cgroup v2 memory controller is not available")
-            self.path = root / CGROUP_NAME
+            self.path = root / name
             self.v2 = True
         elif (root / "memory").is_dir():
             own = next(
@@ -105,7 +105,7 @@ class Cgroup:
                 for line in open("/proc/self/cgroup")
                 if line.split(":")[1] == "memory"
             )
-            self.path = root / "memory" / own.lstrip("/") / CGROUP_NAME
+            self.path = root / "memory" / own.lstrip("/") / name
             self.v2 = False
         else:
             die("no memory cgroup (v2 at /sys/fs/cgroup, or v1 at /sys/fs/cgroup/memory)")
@@ -161,7 +161,6 @@ def run(args: argparse.Namespace) -> None:
     if weights == 0:
         die(f"{model}: no safetensors files (python-bench.py make {model})")
     cap = parse_size(args.cap)
-    group = Cgroup(cap)
     print(
         f"model {model.name}: {weights / 2**30:.2f} GiB of weights; memory cap {cap / 2**30:.2f} GiB "
         f"({weights / cap:.2f}× smaller); {args.tokens} tokens greedy after a {args.prompt_tokens}-token "
@@ -174,9 +173,13 @@ def run(args: argparse.Namespace) -> None:
     if args.in_memory:
         # The yardstick: the model in memory (no cap), compute alone.
         plan.append((0, "memory"))
+    group = None
     try:
         for round_, mode in plan:
             drop_caches()
+            # A fresh cgroup a run: v2's memory.peak cannot be reset, and
+            # would carry the last run's peak.
+            group = Cgroup(cap, f"{CGROUP_NAME}-{os.getpid()}-{round_}-{mode}")
             group.reset_peak()
             child = [
                 sys.executable,
@@ -207,6 +210,7 @@ def run(args: argparse.Namespace) -> None:
             result = json.loads(done.stdout.strip().splitlines()[-1])
             # Outside the cgroup, the process's own peak resident set.
             result["peak"] = group.peak() if join else result["max_rss"]
+            group.remove()
             result["wall"] = wall
             results[mode].append(result)
             print(
@@ -216,7 +220,8 @@ def run(args: argparse.Namespace) -> None:
                 flush=True,
             )
     finally:
-        group.remove()
+        if group is not None:
+            group.remove()
     table(results, args)
 
 
