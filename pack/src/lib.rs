@@ -325,9 +325,9 @@ fn check_out_dir(out_dir: &Path, force: bool, inputs: &[FileId]) -> Result<()> {
     let inputs: HashSet<&FileId> = inputs.iter().collect();
     let entries = std::fs::read_dir(out_dir).map_err(|e| Error::io("cannot list", out_dir, &e))?;
     let mut empty = true;
-    // A config the packer copies, which only a vault packed from a
-    // checkpoint can have had from it.
-    let mut config: Option<String> = None;
+    // Configs the packer copies: each must be one the vault's metadata
+    // says it copied.
+    let mut configs: Vec<String> = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| Error::io("cannot list", out_dir, &e))?;
         empty = false;
@@ -350,7 +350,7 @@ fn check_out_dir(out_dir: &Path, force: bool, inputs: &[FileId]) -> Result<()> {
             ));
         }
         if CHECKPOINT_CONFIGS.contains(&&*shown) {
-            config = Some(shown.into_owned());
+            configs.push(shown.into_owned());
         }
     }
     if empty {
@@ -360,16 +360,22 @@ fn check_out_dir(out_dir: &Path, force: bool, inputs: &[FileId]) -> Result<()> {
         Ok(vault) => vault,
         Err(e) => return refuse(format!("does not hold a valid vault ({e})")),
     };
-    if let Some(name) = config {
-        let kind = json::parse(vault.meta())
-            .ok()
-            .and_then(|m| Some(m.get("source")?.get("kind")?.as_str()?.to_owned()));
-        if kind.as_deref() != Some(SourceKind::Safetensors.name()) {
-            return refuse(format!(
-                "holds {name}, which a vault packed from {} does not: it is not the packer's",
-                kind.map_or("an unknown source".to_owned(), |k| format!("a {k} model"))
-            ));
-        }
+    let copied: Vec<String> = json::parse(vault.meta())
+        .ok()
+        .and_then(|m| {
+            let names = m.get("configs")?.as_array()?;
+            Some(
+                names
+                    .iter()
+                    .filter_map(|n| n.as_str().map(str::to_owned))
+                    .collect(),
+            )
+        })
+        .unwrap_or_default();
+    if let Some(name) = configs.iter().find(|c| !copied.contains(c)) {
+        return refuse(format!(
+            "holds {name}, which the vault's metadata does not list as copied by the packer (\"configs\"): it is not the packer's"
+        ));
     }
     Ok(())
 }
@@ -445,7 +451,8 @@ fn pack_cancellable(
         SourceKind::Gguf => "scout.gguf",
         SourceKind::Safetensors => "scout.safetensors",
     };
-    let meta = metadata(&model, &layouts, scout_name);
+    let config_names: Vec<&str> = configs.iter().map(|(name, _)| *name).collect();
+    let meta = metadata(&model, &layouts, scout_name, &config_names);
     let expert_bytes: u64 = plans
         .iter()
         .map(|p| p.items.iter().map(|i| i.bytes).sum::<u64>() * u64::from(n_experts))
@@ -683,7 +690,7 @@ fn copy_range(
 /// The vault's metadata (SPEC §1.2), written by the library's one writer of
 /// it ([`smoe::internals::model::meta`]), which a model opened in place
 /// uses too.
-fn metadata(model: &Model, layouts: &BlobLayouts, scout: &str) -> String {
+fn metadata(model: &Model, layouts: &BlobLayouts, scout: &str, configs: &[&str]) -> String {
     let views: Vec<(u32, &[smoe::internals::model::LayoutItem])> = layouts
         .layers
         .iter()
@@ -697,6 +704,7 @@ fn metadata(model: &Model, layouts: &BlobLayouts, scout: &str) -> String {
             format: "smoe-vault",
             writer: &writer,
             scout: Some(scout),
+            configs,
         },
     )
 }

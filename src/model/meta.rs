@@ -19,12 +19,15 @@ pub struct MetaWriter<'a> {
     pub writer: &'a str,
     /// The vault's scout file, if it has one.
     pub scout: Option<&'a str>,
+    /// The source's config files the vault carries beside its scout
+    /// (`configs`; omitted when empty).
+    pub configs: &'a [&'a str],
 }
 
 /// The SPEC §1.2 metadata of `model` whose layers have `layouts` (ascending
 /// by layer), as compact JSON: `format`, `writer`, `source`, `arch` and
-/// `top_k` where the model says, `scout` where there is one, and
-/// `layer_blob_layouts`.
+/// `top_k` where the model says, `scout` where there is one, `configs`
+/// where the vault carries any, and `layer_blob_layouts`.
 pub fn metadata_json(model: &Model, layouts: &[(u32, &[LayoutItem])], w: MetaWriter<'_>) -> String {
     let mut out = String::with_capacity(256 + layouts.len() * 512);
     out.push('{');
@@ -66,6 +69,18 @@ pub fn metadata_json(model: &Model, layouts: &[(u32, &[LayoutItem])], w: MetaWri
         out.push(',');
         key(&mut out, "scout");
         string(&mut out, scout);
+    }
+    if !w.configs.is_empty() {
+        out.push(',');
+        key(&mut out, "configs");
+        out.push('[');
+        for (i, name) in w.configs.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            string(&mut out, name);
+        }
+        out.push(']');
     }
     out.push(',');
     key(&mut out, "layer_blob_layouts");

@@ -192,6 +192,7 @@ pub(super) fn open(path: &Path) -> Result<Opened> {
             format: "smoe-model",
             writer: &writer,
             scout: None,
+            configs: &[],
         },
     );
     let dense_bytes = dense_bytes(&model);

@@ -312,13 +312,13 @@ fn force_never_replaces_user_files() {
     std::fs::remove_file(v.join("scout.safetensors")).unwrap();
 
     // A config.json in a vault packed from a GGUF is the user's: the
-    // packer copies one only from a safetensors checkpoint.
+    // packer lists in the metadata the configs it copied, here none.
     std::fs::write(v.join("config.json"), b"{\"mine\": 1}").unwrap();
     force_refuses(
         &model,
         &v,
         root,
-        "holds config.json, which a vault packed from a gguf model does not",
+        "holds config.json, which the vault's metadata does not list as copied",
     );
     std::fs::remove_file(v.join("config.json")).unwrap();
 
@@ -552,6 +552,16 @@ fn a_safetensors_vault_carries_the_checkpoints_configs() {
     );
     assert!(out_dir.join("config.json").is_file());
     assert!(!out_dir.join("generation_config.json").exists());
+    // A generation_config.json put there later is the user's: --force
+    // refuses, though the vault comes from a safetensors model.
+    std::fs::write(out_dir.join("generation_config.json"), b"{}").unwrap();
+    force_refuses(
+        &m,
+        &out_dir,
+        dir.path(),
+        "holds generation_config.json, which the vault's metadata does not list",
+    );
+    std::fs::remove_file(out_dir.join("generation_config.json")).unwrap();
     // A GGUF carries its configuration in itself.
     let out_dir = dir.path().join("vault3");
     assert!(pack(&fixtures().join("mixtral-q8_0.gguf"), &out_dir)
