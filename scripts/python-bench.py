@@ -110,6 +110,13 @@ class Cgroup:
         else:
             die("no memory cgroup (v2 at /sys/fs/cgroup, or v1 at /sys/fs/cgroup/memory)")
         self.path.mkdir(exist_ok=True)
+        try:
+            self._limit(root, cap)
+        except BaseException:
+            self.remove()
+            raise
+
+    def _limit(self, root: pathlib.Path, cap: int) -> None:
         if self.v2:
             try:
                 (root / "cgroup.subtree_control").write_text("+memory")
@@ -139,10 +146,16 @@ class Cgroup:
         (self.path / "cgroup.procs").write_text(str(os.getpid()))
 
     def remove(self) -> None:
-        try:
-            self.path.rmdir()
-        except OSError:
-            pass
+        # A cgroup whose last process has just exited may be busy a moment.
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.1)
+        print(f"python-bench: could not remove {self.path}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------- run

@@ -105,8 +105,12 @@ def pack(source: _Path, out_dir: _Path, *, force: bool = False) -> _PackSummary:
     ``config.json`` and ``generation_config.json`` beside a safetensors
     model are copied beside them. ``out_dir`` must not exist; ``force=True``
     replaces it only when it is empty or holds a vault and nothing else.
-    The pack runs on a thread of its own, the GIL released; Ctrl-C stops it
-    within 50 ms and leaves no ``out_dir``.
+    The pack runs on a thread of its own, the GIL released. Ctrl-C asks it
+    to stop within 50 ms; it stops at its next check (every MiB copied; a
+    sync or rename finishes first), removes what it wrote and raises
+    ``KeyboardInterrupt``: no new ``out_dir`` (with ``force=True`` the old
+    vault stays). A Ctrl-C as the pack finishes still raises; the new vault
+    is then whole.
     """
 
 @final

@@ -537,8 +537,8 @@ def _check_source(streamer: smoe.Streamer, path: pathlib.Path) -> None:
     if kind == "safetensors":
         return
     vault = meta.get("format") == "smoe-vault"
-    name = kind.upper() if isinstance(kind, str) else "model of unknown kind"
-    what = f"a vault packed from a {name}" if vault else f"a {name} model"
+    name = f"{kind.upper()} model" if isinstance(kind, str) else "model of unknown kind"
+    what = f"a vault packed from a {name}" if vault else f"a {name}"
     raise smoe.ArgumentError(
         f"{path}: is {what}; smoe.transformers.from_pretrained takes a safetensors checkpoint "
         f"or a vault packed from one (llama.cpp with smoe runs GGUF models: docs/llama.md)"

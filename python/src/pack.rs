@@ -25,9 +25,12 @@ const SIGNAL_EVERY: Duration = Duration::from_millis(50);
 /// (docs/pack.md). ``out_dir`` must not exist; ``force=True`` replaces it
 /// only when it is empty or holds a vault and nothing else. Returns what
 /// was written, as a ``dict``. The pack runs on a thread of its own, the
-/// GIL released; Ctrl-C stops it (``KeyboardInterrupt``), leaving no
-/// ``out_dir`` (a Ctrl-C in the moment the pack finishes still raises; the
-/// vault is then whole).
+/// GIL released; Ctrl-C asks it to stop within 50 ms, and it stops at its
+/// next check (every MiB copied, every few thousand header entries; a sync
+/// or a rename finishes first), removes what it wrote and raises
+/// ``KeyboardInterrupt``: no new ``out_dir`` (with ``force=True`` the old
+/// vault stays). A Ctrl-C as the pack finishes still raises; the new vault
+/// is then whole.
 #[pyfunction]
 #[pyo3(signature = (source, out_dir, *, force = false))]
 pub(crate) fn pack<'py>(
@@ -76,14 +79,14 @@ pub(crate) fn pack<'py>(
         let packed = py.detach(move || worker.join());
         (packed, raised)
     });
+    if let Some(err) = raised {
+        // The packer saw the flag and removed what it wrote, or had just
+        // finished (then the vault is whole), or panicked: the signal wins.
+        return Err(err);
+    }
     let packed = packed.map_err(|_| {
         PyRuntimeError::new_err("smoe.pack: the packer panicked; nothing of out_dir was kept")
     })?;
-    if let Some(err) = raised {
-        // The packer saw the flag and removed what it wrote, or had just
-        // finished: then the vault is whole, and the signal still wins.
-        return Err(err);
-    }
     let summary = packed.map_err(|err| errors::to_py(py, &err))?;
     let out = PyDict::new(py);
     out.set_item("out_dir", &summary.out_dir)?;

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pyo3::exceptions::PyBufferError;
+use pyo3::exceptions::{PyBufferError, PyRuntimeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use smoe::{Priority, SlotInfo};
@@ -172,11 +172,13 @@ impl Streamer {
             Timeout::Until(deadline, _) => deadline.saturating_duration_since(Instant::now()),
         };
         let mut raised: Option<PyErr> = None;
+        let mut finalizing = false;
         let claimed = if wait.is_zero() {
             attempt(&core.streamer, Duration::ZERO, &mut || true)
         } else {
             let core = &*core;
             let raised = &mut raised;
+            let finalizing = &mut finalizing;
             let attempt = &attempt;
             py.detach(move || {
                 let mut keep_waiting = || {
@@ -193,7 +195,10 @@ impl Streamer {
                             *raised = Some(err);
                             false
                         }
-                        None => false,
+                        None => {
+                            *finalizing = true;
+                            false
+                        }
                     }
                 };
                 attempt(&core.streamer, wait, &mut keep_waiting)
@@ -215,6 +220,11 @@ impl Streamer {
             Ok(None) => {
                 if let Some(err) = raised {
                     return Err(err);
+                }
+                if finalizing {
+                    return Err(PyRuntimeError::new_err(format!(
+                        "the wait for {what} stopped: the interpreter is shutting down"
+                    )));
                 }
                 if core.closed.load(Ordering::Acquire) {
                     // Perhaps the last reference: its drop joins the
