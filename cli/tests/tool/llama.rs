@@ -141,6 +141,8 @@ fn run_threads(
         "SMOE_WORKERS",
         "SMOE_DIRECT_IO",
         "SMOE_TEST_SQUEEZE",
+        "SMOE_UBATCH",
+        "SMOE_SIMPLE_UBATCH",
     ] {
         cmd.env_remove(var);
     }
@@ -579,6 +581,95 @@ fn in_place_8_layers_one_slot_sixteen_waves_identical() {
         return;
     };
     assert!(waves > 2.0, "{waves} waves per layer");
+}
+
+/// The `n_ubatch` the glue kept: the last `smoe: n_ubatch N (` line not
+/// marked too big, else llama.cpp's (`asked`).
+fn kept_ubatch(stderr: &str, asked: u32) -> u32 {
+    stderr
+        .lines()
+        .rev()
+        .filter(|l| l.starts_with("smoe: n_ubatch ") && !l.contains(" too big"))
+        .find_map(|l| l["smoe: n_ubatch ".len()..].split(' ').next()?.parse().ok())
+        .unwrap_or(asked)
+}
+
+/// Issue 35: a prompt longer than `n_ubatch` through a ring smaller than the
+/// model runs in one ubatch, reading each expert once instead of once per
+/// ubatch, with stock's logits at that `n_ubatch` (bitwise); the default
+/// raise is kept only when its compute buffers fit, and `SMOE_UBATCH=0`
+/// keeps llama.cpp's. `SMOE_SIMPLE_UBATCH=32` stands in for llama.cpp's 512
+/// so that the fixture's prompt is several ubatches.
+#[test]
+fn a_prompt_in_one_ubatch_reads_each_expert_once() {
+    let Some(s) = setup_in_place("qwen3moe-q8_0.gguf") else {
+        return;
+    };
+    // 16 slots, one layer's experts of the fixture's two layers: each
+    // ubatch reads both layers' experts again. No pre-warm: a run after
+    // the first would start with the experts its histogram names.
+    let small = [
+        ("SMOE", "1"),
+        ("SMOE_RING_SLOTS", "16"),
+        ("SMOE_SIMPLE_UBATCH", "32"),
+        ("SMOE_PREWARM", "0"),
+    ];
+    let with = |extra: &[(&'static str, &'static str)]| {
+        let mut env = small.to_vec();
+        env.extend_from_slice(extra);
+        env
+    };
+    let stock_32 = run_long(&s, "stock-32", 1, &[("SMOE_SIMPLE_UBATCH", "32")]);
+    let stock_one = run_long(&s, "stock-one", 1, &[("SMOE_SIMPLE_UBATCH", "4096")]);
+
+    // SMOE_UBATCH=N: N, at most n_batch (the prompt), unchecked.
+    let one = run_long(&s, "smoe-one", 1, &with(&[("SMOE_UBATCH", "4096")]));
+    let err = String::from_utf8_lossy(&one.out.stderr);
+    assert!(err.contains("(SMOE_UBATCH=4096, n_batch "), "{err}");
+    assert!(
+        same_logits(&one, &stock_one),
+        "SMOE_UBATCH: not stock's logits at n_batch\n{err}"
+    );
+
+    // SMOE_UBATCH=0: llama.cpp's n_ubatch, stock's logits, each ubatch
+    // reading the experts again.
+    let asked = run_long(&s, "smoe-asked", 1, &with(&[("SMOE_UBATCH", "0")]));
+    let asked_err = String::from_utf8_lossy(&asked.out.stderr);
+    assert!(!asked_err.contains("smoe: n_ubatch"), "{asked_err}");
+    assert!(
+        same_logits(&asked, &stock_32),
+        "SMOE_UBATCH=0: not stock's logits\n{asked_err}"
+    );
+    let reads = |e: &str| counter(e, " demand") + counter(e, " speculative");
+    // The same 32 decode steps follow both prompts: the difference is the
+    // prompt's, 32 experts a ubatch after the first.
+    let (once, again) = (reads(&err), reads(&asked_err));
+    eprintln!("one ubatch: {once} reads; ubatches of 32 tokens: {again}");
+    assert!(
+        again >= once + 32,
+        "one ubatch read {once} experts, ubatches of 32 tokens {again}"
+    );
+
+    // Unset: raised to n_batch, kept only when the compute buffers it adds
+    // fit in a quarter of the ring; with this ring of a few hundred KiB
+    // they do not, and it is halved down to what fits (or llama.cpp's). The
+    // logits are stock's at the n_ubatch kept.
+    let auto = run_long(&s, "smoe-auto", 1, &small);
+    let auto_err = String::from_utf8_lossy(&auto.out.stderr);
+    assert!(
+        auto_err.contains("smoe: n_ubatch ") && auto_err.contains(" too big"),
+        "{auto_err}"
+    );
+    let kept = kept_ubatch(&auto_err, 32);
+    let kept_s = kept.to_string();
+    let reference = match kept {
+        32 => stock_32,
+        _ => run_long(&s, "stock-kept", 1, &[("SMOE_SIMPLE_UBATCH", &kept_s)]),
+    };
+    assert!(
+        same_logits(&auto, &reference),
+        "n_ubatch {kept}: not stock's logits\n{auto_err}"
+    );
 }
 
 /// `SMOE=0` is stock llama.cpp, also with `SMOE_VAULT` set (it says that it
