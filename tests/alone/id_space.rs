@@ -65,10 +65,17 @@ fn a_one_entry_vault_at_the_cap_costs_little() {
     drop(c);
     // Idle, with the pre-warm thread running.
     std::thread::sleep(Duration::from_millis(300));
-    let (cpu0, t0) = (common::process_cpu(), Instant::now());
-    std::thread::sleep(Duration::from_secs(1));
-    let idle = common::process_cpu() - cpu0;
-    let idle_share = idle.as_secs_f64() / t0.elapsed().as_secs_f64();
+    // The least of three one-second windows: another process on a busy
+    // machine only adds to what this one is charged (a CI run once
+    // measured 1.1% here beside a 0.13% quiet figure), never takes away.
+    let idle_share = (0..3)
+        .map(|_| {
+            let (cpu0, t0) = (common::process_cpu(), Instant::now());
+            std::thread::sleep(Duration::from_secs(1));
+            let idle = common::process_cpu() - cpu0;
+            idle.as_secs_f64() / t0.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min);
     let rss = common::rss_bytes().saturating_sub(rss0);
     for _ in 0..100 {
         s.stats();
