@@ -29,6 +29,8 @@
 #             bytes read over the model's expert bytes (issue 35); first the
 #             limits: the experts read alone at the drive's rate (dd) and
 #             stock's prefill with the model in memory (compute alone).
+#             Every llama-simple run also prints how long the model's drive
+#             had I/O in flight (/sys/dev/block/.../stat) and sat idle.
 #   inplace   the broad model capped as above, llama.cpp + smoe reading the
 #             GGUF in place (SMOE=1) against the same with its packed vault
 #             (SMOE_VAULT), alternating, the same ring: prefill and decode
@@ -198,6 +200,15 @@ peak() {
   if [ "$CG_V2" = 1 ]; then cat "$CG/memory.peak"; else cat "$CG/memory.max_usage_in_bytes"; fi 2>/dev/null || echo 0
 }
 
+# disk_ticks FILE: the milliseconds the block device holding FILE has spent with I/O in
+# flight since boot (/sys/dev/block/MAJOR:MINOR/stat, field 10); empty when FILE is not on
+# a block device this can find.
+disk_ticks() {
+  local dev
+  dev=$(stat -L -c '%d' "$1")
+  awk '{ print $10 }' "/sys/dev/block/$((dev >> 8 & 0xfff)):$(((dev & 0xff) | (dev >> 12 & 0xfff00)))/stat" 2>/dev/null || true
+}
+
 # simple NAME COLD MODEL PROMPT N ENV...: llama-simple in the cgroup (COLD=1:
 # page cache dropped first). Sets LAST to its figures: "prompt_tokens
 # prompt_s ttft_s decode_tokens decode_s read_bytes peak_bytes".
@@ -211,10 +222,15 @@ simple() {
     echo 3 >/proc/sys/vm/drop_caches
   fi
   cgroup "$LIMIT"
+  local ticks0 ticks1 t0 t1
+  ticks0=$(disk_ticks "$model")
+  t0=$(date +%s.%N)
   bash -c 'echo $$ >"$1/cgroup.procs"; io=$2; shift 2; "$@" & pid=$!
            while kill -0 $pid 2>/dev/null; do cat /proc/$pid/io >"$io.tmp" 2>/dev/null && mv "$io.tmp" "$io"; sleep 0.1; done
            wait $pid' _ "$CG" "$io" env "$@" "$SIMPLE" -t "$THREADS" -m "$model" -n "$n" "$text" >"$out" 2>"$err" ||
     { tail -20 "$err" >&2; die "$name failed (log: $err)"; }
+  t1=$(date +%s.%N)
+  ticks1=$(disk_ticks "$model")
   local peak read_bytes
   peak=$(peak)
   read_bytes=$(awk '/^read_bytes/ {print $2}' "$io" 2>/dev/null || echo 0)
@@ -233,6 +249,13 @@ simple() {
     printf "%-14s prefill %d tokens in %.3f s (%.2f tokens/s), first token at %.2f s, decode %d tokens at %.2f tokens/s, read %.2f GiB, peak %.2f GiB\n",
       name, np, ps, (ps > 0 ? np / ps : 0), tt, nd, (ds > 0 ? nd / ds : 0), rb / 1073741824, pk / 1073741824 }'
   grep '^smoe: claims' "$err" | sed 's/^/               /' || true
+  # the drive's busy time over the run (load, prefill and decode; with one token, about
+  # the prefill): what it was not doing is the time it sat idle
+  if [ -n "$ticks0" ] && [ -n "$ticks1" ]; then
+    awk -v k="$((ticks1 - ticks0))" -v t0="$t0" -v t1="$t1" 'BEGIN {
+      w = t1 - t0; b = k / 1000
+      printf "               drive busy %.2f s of the run'"'"'s %.2f s: idle %.2f s (%.0f%%)\n", b, w, (w > b ? w - b : 0), (w > b ? (w - b) / w * 100 : 0) }'
+  fi
 }
 
 # same A B: the two runs' texts are identical, or the script fails.
