@@ -346,8 +346,8 @@ long() {
       SMOE_DUMP_LOGITS="$WORK/long-smoe-$r.logits"
     read -r x m_ps x x x m_rb x <<<"$LAST"
     grep '^smoe: n_ubatch' "$WORK/long-smoe-$r.err" | sed 's/^/               /' || true
-    # the n_ubatch smoe ran: the last size the glue reported keeping
-    ub=$(awk '/^smoe: n_ubatch [0-9]+ \(/ && !/too big/ { ub = $3 } END { print ub + 0 }' "$WORK/long-smoe-$r.err")
+    # the n_ubatch smoe ran, as the patched llama-simple reports it
+    ub=$(awk '/^main: n_ubatch [0-9]+$/ { ub = $3 } END { print ub + 0 }' "$WORK/long-smoe-$r.err")
     [ "$ub" -gt 0 ] || ub=512
     # stock at smoe's n_ubatch: the reference for its logits
     simple "long-stock-ub$ub-$r" 1 "$BROAD" "$text" "$LONG_PREDICT" SMOE_SIMPLE_UBATCH="$ub" \

@@ -583,15 +583,13 @@ fn in_place_8_layers_one_slot_sixteen_waves_identical() {
     assert!(waves > 2.0, "{waves} waves per layer");
 }
 
-/// The `n_ubatch` the glue kept: the last `smoe: n_ubatch N (` line not
-/// marked too big, else llama.cpp's (`asked`).
-fn kept_ubatch(stderr: &str, asked: u32) -> u32 {
+/// The `n_ubatch` the context ran, as the patched `llama-simple` reports
+/// it (`main: n_ubatch N`, from `llama_n_ubatch`).
+fn ubatch_run(stderr: &str) -> u32 {
     stderr
         .lines()
-        .rev()
-        .filter(|l| l.starts_with("smoe: n_ubatch ") && !l.contains(" too big"))
-        .find_map(|l| l["smoe: n_ubatch ".len()..].split(' ').next()?.parse().ok())
-        .unwrap_or(asked)
+        .find_map(|l| l.strip_prefix("main: n_ubatch ")?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no `main: n_ubatch` line in:\n{stderr}"))
 }
 
 /// Issue 35: a prompt longer than `n_ubatch` through a ring smaller than the
@@ -626,6 +624,8 @@ fn a_prompt_in_one_ubatch_reads_each_expert_once() {
     let one = run_long(&s, "smoe-one", 1, &with(&[("SMOE_UBATCH", "4096")]));
     let err = String::from_utf8_lossy(&one.out.stderr);
     assert!(err.contains("(SMOE_UBATCH=4096, n_batch "), "{err}");
+    let whole = ubatch_run(&err);
+    assert!(whole > 32, "SMOE_UBATCH=4096 ran n_ubatch {whole}");
     assert!(
         same_logits(&one, &stock_one),
         "SMOE_UBATCH: not stock's logits at n_batch\n{err}"
@@ -636,6 +636,7 @@ fn a_prompt_in_one_ubatch_reads_each_expert_once() {
     let asked = run_long(&s, "smoe-asked", 1, &with(&[("SMOE_UBATCH", "0")]));
     let asked_err = String::from_utf8_lossy(&asked.out.stderr);
     assert!(!asked_err.contains("smoe: n_ubatch"), "{asked_err}");
+    assert_eq!(ubatch_run(&asked_err), 32, "{asked_err}");
     assert!(
         same_logits(&asked, &stock_32),
         "SMOE_UBATCH=0: not stock's logits\n{asked_err}"
@@ -660,7 +661,11 @@ fn a_prompt_in_one_ubatch_reads_each_expert_once() {
         auto_err.contains("smoe: n_ubatch ") && auto_err.contains(" too big"),
         "{auto_err}"
     );
-    let kept = kept_ubatch(&auto_err, 32);
+    let kept = ubatch_run(&auto_err);
+    assert!(
+        kept < whole,
+        "the raise was refused, yet n_ubatch {kept} ran"
+    );
     let kept_s = kept.to_string();
     let reference = match kept {
         32 => stock_32,
