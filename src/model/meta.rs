@@ -43,18 +43,17 @@ pub fn metadata_json(model: &Model, layouts: &[(u32, &[LayoutItem])], w: MetaWri
     string(&mut out, model.kind.name());
     out.push(',');
     key(&mut out, "files");
-    out.push('[');
-    for (i, p) in model.files.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        let name = p
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        string(&mut out, &name);
-    }
-    out.push_str("]}");
+    let names: Vec<String> = model
+        .files
+        .iter()
+        .map(|p| {
+            p.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        })
+        .collect();
+    strings(&mut out, names.iter().map(String::as_str));
+    out.push('}');
     if let Some(arch) = &model.arch {
         out.push(',');
         key(&mut out, "arch");
@@ -73,20 +72,25 @@ pub fn metadata_json(model: &Model, layouts: &[(u32, &[LayoutItem])], w: MetaWri
     if !w.configs.is_empty() {
         out.push(',');
         key(&mut out, "configs");
-        out.push('[');
-        for (i, name) in w.configs.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            string(&mut out, name);
-        }
-        out.push(']');
+        strings(&mut out, w.configs.iter().copied());
     }
     out.push(',');
     key(&mut out, "layer_blob_layouts");
     layouts_json(&mut out, layouts);
     out.push('}');
     out
+}
+
+/// Appends a JSON array of `items`, each a string.
+fn strings<'s>(out: &mut String, items: impl Iterator<Item = &'s str>) {
+    out.push('[');
+    for (i, item) in items.enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        string(out, item);
+    }
+    out.push(']');
 }
 
 /// Appends the value of `layer_blob_layouts`: `{"<layer>": [item, ...]}`.
