@@ -4,7 +4,7 @@
 # `scripts/llama.sh build --cuda`; `scripts/cuda.sh llama` runs both.
 #
 # Two models: the committed fixture qwen3moe-q8_0.gguf, and a random
-# Qwen3-MoE made by scripts/make-broad-model.py (LAYERS x EXPERTS, top-8,
+# Qwen3-MoE made by test-support/examples/broad_model.rs (LAYERS x EXPERTS, top-8,
 # hidden 1024, expert FFN 768, Q8_0). For each, greedy decoding with
 # llama-completion, -ngl 99 (every layer on the GPU) of a short prompt and
 # of one of more than 32 tokens (for which stock llama.cpp copies the
@@ -17,7 +17,8 @@
 # again in a memory cgroup capped below the model's size.
 #
 # Environment: SMOE_LLAMA_DIR (default /var/cache/smoe-llama), SMOE_BIN (the
-# smoe tool; default target/release/smoe), WORK (default target/llama-cuda),
+# smoe tool; default target/release/smoe), BROAD_BIN (the model generator;
+# default: built with cargo), WORK (default target/llama-cuda),
 # N_PREDICT (default 32), LAYERS (12), EXPERTS (32), CAP_MIB (the cap;
 # default 60% of the random model's size).
 set -euo pipefail
@@ -41,6 +42,11 @@ for t in llama-completion llama-bench; do
   [ -x "$BIN/$t" ] || die "$BIN/$t is not built: run scripts/llama.sh build --cuda"
 done
 [ -x "$SMOE_BIN" ] || die "no smoe tool at $SMOE_BIN (set SMOE_BIN)"
+if [ -z "${BROAD_BIN:-}" ]; then
+  (cd "$ROOT" && cargo build --release -p smoe-test-support --example broad_model) >&2 ||
+    die "cannot build the model generator (set BROAD_BIN to a built one)"
+  BROAD_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/broad_model"
+fi
 mkdir -p "$WORK"
 
 SHORT="Hello world"
@@ -48,10 +54,9 @@ LONG="The quick brown fox jumps over the lazy dog while the farmer counts his sh
 
 broad="$WORK/broad-${LAYERS}x${EXPERTS}.gguf"
 if [ ! -f "$broad" ]; then
-  say "making $broad (scripts/make-broad-model.py)"
-  python3 "$ROOT/scripts/make-broad-model.py" "$DIR/llama.cpp/gguf-py" "$broad.tmp" --layers "$LAYERS" \
-    --experts "$EXPERTS" >&2
-  mv "$broad.tmp" "$broad"
+  say "making $broad (test-support/examples/broad_model.rs)"
+  "$BROAD_BIN" "$broad" --layers "$LAYERS" --experts "$EXPERTS" \
+    --vocab "$ROOT/tests/fixtures/models/qwen3moe-q8_0.gguf" >&2 || die "$BROAD_BIN failed"
 fi
 
 # The two timing lines of llama's perf print in LOG, on one line.

@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
-"""A random-weight Qwen3-MoE GGUF whose routing is broad, for measurements
-(scripts/llama-bench.sh): written with llama.cpp's own gguf-py (GGUFWriter,
-its Q8_0 quantizer) and numpy, no torch.
+"""A random-weight Qwen3-MoE GGUF whose routing is broad, written with
+llama.cpp's own gguf-py (GGUFWriter, its Q8_0 quantizer) and numpy, no
+torch: the committed fixture tests/fixtures/models/derived/
+qwen3moe-q8_0-stride4096.gguf (a file smoe's reader is checked against
+because another program wrote it). The benchmarks' multi-GB models come
+from test-support/examples/broad_model.rs (the same recipe in Rust, which a
+machine with no Python runs from a carried binary).
 
     python3 scripts/make-broad-model.py GGUF_PY OUT.gguf [--layers 24]
         [--experts 64] [--top-k 8] [--embd 1024] [--expert-ff 768]

@@ -10,7 +10,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 
-use smoe::internals::model::gguf::{KeyValue, TensorInfo, MAGIC};
+use smoe::internals::model::gguf::{header_bytes, KeyValue, TensorInfo};
 use smoe::internals::model::json::Value;
 use smoe::internals::model::{Model, SourceKind};
 use smoe::vault::hex;
@@ -157,39 +157,12 @@ fn write_gguf(
 ) -> Result<()> {
     let mut w = ScoutFile::create(path)?;
     let io = |e: std::io::Error| Error::io("cannot write", path, &e);
-    let mut head = Vec::new();
-    head.extend_from_slice(&MAGIC);
-    head.extend_from_slice(&3u32.to_le_bytes());
-    head.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
-    head.extend_from_slice(&(kvs.len() as u64).to_le_bytes());
-    let put_str = |head: &mut Vec<u8>, s: &str| {
-        head.extend_from_slice(&(s.len() as u64).to_le_bytes());
-        head.extend_from_slice(s.as_bytes());
-    };
-    for kv in kvs {
-        put_str(&mut head, &kv.key);
-        head.extend_from_slice(&kv.value_type.to_le_bytes());
-        head.extend_from_slice(&kv.raw);
-    }
-    let mut offset = 0u64;
-    let mut offsets = Vec::with_capacity(tensors.len());
-    for t in tensors {
-        put_str(&mut head, &t.name);
-        head.extend_from_slice(&(t.ne.len() as u32).to_le_bytes());
-        for &n in &t.ne {
-            head.extend_from_slice(&n.to_le_bytes());
-        }
-        head.extend_from_slice(&t.ggml_type.id.to_le_bytes());
-        head.extend_from_slice(&offset.to_le_bytes());
-        offsets.push(offset);
-        offset = (offset + t.bytes).next_multiple_of(alignment);
-    }
-    let data_start = (head.len() as u64).next_multiple_of(alignment);
-    head.resize(data_start as usize, 0);
+    let mut infos = tensors.to_vec();
+    let head = header_bytes(kvs, &mut infos, alignment);
     w.write_all(&head).map_err(io)?;
     let mut at = 0u64;
     for (i, t) in tensors.iter().enumerate() {
-        let pad = offsets[i] - at;
+        let pad = infos[i].offset - at;
         w.write_all(&vec![0u8; pad as usize]).map_err(io)?;
         let mut counted = CountingWriter {
             inner: &mut w,
@@ -205,7 +178,7 @@ fn write_gguf(
                 ),
             ));
         }
-        at = offsets[i] + t.bytes;
+        at = infos[i].offset + t.bytes;
     }
     let end = at.next_multiple_of(alignment);
     w.write_all(&vec![0u8; (end - at) as usize]).map_err(io)?;

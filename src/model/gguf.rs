@@ -502,6 +502,47 @@ impl Reader<'_> {
     }
 }
 
+/// The bytes of a GGUF v3 file before its data section, the one writer of
+/// that layout (the packer's scout and the benchmark model generator call
+/// it): the header, `kvs` as given (raw bytes, in order), the tensor infos
+/// of `tensors` with each one's offset set to the next multiple of
+/// `alignment` after the previous one's end, and zeros up to the data
+/// section, which starts at the returned bytes' length. The tensors' data
+/// follows in that order, each padded with zeros to the next offset (and
+/// the last one to a multiple of `alignment`). `alignment` is what the
+/// reader will take: 32 unless `kvs` set `general.alignment`.
+pub fn header_bytes(kvs: &[KeyValue], tensors: &mut [TensorInfo], alignment: u64) -> Vec<u8> {
+    let mut head = Vec::new();
+    head.extend_from_slice(&MAGIC);
+    head.extend_from_slice(&3u32.to_le_bytes());
+    head.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    head.extend_from_slice(&(kvs.len() as u64).to_le_bytes());
+    let put_str = |head: &mut Vec<u8>, s: &str| {
+        head.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        head.extend_from_slice(s.as_bytes());
+    };
+    for kv in kvs {
+        put_str(&mut head, &kv.key);
+        head.extend_from_slice(&kv.value_type.to_le_bytes());
+        head.extend_from_slice(&kv.raw);
+    }
+    let mut offset = 0u64;
+    for t in tensors.iter_mut() {
+        t.offset = offset;
+        put_str(&mut head, &t.name);
+        head.extend_from_slice(&(t.ne.len() as u32).to_le_bytes());
+        for &n in &t.ne {
+            head.extend_from_slice(&n.to_le_bytes());
+        }
+        head.extend_from_slice(&t.ggml_type.id.to_le_bytes());
+        head.extend_from_slice(&offset.to_le_bytes());
+        offset = (offset + t.bytes).next_multiple_of(alignment);
+    }
+    let data_start = (head.len() as u64).next_multiple_of(alignment);
+    head.resize(data_start as usize, 0);
+    head
+}
+
 /// The parts of a split GGUF (`name-00001-of-0000N.gguf`), or just `path`,
 /// each opened (without blocking: it must be a regular file).
 pub fn gguf_parts(path: &Path) -> Result<Vec<(PathBuf, File)>> {
