@@ -313,7 +313,7 @@ capped() {
     read -r m_np m_ps x m_dn m_ds m_rb x m_busy m_wall <<<"$LAST"
     same "capped-stock-1" "capped-stock-$r"
     same "capped-stock-1" "capped-smoe-$r"
-    echo "round $r: prefill smoe $m_ps s, stock $s_ps s: smoe / the limit $(ratio "$m_ps" "$limit")x, stock / the limit $(ratio "$s_ps" "$limit")x; smoe/stock decode tokens/s $(ratio "$(ratio "$m_dn" "$m_ds")" "$(ratio "$s_dn" "$s_ds")")x"
+    echo "round $r: prefill smoe $m_ps s, stock $s_ps s: smoe / the limit $(ratio "$m_ps" "$limit")x, stock / the limit $(ratio "$s_ps" "$limit")x$([ "$s_dn" -gt 0 ] && echo "; smoe/stock decode tokens/s $(ratio "$(ratio "$m_dn" "$m_ds")" "$(ratio "$s_dn" "$s_ds")")x")"
     rows+="| $r | $compute s | $reads s | $limit s | $s_ps s | $m_ps s | **$(ratio "$m_ps" "$limit")×** | $(awk -v b="$m_busy" -v w="$m_wall" 'BEGIN { if (b < 0) print "unknown"; else printf "%.2f s of %.2f s", (w > b ? w - b : 0), w }') | $(ratio "$s_rb" "$EXPERT_BYTES"), $(ratio "$m_rb" "$EXPERT_BYTES") |"$'\n'
   done
   echo
@@ -358,6 +358,11 @@ long() {
       SMOE_DUMP_LOGITS="$WORK/long-stock-ub$ub-$r.logits"
     read -r x u_ps x x x u_rb x <<<"$LAST"
     same "long-stock-ub$ub-$r" "long-smoe-$r"
+    if cmp -s "$WORK/long-stock-$r.out" "$WORK/long-smoe-$r.out"; then
+      echo "               text of long-smoe-$r identical to long-stock-$r's too (stock at n_ubatch 512)"
+    else
+      echo "               text of long-smoe-$r differs from long-stock-$r's (stock at n_ubatch 512: its sums grouped otherwise)"
+    fi
     if cmp -s "$WORK/long-stock-ub$ub-$r.logits" "$WORK/long-smoe-$r.logits"; then
       echo "               logits of long-smoe-$r bitwise equal to long-stock-ub$ub-$r's ($(stat -c %s "$WORK/long-smoe-$r.logits") bytes)"
     else

@@ -125,8 +125,6 @@ struct llama_smoe {
     bool squeeze_told = false;       // the first squeezed wave that ran has been reported
     uint64_t wait_ns = 0;
     uint64_t claim_ops = 0;
-    bool ubatch_asked = false;       // SMOE_UBATCH named the n_ubatch: no memory check
-    uint32_t ubatch_raised_from = 0; // llama.cpp's n_ubatch, when the glue raised it
 
     bool stopped() const { return failed || rebuild_pending; }
 
@@ -766,7 +764,8 @@ int llama_smoe_waves(llama_smoe * s, int il, int64_t n_tokens, int64_t n_expert_
     return l.waves;
 }
 
-uint32_t llama_smoe_ubatch(llama_smoe * s, uint32_t n_batch, uint32_t n_ubatch) {
+uint32_t llama_smoe_ubatch(llama_smoe * s, uint32_t n_batch, uint32_t n_ubatch, bool memory_grows, bool * raised) {
+    *raised = false;
     if (s == nullptr) {
         return n_ubatch;
     }
@@ -776,7 +775,6 @@ uint32_t llama_smoe_ubatch(llama_smoe * s, uint32_t n_batch, uint32_t n_ubatch) 
         if (asked == 0) {
             return n_ubatch;
         }
-        s->ubatch_asked = true;
         const uint32_t n = std::min(asked, n_batch);
         fprintf(stderr, "smoe: n_ubatch %u (SMOE_UBATCH=%u, n_batch %u)\n", n, asked, n_batch);
         return n;
@@ -784,12 +782,17 @@ uint32_t llama_smoe_ubatch(llama_smoe * s, uint32_t n_batch, uint32_t n_ubatch) 
     if (s->slots >= s->entries || n_ubatch >= n_batch) {
         return n_ubatch;
     }
-    s->ubatch_raised_from = n_ubatch;
+    if (memory_grows) {
+        fprintf(stderr, "smoe: n_ubatch %u kept (the model's sliding-window KV cache grows with it; SMOE_UBATCH=N raises it)\n",
+                n_ubatch);
+        return n_ubatch;
+    }
+    *raised = true;
     return n_batch;
 }
 
-bool llama_smoe_ubatch_fits(llama_smoe * s, uint32_t n_ubatch, size_t compute_bytes, size_t base_bytes) {
-    if (s == nullptr || s->ubatch_asked) {
+bool llama_smoe_ubatch_fits(llama_smoe * s, uint32_t n_ubatch, uint32_t asked, size_t compute_bytes, size_t base_bytes) {
+    if (s == nullptr) {
         return true;
     }
     const size_t extra = compute_bytes > base_bytes ? compute_bytes - base_bytes : 0;
@@ -797,7 +800,7 @@ bool llama_smoe_ubatch_fits(llama_smoe * s, uint32_t n_ubatch, size_t compute_by
     fprintf(stderr,
             "smoe: n_ubatch %u%s (llama.cpp's: %u): compute buffers of %.1f MiB, %.1f MiB more than llama.cpp's, "
             "%s a quarter of the ring's %.1f MiB%s\n",
-            n_ubatch, fits ? "" : " too big", s->ubatch_raised_from, compute_bytes / 1048576.0, extra / 1048576.0,
+            n_ubatch, fits ? "" : " too big", asked, compute_bytes / 1048576.0, extra / 1048576.0,
             fits ? "within" : "above", s->ring_bytes / 1048576.0,
             fits ? ": a prompt of up to n_ubatch tokens reads each expert once (SMOE_UBATCH=0: llama.cpp's)" : "");
     return fits;

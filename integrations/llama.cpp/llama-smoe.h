@@ -52,16 +52,20 @@ int llama_smoe_waves(llama_smoe * s, int il, int64_t n_tokens, int64_t n_expert_
 
 // The n_ubatch a context of the model runs (llama.cpp's is n_ubatch, of n_batch): with a
 // ring smaller than the model, n_batch, so that a prompt in one ubatch reads each
-// streamed expert once instead of once per ubatch; SMOE_UBATCH=N asks for N (at most
-// n_batch), SMOE_UBATCH=0 for llama.cpp's. A ring that holds the model keeps n_ubatch.
-uint32_t llama_smoe_ubatch(llama_smoe * s, uint32_t n_batch, uint32_t n_ubatch);
+// streamed expert once instead of once per ubatch, and *raised is set: the context weighs
+// its compute buffers (llama_smoe_ubatch_fits) and gives the raise up when they cannot be
+// allocated. A ring that holds the model keeps n_ubatch, and so does a model whose memory
+// grows with n_ubatch (memory_grows: a sliding-window KV cache, sized before the buffers
+// can be weighed). SMOE_UBATCH=N asks for N (at most n_batch; *raised stays false: it is
+// taken as llama.cpp takes -ub), SMOE_UBATCH=0 for llama.cpp's.
+uint32_t llama_smoe_ubatch(llama_smoe * s, uint32_t n_batch, uint32_t n_ubatch, bool memory_grows, bool * raised);
 
 // Whether a raised n_ubatch whose compute buffers take compute_bytes, against base_bytes at
-// llama.cpp's n_ubatch, may be kept: the difference at most a quarter of the ring's bytes
-// (under memory pressure the elastic ring gives the activations that much, for the
-// context's life; true for an n_ubatch that SMOE_UBATCH asked for). When false the context
-// halves its n_ubatch and reserves again, down to llama.cpp's.
-bool llama_smoe_ubatch_fits(llama_smoe * s, uint32_t n_ubatch, size_t compute_bytes, size_t base_bytes);
+// the n_ubatch asked for (llama.cpp's), may be kept: the difference at most a quarter of the
+// ring's bytes (under memory pressure the elastic ring gives the activations that much, for
+// the context's life). When false the context halves its n_ubatch and reserves again, down
+// to the n_ubatch asked for.
+bool llama_smoe_ubatch_fits(llama_smoe * s, uint32_t n_ubatch, uint32_t asked, size_t compute_bytes, size_t base_bytes);
 
 // The graph nodes the waves may add to a graph of the model (0 for nullptr): what
 // llama_context::graph_max_nodes adds to its budget.
@@ -104,8 +108,8 @@ inline ggml_context * llama_smoe_tensor_ctx(llama_smoe *, const char *) { return
 inline void llama_smoe_bind(llama_smoe *) {}
 inline int llama_smoe_waves(llama_smoe *, int, int64_t, int64_t) { return 1; }
 inline uint32_t llama_smoe_graph_nodes(const llama_smoe *) { return 0; }
-inline uint32_t llama_smoe_ubatch(llama_smoe *, uint32_t, uint32_t n_ubatch) { return n_ubatch; }
-inline bool llama_smoe_ubatch_fits(llama_smoe *, uint32_t, size_t, size_t) { return true; }
+inline uint32_t llama_smoe_ubatch(llama_smoe *, uint32_t, uint32_t n_ubatch, bool, bool * raised) { *raised = false; return n_ubatch; }
+inline bool llama_smoe_ubatch_fits(llama_smoe *, uint32_t, uint32_t, size_t, size_t) { return true; }
 inline ggml_tensor * llama_smoe_claim(llama_smoe *, ggml_context *, ggml_tensor * selected_experts, ggml_tensor *, int, int, int) {
     return selected_experts;
 }

@@ -677,6 +677,37 @@ fn a_prompt_in_one_ubatch_reads_each_expert_once() {
     );
 }
 
+/// A model with a sliding-window KV cache (gpt-oss), whose cache holds
+/// `n_swa + n_ubatch` cells a layer, sized before the compute buffers can be
+/// weighed: by default it keeps llama.cpp's `n_ubatch`, saying why, and its
+/// logits are stock's; `SMOE_UBATCH=N` still raises it.
+#[test]
+fn a_sliding_window_model_keeps_its_ubatch() {
+    let Some(s) = setup_in_place("gptoss-f32.gguf") else {
+        return;
+    };
+    let small = [
+        ("SMOE", "1"),
+        ("SMOE_RING_SLOTS", "4"),
+        ("SMOE_SIMPLE_UBATCH", "32"),
+        ("SMOE_PREWARM", "0"),
+    ];
+    let stock = run_long(&s, "stock-32", 1, &[("SMOE_SIMPLE_UBATCH", "32")]);
+    let kept = run_long(&s, "smoe-kept", 1, &small);
+    let err = String::from_utf8_lossy(&kept.out.stderr);
+    assert!(
+        err.contains("smoe: n_ubatch 32 kept (the model's sliding-window KV cache"),
+        "{err}"
+    );
+    assert_eq!(ubatch_run(&err), 32, "{err}");
+    assert!(same_logits(&kept, &stock), "not stock's logits\n{err}");
+    let mut asked = small.to_vec();
+    asked.push(("SMOE_UBATCH", "64"));
+    let raised = run_long(&s, "smoe-asked", 1, &asked);
+    let raised_err = String::from_utf8_lossy(&raised.out.stderr);
+    assert_eq!(ubatch_run(&raised_err), 64, "{raised_err}");
+}
+
 /// `SMOE=0` is stock llama.cpp, also with `SMOE_VAULT` set (it says that it
 /// does not use it); `SMOE` unset with `SMOE_VAULT` set streams from the
 /// vault as before (every vault test above).
