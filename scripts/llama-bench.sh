@@ -160,8 +160,10 @@ broad_model() {
     "$GEN" "$BROAD" --experts "$BROAD_EXPERTS" --expert-ff "$BROAD_FF" \
       --vocab "$ROOT/tests/fixtures/models/qwen3moe-q8_0.gguf" >&2 || die "$GEN failed"
   fi
-  EXPERT_BYTES=$("$SMOE" inspect "$BROAD" | awk '/^expert bytes/ { print $3 }')
-  ENTRIES=$("$SMOE" inspect "$BROAD" | awk '/^experts / { print $2 + 0 }')
+  local inspect
+  inspect=$("$SMOE" inspect "$BROAD") || die "smoe inspect $BROAD failed"
+  EXPERT_BYTES=$(awk '/^expert bytes/ { print $3 }' <<<"$inspect")
+  ENTRIES=$(awk '/^experts / { print $2 + 0 }' <<<"$inspect")
   [ "${EXPERT_BYTES:-0}" -gt 0 ] && [ "${ENTRIES:-0}" -gt 0 ] || die "smoe inspect $BROAD: no experts"
 }
 

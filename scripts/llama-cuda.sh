@@ -42,11 +42,6 @@ for t in llama-completion llama-bench; do
   [ -x "$BIN/$t" ] || die "$BIN/$t is not built: run scripts/llama.sh build --cuda"
 done
 [ -x "$SMOE_BIN" ] || die "no smoe tool at $SMOE_BIN (set SMOE_BIN)"
-if [ -z "${BROAD_BIN:-}" ]; then
-  (cd "$ROOT" && cargo build --release -p smoe-test-support --example broad_model) >&2 ||
-    die "cannot build the model generator (set BROAD_BIN to a built one)"
-  BROAD_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/broad_model"
-fi
 mkdir -p "$WORK"
 
 SHORT="Hello world"
@@ -54,6 +49,11 @@ LONG="The quick brown fox jumps over the lazy dog while the farmer counts his sh
 
 broad="$WORK/broad-${LAYERS}x${EXPERTS}.gguf"
 if [ ! -f "$broad" ]; then
+  if [ -z "${BROAD_BIN:-}" ]; then
+    (cd "$ROOT" && cargo build --release -p smoe-test-support --example broad_model) >&2 ||
+      die "cannot build the model generator (set BROAD_BIN to a built one)"
+    BROAD_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/broad_model"
+  fi
   say "making $broad (test-support/examples/broad_model.rs)"
   "$BROAD_BIN" "$broad" --layers "$LAYERS" --experts "$EXPERTS" \
     --vocab "$ROOT/tests/fixtures/models/qwen3moe-q8_0.gguf" >&2 || die "$BROAD_BIN failed"

@@ -795,6 +795,10 @@ bool llama_smoe_ubatch_fits(llama_smoe * s, uint32_t n_ubatch, uint32_t asked, s
     if (s == nullptr) {
         return true;
     }
+    if (env_u32("SMOE_TEST_UBATCH_FAIL", 0, 1) == 1) {
+        // a test aid: the raised size's buffers as if they could not be allocated
+        throw std::runtime_error("SMOE_TEST_UBATCH_FAIL=1: the compute buffers of a raised n_ubatch refused (test aid)");
+    }
     const size_t extra = compute_bytes > base_bytes ? compute_bytes - base_bytes : 0;
     const bool fits = extra <= s->ring_bytes / 4;
     fprintf(stderr,

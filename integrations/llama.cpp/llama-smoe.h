@@ -64,7 +64,8 @@ uint32_t llama_smoe_ubatch(llama_smoe * s, uint32_t n_batch, uint32_t n_ubatch, 
 // the n_ubatch asked for (llama.cpp's), may be kept: the difference at most a quarter of the
 // ring's bytes (under memory pressure the elastic ring gives the activations that much, for
 // the context's life). When false the context halves its n_ubatch and reserves again, down
-// to the n_ubatch asked for.
+// to the n_ubatch asked for. SMOE_TEST_UBATCH_FAIL=1 (a test aid) throws here, as a failed
+// allocation of the raised size's buffers does.
 bool llama_smoe_ubatch_fits(llama_smoe * s, uint32_t n_ubatch, uint32_t asked, size_t compute_bytes, size_t base_bytes);
 
 // The graph nodes the waves may add to a graph of the model (0 for nullptr): what

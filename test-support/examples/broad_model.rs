@@ -20,7 +20,8 @@
 //! 127, stored as f16; each value rounded half away from zero). The
 //! vocabulary (the `tokenizer.*` key/values) is copied from `--vocab`
 //! (default: the committed fixture tests/fixtures/models/qwen3moe-q8_0.gguf,
-//! 384 pieces). The defaults give about 3.9 GB. Each row's numbers come
+//! 384 pieces, at the path it had where this was built), and the embedding
+//! and output matrices have as many rows as it has tokens. The defaults give about 3.9 GB. Each row's numbers come
 //! from its own generator (seeded from the seed, the tensor and the row),
 //! so the file is the same for any number of threads. The header is
 //! written by the library's GGUF writer (`gguf::header_bytes`).
@@ -115,8 +116,8 @@ fn run() -> Result<(), String> {
     }
     let out = out.ok_or(USAGE)?;
     check(&s)?;
-    let kvs = key_values(&s, &vocab)?;
-    let (mut infos, fills) = tensors(&s);
+    let (kvs, n_vocab) = key_values(&s, &vocab)?;
+    let (mut infos, fills) = tensors(&s, n_vocab);
     if out.symlink_metadata().is_ok() {
         return Err(format!(
             "{} exists: this writes only a new file",
@@ -223,8 +224,9 @@ fn f32_kv(key: &str, v: f32) -> KeyValue {
     }
 }
 
-/// The model's key/values: its hyperparameters and `--vocab`'s tokenizer.
-fn key_values(s: &Shape, vocab: &Path) -> Result<Vec<KeyValue>, String> {
+/// The model's key/values (its hyperparameters and `--vocab`'s tokenizer)
+/// and the vocabulary's size (the length of `tokenizer.ggml.tokens`).
+fn key_values(s: &Shape, vocab: &Path) -> Result<(Vec<KeyValue>, u64), String> {
     let arch = "qwen3moe";
     let head_dim = s.embd / s.heads;
     let mut kvs = vec![
@@ -255,17 +257,26 @@ fn key_values(s: &Shape, vocab: &Path) -> Result<Vec<KeyValue>, String> {
             .into_iter()
             .filter(|kv| kv.key.starts_with("tokenizer.")),
     );
-    if kvs.len() == before {
-        return Err(format!("{} has no tokenizer.* key/values", vocab.display()));
-    }
-    Ok(kvs)
+    // an array's value: its element type (u32), its length (u64), the elements
+    let n_vocab = kvs[before..]
+        .iter()
+        .find(|kv| kv.key == "tokenizer.ggml.tokens" && kv.value_type == 9)
+        .and_then(|kv| kv.raw.get(4..12))
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        .filter(|&n| n > 0 && n <= 1 << 24)
+        .ok_or_else(|| {
+            format!(
+                "{} has no tokenizer.ggml.tokens array of 1 to 2^24 tokens",
+                vocab.display()
+            )
+        })?;
+    Ok((kvs, n_vocab))
 }
 
 /// The tensor infos (offsets laid out later) and how each is filled, in the
 /// order llama.cpp's converters write them.
-fn tensors(s: &Shape) -> (Vec<TensorInfo>, Vec<Fill>) {
+fn tensors(s: &Shape, n_vocab: u64) -> (Vec<TensorInfo>, Vec<Fill>) {
     let head_dim = s.embd / s.heads;
-    let n_vocab = 384;
     let mut infos = Vec::new();
     let mut fills = Vec::new();
     // numpy order (outermost first), as the converters describe shapes
@@ -375,8 +386,8 @@ fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
     }
 }
 
-/// IEEE binary16 bits of `x`, rounded to nearest, ties to even (as the F16C
-/// instruction ggml uses does).
+/// IEEE binary16 bits of `x`, rounded to nearest, ties to even (as ggml's
+/// fp32-to-fp16 conversion rounds).
 fn f16_bits(x: f32) -> u16 {
     let b = x.to_bits();
     let sign = ((b >> 16) & 0x8000) as u16;

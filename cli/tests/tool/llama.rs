@@ -677,10 +677,40 @@ fn a_prompt_in_one_ubatch_reads_each_expert_once() {
     );
 }
 
-/// A model with a sliding-window KV cache (gpt-oss), whose cache holds
-/// `n_swa + n_ubatch` cells a layer, sized before the compute buffers can be
-/// weighed: by default it keeps llama.cpp's `n_ubatch`, saying why, and its
-/// logits are stock's; `SMOE_UBATCH=N` still raises it.
+/// A raised `n_ubatch` whose compute buffers cannot be allocated (a GPU's
+/// memory; here the glue's test aid `SMOE_TEST_UBATCH_FAIL=1` makes the
+/// check fail as that allocation would) is given up: the context runs
+/// llama.cpp's `n_ubatch`, says so, and its logits are stock's there.
+#[test]
+fn a_raise_that_cannot_be_allocated_is_given_up() {
+    let Some(s) = setup_in_place("qwen3moe-q8_0.gguf") else {
+        return;
+    };
+    let stock = run_long(&s, "stock-32", 1, &[("SMOE_SIMPLE_UBATCH", "32")]);
+    let env = [
+        ("SMOE", "1"),
+        ("SMOE_RING_SLOTS", "16"),
+        ("SMOE_SIMPLE_UBATCH", "32"),
+        ("SMOE_PREWARM", "0"),
+        ("SMOE_TEST_UBATCH_FAIL", "1"),
+    ];
+    let given_up = run_long(&s, "smoe-given-up", 1, &env);
+    let err = String::from_utf8_lossy(&given_up.out.stderr);
+    assert!(
+        err.contains("SMOE_TEST_UBATCH_FAIL=1") && err.contains(": n_ubatch 32 instead"),
+        "{err}"
+    );
+    assert_eq!(ubatch_run(&err), 32, "{err}");
+    assert!(same_logits(&given_up, &stock), "not stock's logits\n{err}");
+}
+
+/// A model with a sliding-window KV cache (gpt-oss) of `n_swa + n_ubatch`
+/// cells a layer (`swa_full` off, as in llama-cli and llama-server; the
+/// patched llama-simple's `SMOE_SIMPLE_SWA_FULL=0`), sized before the
+/// compute buffers can be weighed: by default it keeps llama.cpp's
+/// `n_ubatch`, saying why, and its logits are stock's; `SMOE_UBATCH=N`
+/// still raises it. With a full-size cache (llama-simple's default) it is
+/// raised like any model.
 #[test]
 fn a_sliding_window_model_keeps_its_ubatch() {
     let Some(s) = setup_in_place("gptoss-f32.gguf") else {
@@ -690,9 +720,15 @@ fn a_sliding_window_model_keeps_its_ubatch() {
         ("SMOE", "1"),
         ("SMOE_RING_SLOTS", "4"),
         ("SMOE_SIMPLE_UBATCH", "32"),
+        ("SMOE_SIMPLE_SWA_FULL", "0"),
         ("SMOE_PREWARM", "0"),
     ];
-    let stock = run_long(&s, "stock-32", 1, &[("SMOE_SIMPLE_UBATCH", "32")]);
+    let stock = run_long(
+        &s,
+        "stock-32",
+        1,
+        &[("SMOE_SIMPLE_UBATCH", "32"), ("SMOE_SIMPLE_SWA_FULL", "0")],
+    );
     let kept = run_long(&s, "smoe-kept", 1, &small);
     let err = String::from_utf8_lossy(&kept.out.stderr);
     assert!(
@@ -706,6 +742,18 @@ fn a_sliding_window_model_keeps_its_ubatch() {
     let raised = run_long(&s, "smoe-asked", 1, &asked);
     let raised_err = String::from_utf8_lossy(&raised.out.stderr);
     assert_eq!(ubatch_run(&raised_err), 64, "{raised_err}");
+    let full_env = [
+        ("SMOE", "1"),
+        ("SMOE_RING_SLOTS", "4"),
+        ("SMOE_SIMPLE_UBATCH", "32"),
+        ("SMOE_PREWARM", "0"),
+    ];
+    let full = run_long(&s, "smoe-full", 1, &full_env);
+    let full_err = String::from_utf8_lossy(&full.out.stderr);
+    assert!(
+        !full_err.contains("sliding-window") && ubatch_run(&full_err) > 32,
+        "a full-size SWA cache: not raised\n{full_err}"
+    );
 }
 
 /// `SMOE=0` is stock llama.cpp, also with `SMOE_VAULT` set (it says that it
