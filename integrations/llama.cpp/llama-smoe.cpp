@@ -262,6 +262,7 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, const char * model_path) {
     cfg.prewarm    = env_u32("SMOE_PREWARM", 1, 1);
     cfg.policy     = env_u32("SMOE_POLICY", SMOE_POLICY_LRU, SMOE_POLICY_ADAPTIVE);
     cfg.elastic    = env_u32("SMOE_ELASTIC", 1, 1);
+    cfg.populate   = env_u32("SMOE_POPULATE", 0, 1);
     const bool layer_ahead = env_u32("SMOE_LAYER_AHEAD", 1, 1) == 1;
     const uint32_t squeeze = env_u32("SMOE_TEST_SQUEEZE", 0, UINT32_MAX);
     if (std::getenv("SMOE_SPECULATE") != nullptr && *std::getenv("SMOE_SPECULATE") != '\0') {

@@ -143,6 +143,9 @@ fn run_threads(
         "SMOE_TEST_SQUEEZE",
         "SMOE_UBATCH",
         "SMOE_SIMPLE_UBATCH",
+        "SMOE_SIMPLE_SWA_FULL",
+        "SMOE_TEST_UBATCH_FAIL",
+        "SMOE_POPULATE",
     ] {
         cmd.env_remove(var);
     }
@@ -702,6 +705,36 @@ fn a_raise_that_cannot_be_allocated_is_given_up() {
     );
     assert_eq!(ubatch_run(&err), 32, "{err}");
     assert!(same_logits(&given_up, &stock), "not stock's logits\n{err}");
+}
+
+/// `SMOE_POPULATE=1` commits the ring's pages in the background from the
+/// load on (the library's `populate`): the same logits as stock's, through a
+/// ring of half the fixture's experts; a value other than 0 or 1 fails the
+/// load, naming it.
+#[test]
+fn populate_keeps_stock_logits() {
+    let Some(s) = setup_in_place("qwen3moe-q8_0.gguf") else {
+        return;
+    };
+    let stock = run_long(&s, "stock", 1, &[("SMOE_SIMPLE_UBATCH", "32")]);
+    let env = [
+        ("SMOE", "1"),
+        ("SMOE_RING_SLOTS", "16"),
+        ("SMOE_SIMPLE_UBATCH", "32"),
+        ("SMOE_UBATCH", "0"),
+        ("SMOE_POPULATE", "1"),
+    ];
+    let populated = run_long(&s, "smoe-populate", 1, &env);
+    let err = String::from_utf8_lossy(&populated.out.stderr);
+    assert!(populated.out.status.success(), "{err}");
+    assert!(same_logits(&populated, &stock), "not stock's logits\n{err}");
+    let mut bad = env.to_vec();
+    bad.pop();
+    bad.push(("SMOE_POPULATE", "2"));
+    let refused = run_long(&s, "smoe-populate-2", 1, &bad);
+    let err = String::from_utf8_lossy(&refused.out.stderr);
+    assert!(!refused.out.status.success(), "{err}");
+    assert!(err.contains("SMOE_POPULATE"), "{err}");
 }
 
 /// A model with a sliding-window KV cache (gpt-oss) of `n_swa + n_ubatch`
