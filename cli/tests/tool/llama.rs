@@ -595,6 +595,21 @@ fn ubatch_run(stderr: &str) -> u32 {
         .unwrap_or_else(|| panic!("no `main: n_ubatch` line in:\n{stderr}"))
 }
 
+/// The environment of a smoe run of the `n_ubatch` tests: the model read in
+/// place through `slots` ring slots, `SMOE_SIMPLE_UBATCH=32` standing in for
+/// llama.cpp's 512, no pre-warm (a run after the first would start with the
+/// experts its histogram names), then `extra`.
+fn ubatch_env<'a>(slots: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut env = vec![
+        ("SMOE", "1"),
+        ("SMOE_RING_SLOTS", slots),
+        ("SMOE_SIMPLE_UBATCH", "32"),
+        ("SMOE_PREWARM", "0"),
+    ];
+    env.extend_from_slice(extra);
+    env
+}
+
 /// Issue 35: a prompt longer than `n_ubatch` through a ring smaller than the
 /// model runs in one ubatch, reading each expert once instead of once per
 /// ubatch, with stock's logits at that `n_ubatch` (bitwise); the default
@@ -607,19 +622,9 @@ fn a_prompt_in_one_ubatch_reads_each_expert_once() {
         return;
     };
     // 16 slots, one layer's experts of the fixture's two layers: each
-    // ubatch reads both layers' experts again. No pre-warm: a run after
-    // the first would start with the experts its histogram names.
-    let small = [
-        ("SMOE", "1"),
-        ("SMOE_RING_SLOTS", "16"),
-        ("SMOE_SIMPLE_UBATCH", "32"),
-        ("SMOE_PREWARM", "0"),
-    ];
-    let with = |extra: &[(&'static str, &'static str)]| {
-        let mut env = small.to_vec();
-        env.extend_from_slice(extra);
-        env
-    };
+    // ubatch reads both layers' experts again.
+    let small = ubatch_env("16", &[]);
+    let with = |extra: &[(&'static str, &'static str)]| ubatch_env("16", extra);
     let stock_32 = run_long(&s, "stock-32", 1, &[("SMOE_SIMPLE_UBATCH", "32")]);
     let stock_one = run_long(&s, "stock-one", 1, &[("SMOE_SIMPLE_UBATCH", "4096")]);
 
@@ -690,13 +695,7 @@ fn a_raise_that_cannot_be_allocated_is_given_up() {
         return;
     };
     let stock = run_long(&s, "stock-32", 1, &[("SMOE_SIMPLE_UBATCH", "32")]);
-    let env = [
-        ("SMOE", "1"),
-        ("SMOE_RING_SLOTS", "16"),
-        ("SMOE_SIMPLE_UBATCH", "32"),
-        ("SMOE_PREWARM", "0"),
-        ("SMOE_TEST_UBATCH_FAIL", "1"),
-    ];
+    let env = ubatch_env("16", &[("SMOE_TEST_UBATCH_FAIL", "1")]);
     let given_up = run_long(&s, "smoe-given-up", 1, &env);
     let err = String::from_utf8_lossy(&given_up.out.stderr);
     assert!(
@@ -717,20 +716,12 @@ fn populate_keeps_stock_logits() {
         return;
     };
     let stock = run_long(&s, "stock", 1, &[("SMOE_SIMPLE_UBATCH", "32")]);
-    let env = [
-        ("SMOE", "1"),
-        ("SMOE_RING_SLOTS", "16"),
-        ("SMOE_SIMPLE_UBATCH", "32"),
-        ("SMOE_UBATCH", "0"),
-        ("SMOE_POPULATE", "1"),
-    ];
+    let env = ubatch_env("16", &[("SMOE_UBATCH", "0"), ("SMOE_POPULATE", "1")]);
     let populated = run_long(&s, "smoe-populate", 1, &env);
     let err = String::from_utf8_lossy(&populated.out.stderr);
     assert!(populated.out.status.success(), "{err}");
     assert!(same_logits(&populated, &stock), "not stock's logits\n{err}");
-    let mut bad = env.to_vec();
-    bad.pop();
-    bad.push(("SMOE_POPULATE", "2"));
+    let bad = ubatch_env("16", &[("SMOE_UBATCH", "0"), ("SMOE_POPULATE", "2")]);
     let refused = run_long(&s, "smoe-populate-2", 1, &bad);
     let err = String::from_utf8_lossy(&refused.out.stderr);
     assert!(!refused.out.status.success(), "{err}");
@@ -749,13 +740,7 @@ fn a_sliding_window_model_keeps_its_ubatch() {
     let Some(s) = setup_in_place("gptoss-f32.gguf") else {
         return;
     };
-    let small = [
-        ("SMOE", "1"),
-        ("SMOE_RING_SLOTS", "4"),
-        ("SMOE_SIMPLE_UBATCH", "32"),
-        ("SMOE_SIMPLE_SWA_FULL", "0"),
-        ("SMOE_PREWARM", "0"),
-    ];
+    let small = ubatch_env("4", &[("SMOE_SIMPLE_SWA_FULL", "0")]);
     let stock = run_long(
         &s,
         "stock-32",
@@ -770,18 +755,11 @@ fn a_sliding_window_model_keeps_its_ubatch() {
     );
     assert_eq!(ubatch_run(&err), 32, "{err}");
     assert!(same_logits(&kept, &stock), "not stock's logits\n{err}");
-    let mut asked = small.to_vec();
-    asked.push(("SMOE_UBATCH", "64"));
+    let asked = ubatch_env("4", &[("SMOE_SIMPLE_SWA_FULL", "0"), ("SMOE_UBATCH", "64")]);
     let raised = run_long(&s, "smoe-asked", 1, &asked);
     let raised_err = String::from_utf8_lossy(&raised.out.stderr);
     assert_eq!(ubatch_run(&raised_err), 64, "{raised_err}");
-    let full_env = [
-        ("SMOE", "1"),
-        ("SMOE_RING_SLOTS", "4"),
-        ("SMOE_SIMPLE_UBATCH", "32"),
-        ("SMOE_PREWARM", "0"),
-    ];
-    let full = run_long(&s, "smoe-full", 1, &full_env);
+    let full = run_long(&s, "smoe-full", 1, &ubatch_env("4", &[]));
     let full_err = String::from_utf8_lossy(&full.out.stderr);
     assert!(
         !full_err.contains("sliding-window") && ubatch_run(&full_err) > 32,
