@@ -25,7 +25,7 @@ use std::fs::File;
 use std::time::{Duration, Instant};
 
 use smoe::internals::sys::{open_for_streaming, read_at_exact, Reservation};
-use smoe::{Config, DirectIo, Priority, Streamer};
+use smoe::{Config, DirectIo, Populate, Priority, Streamer};
 
 use smoe_test_support as common;
 
@@ -152,9 +152,10 @@ fn main() {
     };
     // Alternating: a way that runs first in one round runs last in the next.
     let ways = [
-        ("huge pages (default)", true, false),
-        ("small pages", false, false),
-        ("huge pages, populate thread", true, true),
+        ("huge pages (default)", true, Populate::Off),
+        ("small pages", false, Populate::Off),
+        ("huge pages, populate thread", true, Populate::Background),
+        ("huge pages, populated at open", true, Populate::Open),
     ];
     for round in 0..4 {
         let order: Vec<_> = if round % 2 == 0 {
@@ -174,7 +175,7 @@ fn main() {
                 gbps(b1, t1) / gbps(b2, t2),
                 if direct { "direct I/O" } else { "buffered" },
             );
-            if huge && !populate {
+            if huge && populate == Populate::Off {
                 let zero = zeroing_rate(384 * BLOB.next_multiple_of(16384) as usize);
                 let serial = 1.0 / (1.0 / gbps(b2, t2) + 1.0 / zero);
                 println!(
@@ -185,7 +186,7 @@ fn main() {
                 );
             }
         }
-        let s = open(false, false);
+        let s = open(false, Populate::Off);
         let (warm, direct) = pread_loop(&v, &s, true);
         let (fresh, _) = pread_loop(&v, &s, false);
         println!(

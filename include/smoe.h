@@ -56,6 +56,23 @@
 #define SMOE_POLICY_ADAPTIVE 1
 
 /**
+ * `smoe_config.populate`: the ring's pages are committed as slots are
+ * first loaded (default).
+ */
+#define SMOE_POPULATE_OFF 0
+
+/**
+ * `smoe_config.populate`: a thread pre-faults the ring after open.
+ */
+#define SMOE_POPULATE_BACKGROUND 1
+
+/**
+ * `smoe_config.populate`: `smoe_open` pre-faults the ring before it
+ * returns (docs/c-api.md, "The ring's memory").
+ */
+#define SMOE_POPULATE_OPEN 2
+
+/**
  * The result of every call that can fail. Values are fixed by the ABI and
  * never reused (a retired value stays reserved); `smoe_status_str()` names
  * each one.
@@ -199,9 +216,14 @@ typedef struct smoe_config {
    */
   uint32_t policy;
   /**
-   * Added after version 1: 1 = pre-fault the ring's pages in the
-   * background after open (slot by slot, contents unchanged); default 0,
-   * pages are committed as slots are first loaded.
+   * Added after version 1: when the ring's pages are committed.
+   * `SMOE_POPULATE_OFF` (0, the default): as slots are first loaded;
+   * `SMOE_POPULATE_BACKGROUND` (1): a thread pre-faults them slot by
+   * slot after open (contents unchanged); `SMOE_POPULATE_OPEN` (2):
+   * `smoe_open` pre-faults them before it returns, with several threads,
+   * so that no load pays for a first touch. An elastic ring stops at its
+   * high watermark. Any other value fails `smoe_open` with
+   * `SMOE_ERR_ARGUMENT`.
    */
   uint32_t populate;
   /**

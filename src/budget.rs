@@ -19,7 +19,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use crate::config::{select_budget, Config};
+use crate::config::{select_budget, Config, Populate};
 use crate::error::{Error, ErrorKind, Result};
 use crate::sys::MemorySnapshot;
 use crate::vault::{Vault, DEFAULT_ALIGNMENT};
@@ -161,8 +161,8 @@ pub enum Commit {
     /// As slots are first loaded; an elastic ring that is populated stops
     /// at its high watermark, and gives pages back under pressure.
     OnLoad,
-    /// `populate` on a ring that is not elastic: a thread commits every
-    /// page after open.
+    /// `populate` on a ring that is not elastic: every page committed
+    /// during or soon after open.
     Populated,
     /// `pinned`: populated for a device, never elastic.
     Pinned,
@@ -178,7 +178,7 @@ impl Commit {
             Commit::Locked
         } else if config.pinned {
             Commit::Pinned
-        } else if config.populate && !config.is_elastic() {
+        } else if config.populate != Populate::Off && !config.is_elastic() {
             Commit::Populated
         } else {
             Commit::OnLoad
@@ -195,7 +195,7 @@ impl fmt::Display for Commit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Commit::OnLoad => "committed as slots are first loaded",
-            Commit::Populated => "populated (every page committed after open)",
+            Commit::Populated => "populated (every page committed at or after open)",
             Commit::Pinned => "pinned (every page committed after open, for a device)",
             Commit::Locked => "locked (every page committed at open)",
         })
@@ -745,7 +745,7 @@ mod tests {
             scout_bytes: Some(5),
             engine_overhead_bytes: 9,
             elastic: false,
-            populate: true,
+            populate: Populate::Background,
             pinned: true,
             workers: 2,
             ..Config::default()
@@ -757,7 +757,7 @@ mod tests {
                 slot_mb: 3,
                 scout_bytes: Some(5),
                 engine_overhead_bytes: 9,
-                populate: true,
+                populate: Populate::Background,
                 lock: false,
                 elastic: false,
                 pinned: true,
@@ -834,7 +834,7 @@ mod tests {
                 ..BudgetConfig::default()
             },
             BudgetConfig {
-                populate: true,
+                populate: Populate::Background,
                 elastic: false,
                 ..BudgetConfig::default()
             },
@@ -895,7 +895,7 @@ mod tests {
         for config in [
             BudgetConfig::default(),
             BudgetConfig {
-                populate: true,
+                populate: Populate::Background,
                 ..BudgetConfig::default()
             },
             BudgetConfig {

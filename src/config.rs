@@ -39,6 +39,23 @@ pub enum Policy {
     Adaptive = 1,
 }
 
+/// When the ring's pages are committed (C `smoe_config.populate`; the
+/// discriminants are the C values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Populate {
+    /// As slots are first loaded (the default): a load into a page never
+    /// touched pays its commit (the kernel's zeroing) on the I/O worker.
+    #[default]
+    Off = 0,
+    /// A thread commits the ring slot by slot after open, beside the first
+    /// loads.
+    Background = 1,
+    /// Open commits the ring before it returns, several threads at once,
+    /// so that no load pays for it: a host's first batch finds every page
+    /// committed (the engine's load time pays instead).
+    Open = 2,
+}
+
 /// Claims a trace records before it stops recording (and only counts them):
 /// 2^24, 64 MiB of address space, committed 4 bytes per claim as used. That
 /// is 262,144 tokens of a 32-layer top-2 model, 22,310 of a 94-layer top-8
@@ -104,12 +121,12 @@ macro_rules! config_schema {
             /// [`Policy::Adaptive`](crate::Policy::Adaptive).
             policy: $crate::config::Policy = $crate::config::Policy::Lru,
             [budget]
-            /// Pre-fault the ring's pages in the background after open (a
-            /// thread asks the OS to commit them slot by slot, never
-            /// changing their contents), so the first loads find them
-            /// committed. Off: pages are committed as slots are first
-            /// loaded.
-            populate: bool = false,
+            /// Pre-fault the ring's pages (the OS is asked to commit them
+            /// slot by slot, never changing their contents), so the first
+            /// loads find them committed: in the background after open, or
+            /// during open. An elastic ring stops at its high watermark.
+            /// Off: pages are committed as slots are first loaded.
+            populate: $crate::config::Populate = $crate::config::Populate::Off,
             [budget]
             /// Lock the ring in memory (`mlock`): every page is committed at
             /// open and never swapped. Refused by the OS (a small

@@ -61,7 +61,7 @@ mod trace;
 pub use budget::{PlanSources, RingPlan, SlotClamp};
 pub use error::{Error, ErrorKind, Result};
 #[cfg(not(loom))]
-pub use streamer::{Claim, Config, Policy, Priority, SlotInfo, Stats, Streamer};
+pub use streamer::{Claim, Config, Policy, Populate, Priority, SlotInfo, Stats, Streamer};
 pub use sys::DirectIo;
 
 /// For the `smoe` command-line tool (`cli/`), the packer (`pack/`, package

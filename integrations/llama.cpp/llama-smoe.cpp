@@ -99,6 +99,8 @@ struct llama_smoe {
     uint64_t slot_bytes = 0;
     uint32_t slots = 0;
     uint32_t max_experts = 0;        // most experts of any layer
+    double open_s = 0;               // smoe_open's time, which commits the ring when populated
+    bool populated = false;          // SMOE_POPULATE=2 (the default): committed at open
     // SMOE_LAYER_AHEAD (default 1): while a batch that routes to most of layer L's experts
     // (more than half) computes layer L, queue all of layer L+1's experts as speculation
     bool layer_ahead = true;
@@ -262,7 +264,9 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, const char * model_path) {
     cfg.prewarm    = env_u32("SMOE_PREWARM", 1, 1);
     cfg.policy     = env_u32("SMOE_POLICY", SMOE_POLICY_LRU, SMOE_POLICY_ADAPTIVE);
     cfg.elastic    = env_u32("SMOE_ELASTIC", 1, 1);
-    cfg.populate   = env_u32("SMOE_POPULATE", 0, 1);
+    // committed at open by default: a prompt's first loads then pay no first touches,
+    // which cost most beside the compute where memory is virtualised
+    cfg.populate   = env_u32("SMOE_POPULATE", SMOE_POPULATE_OPEN, SMOE_POPULATE_OPEN);
     const bool layer_ahead = env_u32("SMOE_LAYER_AHEAD", 1, 1) == 1;
     const uint32_t squeeze = env_u32("SMOE_TEST_SQUEEZE", 0, UINT32_MAX);
     if (std::getenv("SMOE_SPECULATE") != nullptr && *std::getenv("SMOE_SPECULATE") != '\0') {
@@ -274,7 +278,10 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, const char * model_path) {
     s->vault = vault;
     s->layer_ahead = layer_ahead;
     s->squeeze = squeeze;
+    const auto t_open = std::chrono::steady_clock::now();
     r = smoe_open(vault.c_str(), &cfg, &s->st);
+    s->open_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_open).count();
+    s->populated = cfg.populate == SMOE_POPULATE_OPEN;
     if (r != SMOE_OK) {
         throw std::runtime_error(smoe_error("smoe_open", r) + " (" + named + ")");
     }
@@ -544,6 +551,8 @@ void llama_smoe_bind(llama_smoe * s) {
     fprintf(stderr, "smoe: %s %s: %zu expert tensors in %zu layers streamed through a ring of %u slots x %llu bytes%s\n",
             s->in_place ? "model" : "vault", s->vault.c_str(), tensors.size(), bound.size(), s->slots, (unsigned long long) s->slot_bytes,
             s->layer_ahead ? ", layer-ahead reads in prefill" : "");
+    fprintf(stderr, "smoe: opened in %.2f s%s\n", s->open_s,
+            s->populated ? ", the ring's pages committed (SMOE_POPULATE=0: as slots are first loaded)" : "");
 }
 
 // The first wave's setup of a batch: the working set (distinct experts in order of first

@@ -141,7 +141,7 @@ class Streamer:
         freq_path: _Path | None = None,
         trace_path: _Path | None = None,
         policy: Literal["lru", "adaptive"] = "lru",
-        populate: bool = False,
+        populate: Literal["off", "background", "open"] | bool = "off",
         lock: bool = False,
         elastic: bool = True,
         pinned: bool = False,

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyString};
-use smoe::{Config, DirectIo, Policy, Stats};
+use smoe::{Config, DirectIo, Policy, Populate, Stats};
 
 use crate::errors;
 
@@ -130,6 +130,9 @@ impl ConfigValue for Option<PathBuf> {
 /// A setting whose values are names: each name and its value.
 trait Named: Sized + Copy + PartialEq + 'static {
     const NAMES: &'static [(&'static str, Self)];
+    /// The values False and True stand for, where the setting was a switch
+    /// before it had names.
+    const FROM_BOOL: Option<(Self, Self)> = None;
 }
 
 impl Named for DirectIo {
@@ -145,9 +148,21 @@ impl Named for Policy {
         &[("lru", Policy::Lru), ("adaptive", Policy::Adaptive)];
 }
 
+impl Named for Populate {
+    const NAMES: &'static [(&'static str, Self)] = &[
+        ("off", Populate::Off),
+        ("background", Populate::Background),
+        ("open", Populate::Open),
+    ];
+    const FROM_BOOL: Option<(Self, Self)> = Some((Populate::Off, Populate::Background));
+}
+
 impl<T: Named> ConfigValue for T {
     const EXPECTED: &'static str = "a str";
     fn from_py(value: &Bound<'_, PyAny>, name: &str) -> PyResult<Self> {
+        if let (Some((off, on)), Ok(b)) = (T::FROM_BOOL, value.cast::<PyBool>()) {
+            return Ok(if b.is_true() { on } else { off });
+        }
         let names: Vec<&str> = T::NAMES.iter().map(|(n, _)| *n).collect();
         let text = value
             .cast::<PyString>()

@@ -53,6 +53,14 @@ def test_settings_reach_the_library(vault):
         assert (stats["ring_slots"], stats["workers"], stats["policy"], stats["direct_io"]) == (3, 1, 1, 0)
 
 
+@pytest.mark.parametrize("populate", ["off", "background", "open", False, True])
+def test_every_populate_value_opens_and_reads(vault, populate):
+    # False and True: the switch `populate` was before it had three values
+    with smoe.Streamer(vault, populate=populate, **QUIET) as s:
+        with s.claim(0, 1) as lease:
+            assert bytes(memoryview(lease)) == vault_bytes(vault, s, 0, 1)
+
+
 def test_unknown_keywords_are_named(vault):
     with pytest.raises(TypeError, match="'ringslots', 'colour'"):
         smoe.Streamer(vault, ringslots=3, colour="red")
@@ -68,6 +76,8 @@ def test_unknown_keywords_are_named(vault):
         ({"prewarm": 1}, TypeError, "prewarm must be a bool, not int"),
         ({"direct_io": "sometimes"}, smoe.ArgumentError, "direct_io must be one of"),
         ({"policy": 1}, TypeError, "policy must be one of"),
+        ({"populate": "always"}, smoe.ArgumentError, "populate must be one of"),
+        ({"populate": 2}, TypeError, "populate must be one of"),
         ({"scout_bytes": "1G"}, TypeError, "scout_bytes must be None or an int"),
         ({"freq_path": 3}, TypeError, "freq_path must be None, a str or an os.PathLike"),
         ({"strict": "yes"}, TypeError, "strict must be a bool"),

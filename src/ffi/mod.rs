@@ -78,6 +78,15 @@ pub const SMOE_POLICY_LRU: u32 = 0;
 /// reaches last (docs/c-api.md, "Eviction").
 pub const SMOE_POLICY_ADAPTIVE: u32 = 1;
 
+/// `smoe_config.populate`: the ring's pages are committed as slots are
+/// first loaded (default).
+pub const SMOE_POPULATE_OFF: u32 = 0;
+/// `smoe_config.populate`: a thread pre-faults the ring after open.
+pub const SMOE_POPULATE_BACKGROUND: u32 = 1;
+/// `smoe_config.populate`: `smoe_open` pre-faults the ring before it
+/// returns (docs/c-api.md, "The ring's memory").
+pub const SMOE_POPULATE_OPEN: u32 = 2;
+
 // Each status is declared here once, with its number and its doc: cbindgen
 // reads this enum (it does not expand macros), so it stays written out.
 // Everything else about a status (its name as text, the list of all of them,

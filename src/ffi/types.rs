@@ -31,7 +31,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::ptr::{self, NonNull};
 
-use crate::{Config, DirectIo, Error, Policy, SlotInfo, Stats, Streamer};
+use crate::{Config, DirectIo, Error, Policy, Populate, SlotInfo, Stats, Streamer};
 
 /// Streamer settings for `smoe_open`. Initialize with `smoe_config_init`,
 /// then change fields; a `NULL` config means all defaults.
@@ -90,9 +90,14 @@ pub struct smoe_config {
     /// docs/c-api.md, "Eviction"). Any other value fails `smoe_open` with
     /// `SMOE_ERR_ARGUMENT`.
     pub policy: u32,
-    /// Added after version 1: 1 = pre-fault the ring's pages in the
-    /// background after open (slot by slot, contents unchanged); default 0,
-    /// pages are committed as slots are first loaded.
+    /// Added after version 1: when the ring's pages are committed.
+    /// `SMOE_POPULATE_OFF` (0, the default): as slots are first loaded;
+    /// `SMOE_POPULATE_BACKGROUND` (1): a thread pre-faults them slot by
+    /// slot after open (contents unchanged); `SMOE_POPULATE_OPEN` (2):
+    /// `smoe_open` pre-faults them before it returns, with several threads,
+    /// so that no load pays for a first touch. An elastic ring stops at its
+    /// high watermark. Any other value fails `smoe_open` with
+    /// `SMOE_ERR_ARGUMENT`.
     pub populate: u32,
     /// Added after version 1: 1 = lock the ring in memory (`mlock`: every
     /// page committed at open, never swapped); default 0. When the OS
@@ -477,6 +482,29 @@ impl CValue for Policy {
     #[cfg(test)]
     fn another_c(value: u32) -> u32 {
         value ^ 1
+    }
+}
+
+/// When the ring is committed: `SMOE_POPULATE_OFF`, `_BACKGROUND` or
+/// `_OPEN`.
+impl CValue for Populate {
+    type C = u32;
+    fn c_default(default: &Self) -> u32 {
+        *default as u32
+    }
+    unsafe fn from_c(value: u32, field: &str) -> Result<Self, Error> {
+        match value {
+            super::SMOE_POPULATE_OFF => Ok(Populate::Off),
+            super::SMOE_POPULATE_BACKGROUND => Ok(Populate::Background),
+            super::SMOE_POPULATE_OPEN => Ok(Populate::Open),
+            other => Err(Error::argument(format!(
+                "cfg->{field} is {other}, expected 0 (SMOE_POPULATE_OFF), 1 (SMOE_POPULATE_BACKGROUND) or 2 (SMOE_POPULATE_OPEN)"
+            ))),
+        }
+    }
+    #[cfg(test)]
+    fn another_c(value: u32) -> u32 {
+        (value + 1) % 3
     }
 }
 
@@ -930,7 +958,14 @@ mod tests {
 
     #[test]
     fn out_of_range_values_name_the_field() {
-        let cases: [(smoe_config, &str); 4] = [
+        let cases: [(smoe_config, &str); 5] = [
+            (
+                smoe_config {
+                    populate: 3,
+                    ..smoe_config::defaults()
+                },
+                "cfg->populate is 3, expected 0 (SMOE_POPULATE_OFF), 1 (SMOE_POPULATE_BACKGROUND) or 2",
+            ),
             (
                 smoe_config {
                     direct_io: 3,

@@ -120,9 +120,73 @@ impl ElasticState {
     }
 }
 
-/// The memory thread: pre-faults the ring when `populate` (slot by slot,
-/// stopping early if headroom falls under the high watermark), then, with a
-/// `probe`, runs the elastic monitor until shutdown.
+/// Pre-faults the ring slot by slot, stopping early if headroom falls under
+/// the high watermark or the streamer shuts down: `threads` threads share
+/// the slots (each takes the next one not yet taken).
+pub(crate) fn populate(shared: &Shared, probe: Option<&PressureProbe>, threads: usize) {
+    let table = &shared.table;
+    let slots = table.slots();
+    let slot_bytes = shared.slot_bytes as usize;
+    // Acquire: pairs with the Release store of `shutdown` in `stop`.
+    let stopping = || shared.shutdown.load(Ordering::Acquire);
+    let next = AtomicU32::new(0);
+    let full = std::sync::atomic::AtomicBool::new(false);
+    let one = || loop {
+        if stopping() || full.load(Ordering::Relaxed) {
+            return;
+        }
+        let slot = next.fetch_add(1, Ordering::Relaxed);
+        if slot >= slots {
+            return;
+        }
+        if let Some(p) = probe {
+            if p.sample()
+                .is_ok_and(|s| s.headroom_bytes < watermarks(s.limit_bytes).1)
+            {
+                full.store(true, Ordering::Relaxed);
+                return;
+            }
+        }
+        // Populating never changes the bytes, so it is safe whatever
+        // state the slot is in; an OFFLINE one is skipped (no elastic
+        // step runs before this ends, so none is).
+        if table.word(slot).state() != OFFLINE {
+            // In pieces of POPULATE_CHUNK, so a close waits for one
+            // piece at most (committing is slow where memory is
+            // virtualised: about 0.4 GB/s on the development VM).
+            let start = slot as usize * slot_bytes;
+            let mut done = 0;
+            while done < slot_bytes && !stopping() {
+                let len = POPULATE_CHUNK.min(slot_bytes - done);
+                // A refusal only means the first load commits those
+                // pages. Only pages known to be committed settle the
+                // ring's promise: advice (an old kernel's fallback,
+                // Apple) keeps it until close, as those pages come
+                // later, where the memory probe cannot foresee them.
+                if let Ok(true) = shared.ring.reservation().populate(start + done, len) {
+                    shared.promise.settle(len as u64);
+                }
+                done += len;
+            }
+        }
+    };
+    if threads <= 1 {
+        one();
+    } else {
+        std::thread::scope(|s| {
+            for _ in 1..threads {
+                // A thread the OS refuses leaves its share to the others.
+                let _ = std::thread::Builder::new()
+                    .name("smoe-populate".into())
+                    .spawn_scoped(s, one);
+            }
+            one();
+        });
+    }
+}
+
+/// The memory thread: pre-faults the ring when `populate` ([`populate`]),
+/// then, with a `probe`, runs the elastic monitor until shutdown.
 pub(crate) fn run(shared: Arc<Shared>, populate: bool, probe: Option<PressureProbe>) {
     let table = &shared.table;
     let slots = table.slots();
@@ -130,40 +194,7 @@ pub(crate) fn run(shared: Arc<Shared>, populate: bool, probe: Option<PressurePro
     // Acquire: pairs with the Release store of `shutdown` in `stop`.
     let stopping = || shared.shutdown.load(Ordering::Acquire);
     if populate {
-        for slot in 0..slots {
-            if stopping() {
-                return;
-            }
-            if let Some(p) = &probe {
-                if p.sample()
-                    .is_ok_and(|s| s.headroom_bytes < watermarks(s.limit_bytes).1)
-                {
-                    break;
-                }
-            }
-            // Populating never changes the bytes, so it is safe whatever
-            // state the slot is in; an OFFLINE one is skipped (no elastic
-            // step runs before this loop ends, so none is).
-            if table.word(slot).state() != OFFLINE {
-                // In pieces of POPULATE_CHUNK, so a close waits for one
-                // piece at most (committing is slow where memory is
-                // virtualised: about 1 GB/s on the development VM).
-                let start = slot as usize * slot_bytes;
-                let mut done = 0;
-                while done < slot_bytes && !stopping() {
-                    let len = POPULATE_CHUNK.min(slot_bytes - done);
-                    // A refusal only means the first load commits those
-                    // pages. Only pages known to be committed settle the
-                    // ring's promise: advice (an old kernel's fallback,
-                    // Apple) keeps it until close, as those pages come
-                    // later, where the memory probe cannot foresee them.
-                    if let Ok(true) = shared.ring.reservation().populate(start + done, len) {
-                        shared.promise.settle(len as u64);
-                    }
-                    done += len;
-                }
-            }
-        }
+        self::populate(&shared, probe.as_ref(), 1);
     }
     let Some(probe) = probe else {
         return;

@@ -14,7 +14,7 @@ pub(crate) mod slots;
 #[cfg(not(loom))]
 mod worker;
 
-pub use crate::config::{Config, Policy, Stats};
+pub use crate::config::{Config, Policy, Populate, Stats};
 #[cfg(not(loom))]
 pub use imp::*;
 #[cfg(not(loom))]
@@ -346,7 +346,16 @@ mod imp {
             // A locked ring is committed already; a pinned one is about to
             // be, by the host's registration, which is quicker on committed
             // pages.
-            let populate = (config.populate || config.pinned) && !config.lock;
+            let mut populate =
+                (config.populate != crate::config::Populate::Off || config.pinned) && !config.lock;
+            if populate && config.populate == crate::config::Populate::Open {
+                // Before open returns, with the threads the machine has (up
+                // to 8): first touches cost most where memory is virtualised
+                // (0.4 GB/s a thread on the development VM), and they scale.
+                let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+                elastic::populate(&shared, probe.as_ref(), threads);
+                populate = false;
+            }
             let memory_thread = if populate || probe.is_some() {
                 match start_memory(&shared, populate, probe) {
                     Ok(thread) => Some(thread),

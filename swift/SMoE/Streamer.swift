@@ -72,6 +72,10 @@ public final class Streamer: @unchecked Sendable {
         public enum DirectIO: UInt32, Sendable { case auto = 0, require = 1, off = 2 }
         /// The eviction policy (docs/c-api.md, "Eviction and retention").
         public enum Policy: UInt32, Sendable { case lru = 0, adaptive = 1 }
+        /// When the ring's pages are committed (docs/c-api.md, "The ring's
+        /// memory"): as slots are first loaded, by a thread after open, or
+        /// during open.
+        public enum Populate: UInt32, Sendable { case off = 0, background = 1, open = 2 }
 
         public var ringSlots: UInt32 = 0
         public var slotMiB: UInt32 = 0
@@ -92,8 +96,9 @@ public final class Streamer: @unchecked Sendable {
         public var tracePath: String?
         /// Which idle slot a load evicts.
         public var policy: Policy = .lru
-        /// Pre-fault the ring's pages in the background after open.
-        public var populate = false
+        /// Pre-fault the ring's pages: in the background after open, or
+        /// before open returns.
+        public var populate: Populate = .off
         /// Lock the ring in memory (`mlock`); open fails if the OS refuses.
         public var lock = false
         /// Elastic ring: idle slots are given back under memory pressure.
@@ -147,7 +152,7 @@ public final class Streamer: @unchecked Sendable {
         cfg.scout_bytes = config.scoutBytes
         cfg.engine_overhead_bytes = config.engineOverheadBytes
         cfg.policy = config.policy.rawValue
-        cfg.populate = config.populate ? 1 : 0
+        cfg.populate = config.populate.rawValue
         cfg.lock = config.lock ? 1 : 0
         cfg.elastic = config.elastic ? 1 : 0
         cfg.pinned = config.pinned ? 1 : 0

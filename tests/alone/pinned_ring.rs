@@ -17,7 +17,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use smoe::{Config, ErrorKind, Streamer};
+use smoe::{Config, ErrorKind, Populate, Streamer};
 
 use crate::elastic::Cgroup;
 
@@ -100,7 +100,7 @@ fn eager_config(name: &str) -> Config {
             ..quiet
         },
         _ => Config {
-            populate: true,
+            populate: Populate::Background,
             elastic: false,
             ..quiet
         },

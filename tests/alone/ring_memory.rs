@@ -8,7 +8,7 @@ use smoe_test_support as common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use smoe::{Config, ErrorKind, Streamer};
+use smoe::{Config, ErrorKind, Populate, Streamer};
 
 const MIB: u64 = 1 << 20;
 
@@ -34,7 +34,7 @@ fn populate_commits_the_ring_in_the_background_and_loads_stay_right() {
     let v = common::vault(1, 64, 100_000, &[]);
 
     // Off (the default): the ring stays uncommitted.
-    assert!(!Config::default().populate);
+    assert_eq!(Config::default().populate, Populate::Off);
     let rss0 = common::rss_bytes();
     let s = Streamer::open(v.dir.path(), config()).unwrap();
     assert_eq!(s.ring_region().1, 256 * MIB);
@@ -48,7 +48,7 @@ fn populate_commits_the_ring_in_the_background_and_loads_stay_right() {
     let s = Streamer::open(
         v.dir.path(),
         Config {
-            populate: true,
+            populate: Populate::Background,
             ..config()
         },
     )
@@ -79,6 +79,40 @@ fn populate_commits_the_ring_in_the_background_and_loads_stay_right() {
         let c = s.claim(0, e).unwrap().expect("retained");
         v.check(0, e, &c);
     }
+}
+
+#[test]
+fn populate_at_open_commits_the_ring_before_open_returns() {
+    let _alone = crate::alone();
+    let v = common::vault(1, 64, 100_000, &[]);
+    let rss0 = common::rss_bytes();
+    let s = Streamer::open(
+        v.dir.path(),
+        Config {
+            populate: Populate::Open,
+            ..config()
+        },
+    )
+    .unwrap();
+    // No thread runs after open to commit more: what open left is all.
+    let at_open = common::rss_bytes().saturating_sub(rss0);
+    assert!(
+        at_open >= 250 * MIB,
+        "populate at open: only {} MiB of the 256 MiB ring committed when open returned",
+        at_open / MIB
+    );
+    // Contents unchanged, loads right, and nothing committed twice.
+    v.stream(&s, 0, 0..64, Duration::from_secs(10));
+    for e in (0..64).step_by(7) {
+        let c = s.claim(0, e).unwrap().expect("retained");
+        v.check(0, e, &c);
+    }
+    let after = common::rss_bytes().saturating_sub(rss0);
+    assert!(
+        after < at_open + 32 * MIB,
+        "loads into a populated ring committed {} MiB more",
+        (after - at_open) / MIB
+    );
 }
 
 #[test]
@@ -228,7 +262,7 @@ fn lock_refused_under_a_small_memlock_limit() {
 fn populate_figures_8_gib() {
     let _alone = crate::alone();
     let v = common::vault(1, 64, 100_000, &[]);
-    for populate in [false, true] {
+    for populate in [Populate::Off, Populate::Background, Populate::Open] {
         let rss0 = common::rss_bytes();
         let t0 = Instant::now();
         let s = Streamer::open(
@@ -248,8 +282,9 @@ fn populate_figures_8_gib() {
                 full = Some(t0.elapsed());
                 break;
             }
-            std::thread::sleep(Duration::from_millis(if populate { 10 } else { 500 }));
-            if !populate && t0.elapsed() > Duration::from_secs(2) {
+            let off = populate == Populate::Off;
+            std::thread::sleep(Duration::from_millis(if off { 500 } else { 10 }));
+            if off && t0.elapsed() > Duration::from_secs(2) {
                 break;
             }
         }
@@ -258,7 +293,7 @@ fn populate_figures_8_gib() {
         drop(s);
         let close = t1.elapsed();
         eprintln!(
-            "8 GiB ring, populate {populate}: open {open:?}, RSS +{} MiB after open, \
+            "8 GiB ring, populate {populate:?}: open {open:?}, RSS +{} MiB after open, \
              +{} MiB at the end, all committed after {full:?}, close {close:?}",
             after_open / MIB,
             later / MIB

@@ -8,7 +8,7 @@ use smoe::internals::budget::{check_fits, plan_ring, BudgetConfig, LargestBlob, 
 use smoe::internals::sys::MemorySnapshot;
 use smoe::vault::synth::SynthSpec;
 use smoe::vault::{Vault, DEFAULT_ALIGNMENT};
-use smoe::{ErrorKind, RingPlan, SlotClamp};
+use smoe::{ErrorKind, Populate, RingPlan, SlotClamp};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -459,7 +459,7 @@ mod budget_plan {
             scout_override in any::<Option<u64>>(),
             overhead in prop_oneof![Just(0u64), any::<u64>()],
             elastic in any::<bool>(),
-            populate in any::<bool>(),
+            populate in prop_oneof![Just(Populate::Off), Just(Populate::Background), Just(Populate::Open)],
             lock in any::<bool>(),
             pinned in any::<bool>(),
             committable in any::<u64>(),
@@ -477,7 +477,7 @@ mod budget_plan {
             // Committed at open: locked, pinned, or populated and not
             // elastic (a locked or pinned ring never is).
             let is_elastic = elastic && !lock && !pinned;
-            let eager = lock || pinned || (populate && !is_elastic);
+            let eager = lock || pinned || (populate != Populate::Off && !is_elastic);
             // What can be committed may be more than avail (a cgroup's file
             // cache) or less (promises to other rings): any value.
             let snap = MemorySnapshot {

@@ -706,23 +706,39 @@ fn a_raise_that_cannot_be_allocated_is_given_up() {
     assert!(same_logits(&given_up, &stock), "not stock's logits\n{err}");
 }
 
-/// `SMOE_POPULATE=1` commits the ring's pages in the background from the
-/// load on (the library's `populate`): the same logits as stock's, through a
-/// ring of half the fixture's experts; a value other than 0 or 1 fails the
-/// load, naming it.
+/// The ring's pages are committed at open by default (the library's
+/// `SMOE_POPULATE_OPEN`, the load says so and how long the open took),
+/// `SMOE_POPULATE=1` in the background from the load on, `=0` as slots are
+/// first loaded: each gives stock's logits through a ring of half the
+/// fixture's experts; a value other than 0, 1 or 2 fails the load, naming it.
 #[test]
 fn populate_keeps_stock_logits() {
     let Some(s) = setup_in_place("qwen3moe-q8_0.gguf") else {
         return;
     };
     let stock = run_long(&s, "stock", 1, &[("SMOE_SIMPLE_UBATCH", "32")]);
-    let env = ubatch_env("16", &[("SMOE_UBATCH", "0"), ("SMOE_POPULATE", "1")]);
-    let populated = run_long(&s, "smoe-populate", 1, &env);
-    let err = String::from_utf8_lossy(&populated.out.stderr);
-    assert!(populated.out.status.success(), "{err}");
-    assert!(same_logits(&populated, &stock), "not stock's logits\n{err}");
-    let bad = ubatch_env("16", &[("SMOE_UBATCH", "0"), ("SMOE_POPULATE", "2")]);
-    let refused = run_long(&s, "smoe-populate-2", 1, &bad);
+    for value in [None, Some("0"), Some("1"), Some("2")] {
+        let mut extra = vec![("SMOE_UBATCH", "0")];
+        extra.extend(value.map(|v| ("SMOE_POPULATE", v)));
+        let env = ubatch_env("16", &extra);
+        let name = format!("smoe-populate-{}", value.unwrap_or("default"));
+        let run = run_long(&s, &name, 1, &env);
+        let err = String::from_utf8_lossy(&run.out.stderr);
+        assert!(run.out.status.success(), "{name}: {err}");
+        assert!(
+            same_logits(&run, &stock),
+            "{name}: not stock's logits\n{err}"
+        );
+        let committed =
+            err.contains("smoe: opened in ") && err.contains(", the ring's pages committed");
+        assert_eq!(
+            committed,
+            matches!(value, None | Some("2")),
+            "{name}: the load does not say how the ring was committed\n{err}"
+        );
+    }
+    let bad = ubatch_env("16", &[("SMOE_UBATCH", "0"), ("SMOE_POPULATE", "3")]);
+    let refused = run_long(&s, "smoe-populate-3", 1, &bad);
     let err = String::from_utf8_lossy(&refused.out.stderr);
     assert!(!refused.out.status.success(), "{err}");
     assert!(err.contains("SMOE_POPULATE"), "{err}");
