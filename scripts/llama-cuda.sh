@@ -1,36 +1,44 @@
 #!/usr/bin/env bash
 # llama.cpp's CUDA build with smoe against stock llama.cpp CUDA with
-# --cpu-moe (issue 25 item 3; docs/llama.md "CUDA"). Run after
+# --cpu-moe (issue 37; docs/llama.md "CUDA"). Run after
 # `scripts/llama.sh build --cuda`; `scripts/cuda.sh llama` runs both.
 #
-# Two models: the committed fixture qwen3moe-q8_0.gguf, and a random
-# Qwen3-MoE made by test-support/examples/broad_model.rs (LAYERS x EXPERTS, top-8,
-# hidden 1024, expert FFN 768, Q8_0). For each, greedy decoding with
-# llama-completion, -ngl 99 (every layer on the GPU) of a short prompt and
-# of one of more than 32 tokens (for which stock llama.cpp copies the
-# experts' weights to the GPU, "op offload"): stock with --cpu-moe (the
-# experts in host memory), stock with --cpu-moe --no-op-offload, and smoe
-# with SMOE_VAULT (the experts from the ring; smoe turns op offload off).
-# smoe's text must equal stock's without op offload (the same kernels), and
-# is compared with stock's with it. Then llama-bench, prefill and decode
-# tokens/s, the three ways; and, as root with cgroup v2, the short prompt
-# again in a memory cgroup capped below the model's size.
+# With -ngl 99 every layer is on the GPU but the routed experts: stock keeps
+# them in host memory (--cpu-moe, the page cache of its mmap), smoe streams
+# them through its ring (SMOE=1, the GGUF read in place). A batch of 32
+# tokens or more computes its experts on the GPU ("op offload"): stock copies
+# the experts the batch uses from its mmap, smoe those it claimed from their
+# ring slots. Decode computes them on the CPU, both ways.
+#
+# Two models: the committed fixture qwen3moe-q8_0.gguf, and a broad-routing
+# random Qwen3-MoE made by test-support/examples/broad_model.rs (LAYERS x
+# EXPERTS, top-8, hidden 1024, expert FFN 768, Q8_0; 24 x 64 = 3.9 GB).
+#
+# 1. Text: greedy llama-completion of a short prompt and of one over 32
+#    tokens, smoe against stock --cpu-moe (op offload on both), and with op
+#    offload off on both (--no-op-offload, SMOE_OP_OFFLOAD=0): identical, or
+#    the script fails.
+# 2. Uncapped (the model in the page cache): llama-bench -p 512 -n 64,
+#    alternating, ROUNDS rounds: prefill and decode tokens/s, smoe / stock.
+# 3. Capped: as root with cgroup v2, the long prompt and N_PREDICT tokens in
+#    a memory cgroup of CAP_MIB (default: the model's size / 2.5), page cache
+#    dropped: prefill and decode tokens/s, smoe / stock, text identical.
+# smoe's runs print the bytes of experts copied to the GPU per prompt token.
 #
 # Environment: SMOE_LLAMA_DIR (default /var/cache/smoe-llama), SMOE_BIN (the
 # smoe tool; default target/release/smoe), BROAD_BIN (the model generator;
-# default: built with cargo), WORK (default target/llama-cuda),
-# N_PREDICT (default 32), LAYERS (12), EXPERTS (32), CAP_MIB (the cap;
-# default 60% of the random model's size).
+# default: built with cargo), WORK (default target/llama-cuda), N_PREDICT
+# (default 32), LAYERS (24), EXPERTS (64), ROUNDS (2), CAP_MIB.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DIR="${SMOE_LLAMA_DIR:-/var/cache/smoe-llama}"
 BIN="$DIR/build-cuda/bin"
-SMOE_BIN="${SMOE_BIN:-$ROOT/target/release/smoe}"
 WORK="${WORK:-$ROOT/target/llama-cuda}"
 N_PREDICT="${N_PREDICT:-32}"
-LAYERS="${LAYERS:-12}"
-EXPERTS="${EXPERTS:-32}"
+LAYERS="${LAYERS:-24}"
+EXPERTS="${EXPERTS:-64}"
+ROUNDS="${ROUNDS:-2}"
 
 say() { printf '[llama-cuda.sh] %s\n' "$*" >&2; }
 die() {
@@ -41,7 +49,7 @@ die() {
 for t in llama-completion llama-bench; do
   [ -x "$BIN/$t" ] || die "$BIN/$t is not built: run scripts/llama.sh build --cuda"
 done
-[ -x "$SMOE_BIN" ] || die "no smoe tool at $SMOE_BIN (set SMOE_BIN)"
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive number, not '$ROUNDS'"
 mkdir -p "$WORK"
 
 SHORT="Hello world"
@@ -59,10 +67,15 @@ if [ ! -f "$broad" ]; then
     --vocab "$ROOT/tests/fixtures/models/qwen3moe-q8_0.gguf" >&2 || die "$BROAD_BIN failed"
 fi
 
-# The two timing lines of llama's perf print in LOG, on one line.
+# pp_tg LOG: prompt tokens/s and decode tokens/s of llama's perf print.
 pp_tg() {
-  grep -E 'prompt eval time|[^t] eval time' "$1" | sed 's/^.*_perf_print: *//' | tr -s ' ' | paste -sd ';' -
+  awk '/prompt eval time/ { for (i = 1; i <= NF; i++) if ($i == "tokens") pp = $(i + 3) }
+       /[^t] eval time/   { for (i = 1; i <= NF; i++) if ($i == "runs") tg = $(i + 3) }
+       END { printf "%s %s\n", (pp == "" ? 0 : pp), (tg == "" ? 0 : tg) }' "$1"
 }
+# offload LOG: smoe's op offload line, shortened.
+offload() { grep -h '^smoe: op offload:' "$1" | sed 's/^smoe: op offload: //' | tail -n 1 || true; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'; }
 
 # complete OUT PREFIX...: llama-completion (PREFIX: env assignments and the
 # binary's path first), its text in OUT.txt and its log in OUT.log.
@@ -74,78 +87,93 @@ complete() {
     return 1
   }
 }
-
 same() { cmp -s "$1.txt" "$2.txt" && [ -s "$1.txt" ] && echo "identical ($(wc -c <"$1.txt") bytes)" || echo DIFFERENT; }
 
 status=0
+# 1. text
 for model in "$ROOT/tests/fixtures/models/qwen3moe-q8_0.gguf" "$broad"; do
   name="$(basename "$model" .gguf)"
-  vault="$WORK/$name.vault"
-  [ -f "$vault/experts.smoe" ] || "$SMOE_BIN" pack --force "$model" "$vault" >/dev/null
   for which in short long; do
     prompt="$SHORT"
     [ "$which" = long ] && prompt="$LONG"
     common=(-m "$model" -ngl 99 -n "$N_PREDICT" --temp 0 --seed 1 -no-cnv -p "$prompt")
     o="$WORK/$name.$which"
+    rm -rf "$WORK/cache"
     complete "$o.stock" "$BIN/llama-completion" "${common[@]}" --cpu-moe || status=1
+    complete "$o.smoe" env SMOE=1 SMOE_CACHE_DIR="$WORK/cache" "$BIN/llama-completion" "${common[@]}" || status=1
     complete "$o.stock-nopo" "$BIN/llama-completion" "${common[@]}" --cpu-moe --no-op-offload || status=1
-    complete "$o.smoe" env SMOE_VAULT="$vault" "$BIN/llama-completion" "${common[@]}" || status=1
-    v="$(same "$o.smoe" "$o.stock-nopo")"
-    [ "$v" = DIFFERENT ] && status=1
-    echo "llama: $name, $which prompt, -ngl 99: smoe vs stock --cpu-moe --no-op-offload: $v; vs stock --cpu-moe: $(same "$o.smoe" "$o.stock")"
-    echo "llama:   stock --cpu-moe:                 $(pp_tg "$o.stock.log")"
-    echo "llama:   stock --cpu-moe --no-op-offload: $(pp_tg "$o.stock-nopo.log")"
-    echo "llama:   smoe SMOE_VAULT:                 $(pp_tg "$o.smoe.log")"
-    grep -h '^smoe: claims' "$o.smoe.log" | sed 's/^/llama:   /' || true
-  done
-  for run in "stock --n-cpu-moe 99::-ncmoe 99" "stock --n-cpu-moe 99 --no-op-offload::-ncmoe 99 -nopo 1" \
-    "smoe SMOE_VAULT:SMOE_VAULT=$vault:"; do
-    label="${run%%:*}"
-    rest="${run#*:}"
-    envs="${rest%%:*}"
-    opts="${rest#*:}"
-    echo "llama: $name, llama-bench -ngl 99 -p 512 -n 64 -r 2, $label:"
-    # shellcheck disable=SC2086 # opts and envs are word lists
-    env $envs "$BIN/llama-bench" -m "$model" -ngl 99 $opts -p 512 -n 64 -r 2 -o md 2>"$WORK/$name.bench.log" |
-      grep -E '^\| qwen' || { say "llama-bench failed: $(tail -n 2 "$WORK/$name.bench.log")"; status=1; }
+    complete "$o.smoe-nopo" env SMOE=1 SMOE_CACHE_DIR="$WORK/cache" SMOE_OP_OFFLOAD=0 "$BIN/llama-completion" "${common[@]}" ||
+      status=1
+    a="$(same "$o.smoe" "$o.stock")"
+    b="$(same "$o.smoe-nopo" "$o.stock-nopo")"
+    [ "$a" = DIFFERENT ] || [ "$b" = DIFFERENT ] && status=1
+    echo "text: $name, $which prompt, -ngl 99: smoe vs stock --cpu-moe (op offload): $a; both without op offload: $b"
+    read -r pp tg <<<"$(pp_tg "$o.stock.log")"
+    read -r mpp mtg <<<"$(pp_tg "$o.smoe.log")"
+    echo "text:   prompt tokens/s stock $pp, smoe $mpp; decode stock $tg, smoe $mtg; smoe's op offload: $(offload "$o.smoe.log")"
   done
 done
 
-# Capped: the short prompt on the random model in a memory cgroup of
-# CAP_MIB (one cgroup a run, so that each peak is its own), the page cache
-# dropped first.
+# 2. uncapped, alternating
+bench() { # OUT "OPTION..." ENV...: llama-bench's pp512 and tg64 tokens/s ("pp tg")
+  local out=$1 opts=$2
+  shift 2
+  # shellcheck disable=SC2086 # opts is a word list
+  env "$@" "$BIN/llama-bench" -m "$broad" -ngl 99 $opts -p 512 -n 64 -r 2 -o csv >"$out.csv" 2>"$out.log" ||
+    { say "llama-bench failed: $(tail -n 2 "$out.log")"; return 1; }
+  awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) { gsub(/"/, "", $i); col[$i] = i } next }
+           { gsub(/"/, ""); if ($col["n_prompt"] > 0) pp = $col["avg_ts"]; else tg = $col["avg_ts"] }
+           END { printf "%.1f %.1f\n", pp, tg }' "$out.csv"
+}
+rows=""
+cat "$broad" >/dev/null
+for ((r = 1; r <= ROUNDS; r++)); do
+  s=$(bench "$WORK/bench-stock-$r" "-ncmoe 99") || { status=1; continue; }
+  rm -rf "$WORK/cache"
+  m=$(bench "$WORK/bench-smoe-$r" "" SMOE=1 SMOE_CACHE_DIR="$WORK/cache") || { status=1; continue; }
+  read -r spp stg <<<"$s"
+  read -r mpp mtg <<<"$m"
+  rows+="| uncapped, round $r | $spp | $mpp | **$(ratio "$mpp" "$spp")×** | $stg | $mtg | **$(ratio "$mtg" "$stg")×** | $(offload "$WORK/bench-smoe-$r.log") |"$'\n'
+done
+
+# 3. capped
 if [ "$(id -u)" -eq 0 ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
   model_mib=$(($(stat -c %s "$broad") >> 20))
-  cap="${CAP_MIB:-$((model_mib * 6 / 10))}"
+  cap="${CAP_MIB:-$((model_mib * 10 / 25))}"
   grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || echo +memory >/sys/fs/cgroup/cgroup.subtree_control
-  common=(-m "$broad" -ngl 99 -n "$N_PREDICT" --temp 0 --seed 1 -no-cnv -p "$SHORT")
-  o="$WORK/capped"
-  for run in stock smoe smoe-fixed; do
-    cg="/sys/fs/cgroup/smoe-llama-cuda.$$.$run"
-    mkdir "$cg"
-    echo $((cap << 20)) >"$cg/memory.max"
-    echo 0 >"$cg/memory.swap.max" 2>/dev/null || true
-    sync
-    echo 3 >/proc/sys/vm/drop_caches
-    if [ "$run" = stock ]; then
-      args=("$BIN/llama-completion" "${common[@]}" --cpu-moe)
-    elif [ "$run" = smoe ]; then
-      args=(env SMOE_VAULT="$WORK/broad-${LAYERS}x${EXPERTS}.vault" "$BIN/llama-completion" "${common[@]}")
-    else
-      # a fixed ring of a third of the cap
-      args=(env SMOE_VAULT="$WORK/broad-${LAYERS}x${EXPERTS}.vault" SMOE_ELASTIC=0
-        SMOE_RING_SLOTS=$(((cap << 20) / 3 * LAYERS * EXPERTS / $(stat -c %s "$WORK/broad-${LAYERS}x${EXPERTS}.vault/experts.smoe")))
-        "$BIN/llama-completion" "${common[@]}")
-    fi
-    start=$(date +%s%N)
-    complete "$o.$run" bash -c 'echo $$ >"$1/cgroup.procs"; shift; exec "$@"' _ "$cg" "${args[@]}" || status=1
-    wall=$((($(date +%s%N) - start) / 1000000))
-    echo "llama: capped at $cap MiB (model $model_mib MiB), $run: $(pp_tg "$o.$run.log"); wall $wall ms, peak $(($(cat "$cg/memory.peak" 2>/dev/null || echo 0) >> 20)) MiB"
-    grep -h '^smoe: claims' "$o.$run.log" | sed 's/^/llama:   /' || true
-    rmdir "$cg" 2>/dev/null || true
+  common=(-m "$broad" -ngl 99 -n "$N_PREDICT" --temp 0 --seed 1 -no-cnv -p "$LONG")
+  for ((r = 1; r <= ROUNDS; r++)); do
+    for run in stock smoe; do
+      cg="/sys/fs/cgroup/smoe-llama-cuda.$$.$run.$r"
+      mkdir "$cg"
+      echo $((cap << 20)) >"$cg/memory.max"
+      echo 0 >"$cg/memory.swap.max" 2>/dev/null || true
+      sync
+      echo 3 >/proc/sys/vm/drop_caches
+      rm -rf "$WORK/cache"
+      if [ "$run" = stock ]; then
+        args=("$BIN/llama-completion" "${common[@]}" --cpu-moe)
+      else
+        args=(env SMOE=1 SMOE_CACHE_DIR="$WORK/cache" "$BIN/llama-completion" "${common[@]}")
+      fi
+      complete "$WORK/capped-$run-$r" bash -c 'echo $$ >"$1/cgroup.procs"; shift; exec "$@"' _ "$cg" "${args[@]}" || status=1
+      echo "capped at $cap MiB (model $model_mib MiB), $run, round $r: peak $(($(cat "$cg/memory.peak" 2>/dev/null || echo 0) >> 20)) MiB"
+      rmdir "$cg" 2>/dev/null || true
+    done
+    t="$(same "$WORK/capped-smoe-$r" "$WORK/capped-stock-$r")"
+    [ "$t" = DIFFERENT ] && status=1
+    read -r spp stg <<<"$(pp_tg "$WORK/capped-stock-$r.log")"
+    read -r mpp mtg <<<"$(pp_tg "$WORK/capped-smoe-$r.log")"
+    rows+="| capped at $cap MiB, round $r (text $t) | $spp | $mpp | **$(ratio "$mpp" "$spp")×** | $stg | $mtg | **$(ratio "$mtg" "$stg")×** | $(offload "$WORK/capped-smoe-$r.log") |"$'\n'
   done
-  echo "llama: capped, smoe vs stock --cpu-moe: $(same "$o.smoe" "$o.stock"); fixed ring: $(same "$o.smoe-fixed" "$o.stock"); smoe capped vs uncapped: $(same "$o.smoe" "$WORK/broad-${LAYERS}x${EXPERTS}.short.smoe")"
 else
-  say "skipping the capped run: it needs root and cgroup v2's memory controller"
+  say "skipping the capped runs: they need root and cgroup v2's memory controller"
 fi
+
+echo
+echo "$(basename "$broad") ($(du -h "$broad" | cut -f1)), -ngl 99, tokens/s (uncapped: llama-bench -p 512 -n 64; capped: llama-completion, a ${#LONG}-character prompt, $N_PREDICT tokens)"
+echo
+echo "| run | prefill stock --cpu-moe | prefill smoe | smoe ÷ stock | decode stock | decode smoe | smoe ÷ stock | smoe's copies to the GPU |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+printf '%s' "$rows"
 exit $status

@@ -24,6 +24,7 @@
 #include <string>
 #include <thread>
 
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unordered_map>
 #include <vector>
@@ -75,12 +76,25 @@ struct layer_claims {
     std::vector<uint32_t> wave_of;   // expert -> 1 + the wave that claimed it, this batch
     uint32_t generation = 0;
     int waves = 1;                   // this batch's waves (the graph's)
+    bool dev_next = false;           // the graph being built computes this layer on the GPU
+    bool dev_held = false;           // `held` are claims of a batch computed on the GPU
 };
 
-// What a wave op works on: its layer and which wave it is.
+// What a wave op works on: its layer and which wave it is, and whether the batch's
+// matmuls run on the GPU (one wave, the experts copied from their slots by the scheduler).
 struct wave_op {
     layer_claims * l;
     int wave;
+    bool dev = false;
+};
+
+// An expert weight as the GPU's matmuls see it: the model's own layout ([ne0, ne1,
+// n_expert], contiguous) over a mapping of zeros that holds nothing; the scheduler copies
+// each expert a batch claimed from its ring slot (ggml_backend_sched_weights).
+struct staged_weight {
+    ggml_tensor * tensor = nullptr;
+    int il = 0;
+    uint64_t offset = 0;             // of the weight's slice in a slot
 };
 
 } // namespace
@@ -111,6 +125,23 @@ struct llama_smoe {
     uint64_t layer_batches = 0;      // (layer, batch) pairs: waves_run / this = waves per layer
     std::vector<layer_claims> layers;
     std::vector<std::vector<std::unique_ptr<wave_op>>> wave_ops;  // per layer, per wave
+    std::vector<std::unique_ptr<wave_op>> dev_ops;                 // per layer: its GPU batch's claim
+    // Op offload (llama_smoe_devices): the GPU a big batch's experts are computed on, the
+    // ring registered with it (pinned: cudaHostRegister) or not, and the staged weights
+    ggml_backend_t gpu = nullptr;
+    bool pinned = false;             // smoe_config.pinned: a fixed ring, its pages committed
+    bool registered = false;         // the ring registered with the GPU's driver
+    void (*unregister)(void *) = nullptr;
+    std::unordered_map<const ggml_tensor *, staged_weight> staged;  // ring view -> staged
+    std::unordered_map<const ggml_tensor *, const staged_weight *> staged_of;  // staged -> it
+    ggml_context * staged_ctx = nullptr;
+    ggml_backend_buffer_t zero_buf = nullptr;  // the staged weights' bytes: zeros, never committed
+    void * zeros = nullptr;
+    size_t zeros_bytes = 0;
+    bool dev_held = false;           // some layer holds claims of a batch on the GPU
+    uint64_t dev_batches = 0;        // (layer, batch) pairs computed on the GPU
+    uint64_t dev_bytes = 0;          // expert bytes copied to it
+    uint64_t dev_tokens = 0;         // tokens of the batches computed on it (the first layer's)
     int first_layer = -1;            // the first and last layers with experts: the pre-warm
     int last_layer = -1;             // thread pauses from the one's claims to the other's release
     std::atomic<bool> failed{false};
@@ -131,11 +162,24 @@ struct llama_smoe {
     bool stopped() const { return failed || rebuild_pending; }
 
     ~llama_smoe() {
+        release_devices();
         for (auto & l : layers) {
             release_all(l);
         }
+        if (registered && unregister) {
+            unregister(base);
+        }
         if (ring) {
             ggml_backend_buffer_free(ring);
+        }
+        if (zero_buf) {
+            ggml_backend_buffer_free(zero_buf);
+        }
+        if (zeros) {
+            munmap(zeros, zeros_bytes);
+        }
+        if (staged_ctx) {
+            ggml_free(staged_ctx);
         }
         if (ctx) {
             ggml_free(ctx);
@@ -151,6 +195,25 @@ struct llama_smoe {
             }
         }
         l.held.clear();
+        l.dev_held = false;
+    }
+
+    // Releases the claims of batches computed on the GPU, once the GPU is past them (its
+    // copies from their slots done): a claim op calls it first, so that a layer's claims
+    // are held from its claim op until the next one.
+    void release_devices() {
+        if (!dev_held) {
+            return;
+        }
+        if (gpu) {
+            ggml_backend_synchronize(gpu);
+        }
+        for (auto & l : layers) {
+            if (l.dev_held) {
+                release_all(l);
+            }
+        }
+        dev_held = false;
     }
 
     // Slots that may hold data now: the elastic ring takes idle ones offline under memory
@@ -267,6 +330,14 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, const char * model_path) {
     // committed at open by default: a prompt's first loads then pay no first touches,
     // which cost most beside the compute where memory is virtualised
     cfg.populate   = env_u32("SMOE_POPULATE", SMOE_POPULATE_OPEN, SMOE_POPULATE_OPEN);
+    // with a GPU, pinned by default: a fixed ring, registered with its driver when a context
+    // offloads a big batch's experts to it (llama_smoe_devices)
+    bool has_gpu = false;
+    for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+        const auto type = ggml_backend_dev_type(ggml_backend_dev_get(i));
+        has_gpu = has_gpu || type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU;
+    }
+    cfg.pinned     = env_u32("SMOE_PIN", has_gpu ? 1 : 0, 1);
     const bool layer_ahead = env_u32("SMOE_LAYER_AHEAD", 1, 1) == 1;
     const uint32_t squeeze = env_u32("SMOE_TEST_SQUEEZE", 0, UINT32_MAX);
     if (std::getenv("SMOE_SPECULATE") != nullptr && *std::getenv("SMOE_SPECULATE") != '\0') {
@@ -282,6 +353,7 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, const char * model_path) {
     r = smoe_open(vault.c_str(), &cfg, &s->st);
     s->open_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_open).count();
     s->populated = cfg.populate == SMOE_POPULATE_OPEN;
+    s->pinned = cfg.pinned == 1;
     if (r != SMOE_OK) {
         throw std::runtime_error(smoe_error("smoe_open", r) + " (" + named + ")");
     }
@@ -368,6 +440,13 @@ void llama_smoe_free(llama_smoe * s) {
             (unsigned long long) stats.slot_bytes, (unsigned long long) stats.shrinks, (unsigned long long) s->rebuilds);
     } else {
         fprintf(stderr, "%s\n", smoe_error("smoe_get_stats", r).c_str());
+    }
+    if (s->gpu != nullptr) {
+        fprintf(stderr, "smoe: op offload: %llu layer batches of %llu tokens computed on %s, %.2f MiB of experts copied there "
+                        "(%.3f MiB a token)\n",
+                (unsigned long long) s->dev_batches, (unsigned long long) s->dev_tokens,
+                ggml_backend_dev_name(ggml_backend_get_device(s->gpu)), s->dev_bytes / 1048576.0,
+                s->dev_tokens ? s->dev_bytes / 1048576.0 / (double) s->dev_tokens : 0.0);
     }
     delete s;
 }
@@ -637,11 +716,24 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
     layer_claims * l = op->l;
     const int wave = op->wave;
     llama_smoe * s = l->s;
-    s->release_all(*l);  // left over by a graph that was aborted
+    s->release_devices();  // the claims of layers the GPU has computed since
+    s->release_all(*l);    // left over by a graph that was aborted
     const int64_t k = a->ne[0];
     const int64_t n_tokens = a->ne[1];
     int32_t * out = (int32_t *) dst->data;
-    std::fill(out, out + k * n_tokens, -1);
+    if (op->dev) {
+        // the GPU's matmuls index experts, and the scheduler copies each one's bytes from its
+        // slot: ids out of range are refused (start_batch), and an expert not claimed (a
+        // failure, reported after the graph) is copied as zeros
+        for (int64_t t = 0; t < n_tokens; t++) {
+            for (int64_t i = 0; i < k; i++) {
+                const int32_t e = *(const int32_t *) ((const char *) a->data + i * a->nb[0] + t * a->nb[1]);
+                out[t * k + i] = e >= 0 && (uint32_t) e < l->n_expert ? e : 0;
+            }
+        }
+    } else {
+        std::fill(out, out + k * n_tokens, -1);
+    }
     if (s->stopped()) {
         return;
     }
@@ -662,7 +754,7 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
     // one wave on a ring that holds the model takes its whole set without asking
     // (smoe_get_stats sums the claim histogram: tens of microseconds on one thread while
     // the others wait), and asks only when the ring refuses (below)
-    const bool whole = l->waves == 1 && s->slots >= s->entries && !s->squeezed;
+    const bool whole = op->dev || (l->waves == 1 && s->slots >= s->entries && !s->squeezed);
     const uint64_t left = l->left.size();
     const uint64_t cap = whole ? std::max<uint64_t>(1, left) : s->free_slots();
     const uint64_t waves_after = (uint64_t) (l->waves - wave - 1);
@@ -719,6 +811,18 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
     }
     if (got > 0) {
         s->waves_run++;
+    }
+    if (op->dev) {
+        // held until the next claim op, which finds the GPU past this layer's matmuls
+        l->dev_held = true;
+        s->dev_held = true;
+        s->dev_batches++;
+        if (l->il == s->first_layer) {
+            s->dev_tokens += (uint64_t) n_tokens;
+        }
+        s->claim_ops++;
+        s->wait_ns += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+        return;
     }
     if (s->squeezed && !s->squeeze_told) {
         s->squeeze_told = true;  // (the test aid says what its first squeezed wave took)
@@ -836,7 +940,9 @@ uint32_t llama_smoe_graph_nodes(const llama_smoe * s) {
 ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * after, int il,
                                int wave, int waves) {
     GGML_ASSERT(il >= 0 && il < (int) s->layers.size() && wave >= 0 && wave < waves && waves == s->layers[il].waves);
-    void * op = s->wave_ops[il][wave].get();
+    layer_claims & l = s->layers[il];
+    void * op = l.dev_next ? (void *) s->dev_ops[il].get() : (void *) s->wave_ops[il][wave].get();
+    l.dev_next = false;
     if (after == nullptr) {
         return ggml_map_custom1(ctx, selected_experts, smoe_claim_op, 1, op);
     }
@@ -873,4 +979,168 @@ bool llama_smoe_rebuild(llama_smoe * s, bool can_recompute) {
     s->rebuilds++;
     s->rebuilds_in_row++;
     return true;
+}
+
+// --- Op offload: a big batch's experts on the GPU, copied from the ring ---------------
+
+// The scheduler's questions about weights (ggml_backend_sched_weights): a ring view's ops
+// run where the ring is; a staged weight's experts are in their slots.
+static bool smoe_can_offload(const ggml_tensor * w, void * user_data) {
+    const auto * s = (const llama_smoe *) user_data;
+    return w->buffer == nullptr || w->buffer != s->ring;
+}
+
+static const void * smoe_expert_data(const ggml_tensor * w, int32_t id, void * user_data) {
+    auto * s = (llama_smoe *) user_data;
+    const auto it = s->staged_of.find(w);
+    if (it == s->staged_of.end()) {
+        return nullptr;
+    }
+    const staged_weight & sw = *it->second;
+    const layer_claims & l = s->layers[sw.il];
+    s->dev_bytes += w->nb[2];
+    if (id >= 0 && (uint32_t) id < l.n_expert && l.dev_held && l.wave_of[id] == 1 && l.slot_of[id] < s->slots) {
+        return s->base + (uint64_t) l.slot_of[id] * s->slot_bytes + sw.offset;
+    }
+    return s->zeros;  // not claimed: the claim op failed, and the graph's result is discarded
+}
+
+// The staged weight of every ring view, over one read-only mapping of zeros (nothing
+// committed: no page of it is ever written), in a host buffer the scheduler offloads from.
+static void make_staged(llama_smoe * s) {
+    std::vector<ggml_tensor *> views;
+    size_t most = 0;
+    for (ggml_tensor * t = ggml_get_first_tensor(s->ctx); t != nullptr; t = ggml_get_next_tensor(s->ctx, t)) {
+        int il;
+        std::string role;
+        parse_expert_name(t->name, &il, &role);
+        views.push_back(t);
+        most = std::max(most, (size_t) t->nb[1] * (size_t) t->ne[1] * s->layers[il].n_expert);
+    }
+    s->zeros_bytes = most + 4096;
+    s->zeros = mmap(nullptr, s->zeros_bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (s->zeros == MAP_FAILED) {
+        s->zeros = nullptr;
+        throw std::runtime_error(std::string("smoe: cannot map ") + std::to_string(s->zeros_bytes) + " bytes of zeros: " + strerror(errno));
+    }
+    s->zero_buf = ggml_backend_cpu_buffer_from_ptr(s->zeros, s->zeros_bytes);
+    if (s->zero_buf == nullptr) {
+        throw std::runtime_error("smoe: cannot wrap the staged weights in a ggml buffer");
+    }
+    ggml_backend_buffer_set_usage(s->zero_buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    ggml_init_params params = {ggml_tensor_overhead() * (views.size() + 1), nullptr, true};
+    s->staged_ctx = ggml_init(params);
+    if (s->staged_ctx == nullptr) {
+        throw std::runtime_error("smoe: cannot make the staged weights' context");
+    }
+    s->staged.reserve(views.size());
+    for (ggml_tensor * t : views) {
+        int il;
+        std::string role;
+        parse_expert_name(t->name, &il, &role);
+        staged_weight sw;
+        sw.il = il;
+        sw.offset = (uint64_t) ((const uint8_t *) t->data - s->base);
+        sw.tensor = ggml_new_tensor_3d(s->staged_ctx, t->type, t->ne[0], t->ne[1], s->layers[il].n_expert);
+        ggml_format_name(sw.tensor, "%s (staged)", t->name);
+        GGML_ASSERT(sw.tensor->nb[1] == t->nb[1] && ggml_nbytes(sw.tensor) <= s->zeros_bytes);
+        sw.tensor->data = s->zeros;
+        sw.tensor->buffer = s->zero_buf;
+        s->staged[t] = sw;
+    }
+    for (const auto & [view, sw] : s->staged) {
+        s->staged_of[sw.tensor] = &sw;
+    }
+    s->dev_ops.resize(s->layers.size());
+    for (size_t il = 0; il < s->layers.size(); il++) {
+        s->dev_ops[il] = std::make_unique<wave_op>(wave_op{&s->layers[il], 0, true});
+    }
+}
+
+bool llama_smoe_devices(llama_smoe * s, ggml_backend_t * backends, size_t n, bool op_offload) {
+    ggml_backend_t gpu = nullptr;
+    for (size_t i = 0; i < n && gpu == nullptr; i++) {
+        const auto type = ggml_backend_dev_type(ggml_backend_get_device(backends[i]));
+        if (type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU) {
+            gpu = backends[i];
+        }
+    }
+    if (gpu == nullptr) {
+        return op_offload;  // nothing to offload to: the ring views never are (smoe_can_offload)
+    }
+    if (!op_offload || env_u32("SMOE_OP_OFFLOAD", 1, 1) == 0) {
+        fprintf(stderr, "smoe: op offload is off (%s): the routed experts are computed in host memory\n",
+                op_offload ? "SMOE_OP_OFFLOAD=0" : "asked");
+        return false;
+    }
+    if (s->gpu != nullptr && s->gpu != gpu) {
+        throw std::runtime_error("smoe: a second context on another GPU: one context per model");
+    }
+    if (s->staged.empty()) {
+        make_staged(s);
+    }
+    s->gpu = gpu;
+    ggml_backend_dev_t dev = ggml_backend_get_device(gpu);
+    if (s->pinned && !s->registered) {
+        // a pinned ring (fixed, its pages committed at open) registered once: copies from it
+        // are the device's DMA, not staged through the driver's own pinned buffers
+        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+        auto reg_fn = reg ? (bool (*)(void *, size_t)) ggml_backend_reg_get_proc_address(reg, "ggml_backend_register_host_buffer") : nullptr;
+        s->unregister = reg ? (void (*)(void *)) ggml_backend_reg_get_proc_address(reg, "ggml_backend_unregister_host_buffer") : nullptr;
+        s->registered = reg_fn != nullptr && reg_fn(s->base, s->ring_bytes);
+        if (!s->registered) {
+            fprintf(stderr, "smoe: the ring could not be registered with %s: copies from it are staged by the driver\n",
+                    ggml_backend_dev_name(dev));
+        }
+    }
+    fprintf(stderr, "smoe: op offload on %s: a batch big enough computes its experts there, each claimed expert copied from its ring slot (%s)\n",
+            ggml_backend_dev_name(dev), s->registered ? "the ring registered: pinned" : "the ring not registered");
+    return true;
+}
+
+void llama_smoe_sched(llama_smoe * s, ggml_backend_sched_t sched) {
+    if (s == nullptr) {
+        return;
+    }
+    const ggml_backend_sched_weights weights = {smoe_can_offload, smoe_expert_data, s};
+    ggml_backend_sched_set_weights(sched, &weights);
+}
+
+bool llama_smoe_on_device(llama_smoe * s, ggml_context * ctx, int il, ggml_tensor * cur, ggml_tensor * selected_experts, ggml_tensor * w) {
+    GGML_ASSERT(il >= 0 && il < (int) s->layers.size());
+    layer_claims & l = s->layers[il];
+    l.dev_next = false;
+    if (s->gpu == nullptr || w == nullptr || env_u32("SMOE_TEST_DEVICE_OFF", 0, 1) == 1) {
+        return false;
+    }
+    const auto it = s->staged.find(w);
+    if (it == s->staged.end()) {
+        return false;
+    }
+    // the batch's experts must fit the ring at once (one wave): else the CPU, in waves
+    const uint64_t set = std::min<uint64_t>((uint64_t) (selected_experts->ne[0] * selected_experts->ne[1]), l.n_expert);
+    if (set > s->free_slots_now()) {
+        return false;
+    }
+    // what the scheduler asks to offload an op (ggml_backend_sched_backend_id_from_cur)
+    ggml_tensor * probe = ggml_mul_mat_id(ctx, it->second.tensor, cur, selected_experts);
+    if (!ggml_backend_supports_op(s->gpu, probe) || !ggml_backend_offload_op(s->gpu, probe)) {
+        return false;
+    }
+    l.dev_next = true;
+    l.waves = 1;
+    if (s->wave_ops[il].empty()) {  // the last layer's release op takes wave 0's
+        s->wave_ops[il].push_back(std::make_unique<wave_op>(wave_op{&l, 0}));
+    }
+    return true;
+}
+
+ggml_tensor * llama_smoe_staged(llama_smoe * s, ggml_tensor * w) {
+    const auto it = s->staged.find(w);
+    GGML_ASSERT(it != s->staged.end());
+    return it->second.tensor;
+}
+
+int llama_smoe_last_layer(const llama_smoe * s) {
+    return s->last_layer;
 }

@@ -9,9 +9,12 @@
 // With neither set (or SMOE=0) nothing here runs.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
+struct ggml_backend;
+struct ggml_backend_sched;
 struct ggml_context;
 struct ggml_tensor;
 struct llama_smoe;
@@ -98,6 +101,30 @@ bool llama_smoe_rebuild_pending(const llama_smoe * s);
 // already advanced for its first layers), an ask is a failure, with a message.
 bool llama_smoe_rebuild(llama_smoe * s, bool can_recompute);
 
+// Op offload (a CUDA build's big batches): of a context's backends, the first GPU is where
+// a batch big enough for op offload computes its routed experts, each claimed expert copied
+// from its ring slot (the ring registered with the GPU's driver when pinned: SMOE_PIN, the
+// default with a GPU). Returns whether the context keeps op offload: as asked (op_offload),
+// unless SMOE_OP_OFFLOAD=0. Says what it chose on stderr. Throws on failure.
+bool llama_smoe_devices(llama_smoe * s, struct ggml_backend ** backends, size_t n, bool op_offload);
+
+// Tells a context's scheduler which weights are the ring's (never offloaded: their ops run
+// where the ring is) and where a staged weight's experts are. No-op when s is nullptr.
+void llama_smoe_sched(llama_smoe * s, struct ggml_backend_sched * sched);
+
+// Whether layer il's expert matmuls in the graph being built run on the GPU: op offload
+// kept (llama_smoe_devices), the batch's experts fit the ring's free slots at once, and
+// the GPU takes a MUL_MAT_ID of weight w (a ring view) for this batch. Then the layer is
+// one wave, its claim hands the matmuls expert ids, and its weights are the staged ones.
+bool llama_smoe_on_device(llama_smoe * s, ggml_context * ctx, int il, ggml_tensor * cur, ggml_tensor * selected_experts,
+                          ggml_tensor * w);
+
+// The staged weight of ring view w: the model's layout, its experts copied from their slots.
+ggml_tensor * llama_smoe_staged(llama_smoe * s, ggml_tensor * w);
+
+// The last layer with routed experts.
+int llama_smoe_last_layer(const llama_smoe * s);
+
 #if !defined(LLAMA_SMOE)
 // Built without smoe (cmake -DLLAMA_SMOE=OFF, the default; src/CMakeLists.txt
 // defines LLAMA_SMOE when it is on): llama-smoe.cpp and smoe.h are not part of
@@ -118,4 +145,9 @@ inline ggml_tensor * llama_smoe_release(llama_smoe *, ggml_context *, ggml_tenso
 inline bool llama_smoe_failed(const llama_smoe *) { return false; }
 inline bool llama_smoe_rebuild_pending(const llama_smoe *) { return false; }
 inline bool llama_smoe_rebuild(llama_smoe *, bool) { return false; }
+inline bool llama_smoe_devices(llama_smoe *, struct ggml_backend **, size_t, bool op_offload) { return op_offload; }
+inline void llama_smoe_sched(llama_smoe *, struct ggml_backend_sched *) {}
+inline bool llama_smoe_on_device(llama_smoe *, ggml_context *, int, ggml_tensor *, ggml_tensor *, ggml_tensor *) { return false; }
+inline ggml_tensor * llama_smoe_staged(llama_smoe *, ggml_tensor * w) { return w; }
+inline int llama_smoe_last_layer(const llama_smoe *) { return -1; }
 #endif
