@@ -20,15 +20,20 @@
 #    the script fails.
 # 2. Uncapped (the model in the page cache): llama-bench -p 512 -n 64,
 #    alternating, ROUNDS rounds: prefill and decode tokens/s, smoe / stock.
-# 3. Capped: as root with cgroup v2, the long prompt and N_PREDICT tokens in
-#    a memory cgroup of CAP_MIB (default: the model's size / 2.5), page cache
-#    dropped: prefill and decode tokens/s, smoe / stock, text identical.
+# 3. Capped: as root with cgroup v2, a prompt of about 2,000 tokens (the long
+#    one 19 times) and N_CAPPED tokens in a memory cgroup of CAP_MIB
+#    (default: the model's size / 2.5), page cache dropped, CAPPED_ROUNDS
+#    rounds: prefill and decode tokens/s, smoe / stock. Stock runs its
+#    default n_ubatch of 512 (four passes over the experts, each read from
+#    the drive again); smoe raises it to n_batch (one pass), so its text is
+#    compared with stock's at that n_ubatch (uncapped).
 # smoe's runs print the bytes of experts copied to the GPU per prompt token.
 #
 # Environment: SMOE_LLAMA_DIR (default /var/cache/smoe-llama), SMOE_BIN (the
 # smoe tool; default target/release/smoe), BROAD_BIN (the model generator;
 # default: built with cargo), WORK (default target/llama-cuda), N_PREDICT
-# (default 32), LAYERS (24), EXPERTS (64), ROUNDS (2), CAP_MIB.
+# (default 32), LAYERS (24), EXPERTS (64), ROUNDS (2), CAP_MIB, N_CAPPED (8),
+# CAPPED_ROUNDS (1).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,6 +44,8 @@ N_PREDICT="${N_PREDICT:-32}"
 LAYERS="${LAYERS:-24}"
 EXPERTS="${EXPERTS:-64}"
 ROUNDS="${ROUNDS:-2}"
+N_CAPPED="${N_CAPPED:-8}"
+CAPPED_ROUNDS="${CAPPED_ROUNDS:-1}"
 
 say() { printf '[llama-cuda.sh] %s\n' "$*" >&2; }
 die() {
@@ -69,8 +76,9 @@ fi
 
 # pp_tg LOG: prompt tokens/s and decode tokens/s of llama's perf print.
 pp_tg() {
-  awk '/prompt eval time/ { for (i = 1; i <= NF; i++) if ($i == "tokens") pp = $(i + 3) }
-       /[^t] eval time/   { for (i = 1; i <= NF; i++) if ($i == "runs") tg = $(i + 3) }
+  awk '/eval time/ { v = 0; for (i = 3; i <= NF; i++) if ($i == "per" && $(i + 1) ~ /^second/ && $(i - 1) == "tokens") v = $(i - 2) }
+       /prompt eval time/ { pp = v; next }
+       /[^t] eval time/   { tg = v }
        END { printf "%s %s\n", (pp == "" ? 0 : pp), (tg == "" ? 0 : tg) }' "$1"
 }
 # offload LOG: smoe's op offload line, shortened.
@@ -141,8 +149,11 @@ if [ "$(id -u)" -eq 0 ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/
   model_mib=$(($(stat -c %s "$broad") >> 20))
   cap="${CAP_MIB:-$((model_mib * 10 / 25))}"
   grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || echo +memory >/sys/fs/cgroup/cgroup.subtree_control
-  common=(-m "$broad" -ngl 99 -n "$N_PREDICT" --temp 0 --seed 1 -no-cnv -p "$LONG")
-  for ((r = 1; r <= ROUNDS; r++)); do
+  for ((i = 0; i < 19; i++)); do printf '%s ' "$LONG"; done >"$WORK/prompt.txt"
+  common=(-m "$broad" -ngl 99 -n "$N_CAPPED" --temp 0 --seed 1 -no-cnv -f "$WORK/prompt.txt")
+  # the text smoe's must equal: stock at smoe's n_ubatch (the whole prompt), uncapped
+  complete "$WORK/capped-stock-ub" "$BIN/llama-completion" "${common[@]}" --cpu-moe -ub 2048 || status=1
+  for ((r = 1; r <= CAPPED_ROUNDS; r++)); do
     for run in stock smoe; do
       cg="/sys/fs/cgroup/smoe-llama-cuda.$$.$run.$r"
       mkdir "$cg"
@@ -160,18 +171,19 @@ if [ "$(id -u)" -eq 0 ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/
       echo "capped at $cap MiB (model $model_mib MiB), $run, round $r: peak $(($(cat "$cg/memory.peak" 2>/dev/null || echo 0) >> 20)) MiB"
       rmdir "$cg" 2>/dev/null || true
     done
-    t="$(same "$WORK/capped-smoe-$r" "$WORK/capped-stock-$r")"
+    t="$(same "$WORK/capped-smoe-$r" "$WORK/capped-stock-ub")"
     [ "$t" = DIFFERENT ] && status=1
+    grep -h '^smoe: n_ubatch' "$WORK/capped-smoe-$r.log" | sed 's/^/capped:   /' || true
     read -r spp stg <<<"$(pp_tg "$WORK/capped-stock-$r.log")"
     read -r mpp mtg <<<"$(pp_tg "$WORK/capped-smoe-$r.log")"
-    rows+="| capped at $cap MiB, round $r (text $t) | $spp | $mpp | **$(ratio "$mpp" "$spp")×** | $stg | $mtg | **$(ratio "$mtg" "$stg")×** | $(offload "$WORK/capped-smoe-$r.log") |"$'\n'
+    rows+="| capped at $cap MiB, round $r (text vs stock at n_ubatch 2048: $t) | $spp | $mpp | **$(ratio "$mpp" "$spp")×** | $stg | $mtg | **$(ratio "$mtg" "$stg")×** | $(offload "$WORK/capped-smoe-$r.log") |"$'\n'
   done
 else
   say "skipping the capped runs: they need root and cgroup v2's memory controller"
 fi
 
 echo
-echo "$(basename "$broad") ($(du -h "$broad" | cut -f1)), -ngl 99, tokens/s (uncapped: llama-bench -p 512 -n 64; capped: llama-completion, a ${#LONG}-character prompt, $N_PREDICT tokens)"
+echo "$(basename "$broad") ($(du -h "$broad" | cut -f1)), -ngl 99, tokens/s (uncapped: llama-bench -p 512 -n 64; capped: llama-completion, a prompt of about 2,000 tokens, $N_CAPPED tokens)"
 echo
 echo "| run | prefill stock --cpu-moe | prefill smoe | smoe ÷ stock | decode stock | decode smoe | smoe ÷ stock | smoe's copies to the GPU |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"

@@ -7,7 +7,9 @@
 #                               (scripts/install.sh), configures with
 #                               -DLLAMA_SMOE=ON -Dsmoe_DIR=that prefix's CMake
 #                               package, and leaves llama-simple, llama-cli,
-#                               llama-server and llama-bench in
+#                               llama-server, llama-bench, llama-completion
+#                               and ggml-rpc-server (GGML_RPC=ON: the tests
+#                               of op offload use an RPC device for a GPU) in
 #                               $SMOE_LLAMA_DIR/build/bin/
 #   scripts/llama.sh build-off  the same patched tree with the option off
 #                               (LLAMA_SMOE=OFF, the patch's default; smoe is
@@ -211,8 +213,8 @@ install_smoe() {
 build() {
   prepare_tree
   install_smoe
-  configure_and_build "$DIR/build" "llama-simple llama-cli llama-server llama-bench" \
-    -DLLAMA_SMOE=ON -Dsmoe_DIR="$DIR/smoe/lib/cmake/smoe" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON
+  configure_and_build "$DIR/build" "llama-simple llama-cli llama-server llama-bench llama-completion ggml-rpc-server" \
+    -DLLAMA_SMOE=ON -Dsmoe_DIR="$DIR/smoe/lib/cmake/smoe" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DGGML_RPC=ON
 }
 
 # The CUDA build: one architecture, no FlashAttention kernels (the longest

@@ -162,7 +162,7 @@ struct llama_smoe {
     bool stopped() const { return failed || rebuild_pending; }
 
     ~llama_smoe() {
-        release_devices();
+        release_devices(false);
         for (auto & l : layers) {
             release_all(l);
         }
@@ -199,13 +199,22 @@ struct llama_smoe {
     }
 
     // Releases the claims of batches computed on the GPU, once the GPU is past them (its
-    // copies from their slots done): a claim op calls it first, so that a layer's claims
-    // are held from its claim op until the next one.
-    void release_devices() {
+    // copies from their slots done): a claim op calls it first (sync), so that a layer's
+    // claims are held from its claim op until the next one. Without sync when the model is
+    // freed: its contexts, and their GPU work, are gone by then.
+    void release_devices(bool sync = true) {
         if (!dev_held) {
             return;
         }
-        if (gpu) {
+        dev_held = false;
+        bool any = false;
+        for (const auto & l : layers) {
+            any = any || l.dev_held;
+        }
+        if (!any) {
+            return;
+        }
+        if (sync && gpu) {
             ggml_backend_synchronize(gpu);
         }
         for (auto & l : layers) {
@@ -213,7 +222,6 @@ struct llama_smoe {
                 release_all(l);
             }
         }
-        dev_held = false;
     }
 
     // Slots that may hold data now: the elastic ring takes idle ones offline under memory
@@ -330,14 +338,17 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, const char * model_path) {
     // committed at open by default: a prompt's first loads then pay no first touches,
     // which cost most beside the compute where memory is virtualised
     cfg.populate   = env_u32("SMOE_POPULATE", SMOE_POPULATE_OPEN, SMOE_POPULATE_OPEN);
-    // with a GPU, pinned by default: a fixed ring, registered with its driver when a context
-    // offloads a big batch's experts to it (llama_smoe_devices)
+    // pinned (a fixed ring, registered with the GPU's driver when a context offloads a big
+    // batch's experts to it: llama_smoe_devices) by default when llama.cpp registers host
+    // memory with the GPU (GGML_CUDA_REGISTER_HOST, CUDA's switch for it) and a GPU is there;
+    // else an elastic ring, whose copies the driver stages through pinned buffers of its own
     bool has_gpu = false;
     for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
         const auto type = ggml_backend_dev_type(ggml_backend_dev_get(i));
         has_gpu = has_gpu || type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU;
     }
-    cfg.pinned     = env_u32("SMOE_PIN", has_gpu ? 1 : 0, 1);
+    const bool register_host = std::getenv("GGML_CUDA_REGISTER_HOST") != nullptr;
+    cfg.pinned     = env_u32("SMOE_PIN", has_gpu && register_host ? 1 : 0, 1);
     const bool layer_ahead = env_u32("SMOE_LAYER_AHEAD", 1, 1) == 1;
     const uint32_t squeeze = env_u32("SMOE_TEST_SQUEEZE", 0, UINT32_MAX);
     if (std::getenv("SMOE_SPECULATE") != nullptr && *std::getenv("SMOE_SPECULATE") != '\0') {
@@ -916,7 +927,7 @@ bool llama_smoe_ubatch_fits(llama_smoe * s, uint32_t n_ubatch, uint32_t asked, s
     const size_t extra = compute_bytes > base_bytes ? compute_bytes - base_bytes : 0;
     const bool fits = extra <= s->ring_bytes / 4;
     fprintf(stderr,
-            "smoe: n_ubatch %u%s (llama.cpp's: %u): compute buffers of %.1f MiB, %.1f MiB more than llama.cpp's, "
+            "smoe: n_ubatch %u%s (llama.cpp's: %u): host compute buffers of %.1f MiB, %.1f MiB more than llama.cpp's, "
             "%s a quarter of the ring's %.1f MiB%s\n",
             n_ubatch, fits ? "" : " too big", asked, compute_bytes / 1048576.0, extra / 1048576.0,
             fits ? "within" : "above", s->ring_bytes / 1048576.0,
@@ -1073,14 +1084,17 @@ bool llama_smoe_devices(llama_smoe * s, ggml_backend_t * backends, size_t n, boo
                 op_offload ? "SMOE_OP_OFFLOAD=0" : "asked");
         return false;
     }
-    if (s->gpu != nullptr && s->gpu != gpu) {
-        throw std::runtime_error("smoe: a second context on another GPU: one context per model");
+    ggml_backend_dev_t dev = ggml_backend_get_device(gpu);
+    if (s->gpu != nullptr && ggml_backend_get_device(s->gpu) != dev) {
+        throw std::runtime_error(std::string("smoe: op offload to ") + ggml_backend_dev_name(dev) + " after " +
+                                 ggml_backend_dev_name(ggml_backend_get_device(s->gpu)) + ": one GPU per model");
     }
     if (s->staged.empty()) {
         make_staged(s);
     }
+    // the newest context's backend: contexts of a model compute one at a time (a
+    // context's claims are released before another's graph claims)
     s->gpu = gpu;
-    ggml_backend_dev_t dev = ggml_backend_get_device(gpu);
     if (s->pinned && !s->registered) {
         // a pinned ring (fixed, its pages committed at open) registered once: copies from it
         // are the device's DMA, not staged through the driver's own pinned buffers
@@ -1089,12 +1103,14 @@ bool llama_smoe_devices(llama_smoe * s, ggml_backend_t * backends, size_t n, boo
         s->unregister = reg ? (void (*)(void *)) ggml_backend_reg_get_proc_address(reg, "ggml_backend_unregister_host_buffer") : nullptr;
         s->registered = reg_fn != nullptr && reg_fn(s->base, s->ring_bytes);
         if (!s->registered) {
-            fprintf(stderr, "smoe: the ring could not be registered with %s: copies from it are staged by the driver\n",
-                    ggml_backend_dev_name(dev));
+            fprintf(stderr, "smoe: the ring could not be registered with %s%s: copies from it are staged by the driver\n",
+                    ggml_backend_dev_name(dev), std::getenv("GGML_CUDA_REGISTER_HOST") ? "" : " (GGML_CUDA_REGISTER_HOST is unset)");
         }
     }
     fprintf(stderr, "smoe: op offload on %s: a batch big enough computes its experts there, each claimed expert copied from its ring slot (%s)\n",
-            ggml_backend_dev_name(dev), s->registered ? "the ring registered: pinned" : "the ring not registered");
+            ggml_backend_dev_name(dev),
+            s->registered ? "the ring pinned and registered"
+                          : "the ring not registered: GGML_CUDA_REGISTER_HOST=1 pins and registers it");
     return true;
 }
 
