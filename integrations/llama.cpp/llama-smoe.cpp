@@ -128,7 +128,8 @@ struct llama_smoe {
     std::vector<std::unique_ptr<wave_op>> dev_ops;                 // per layer: its GPU batch's claim
     // Op offload (llama_smoe_devices): the GPU a big batch's experts are computed on, the
     // ring registered with it (pinned: cudaHostRegister) or not, and the staged weights
-    ggml_backend_t gpu = nullptr;
+    ggml_backend_t gpu = nullptr;    // the offloading context's (cleared when it is freed)
+    ggml_backend_dev_t gpu_dev = nullptr;  // its device, for names (lives as long as the process)
     bool pinned = false;             // smoe_config.pinned: a fixed ring, its pages committed
     bool registered = false;         // the ring registered with the GPU's driver
     void (*unregister)(void *) = nullptr;
@@ -452,11 +453,11 @@ void llama_smoe_free(llama_smoe * s) {
     } else {
         fprintf(stderr, "%s\n", smoe_error("smoe_get_stats", r).c_str());
     }
-    if (s->gpu != nullptr) {
+    if (s->gpu_dev != nullptr) {
         fprintf(stderr, "smoe: op offload: %llu layer batches of %llu tokens computed on %s, %.2f MiB of experts copied there "
                         "(%.3f MiB a token)\n",
                 (unsigned long long) s->dev_batches, (unsigned long long) s->dev_tokens,
-                ggml_backend_dev_name(ggml_backend_get_device(s->gpu)), s->dev_bytes / 1048576.0,
+                ggml_backend_dev_name(s->gpu_dev), s->dev_bytes / 1048576.0,
                 s->dev_tokens ? s->dev_bytes / 1048576.0 / (double) s->dev_tokens : 0.0);
     }
     delete s;
@@ -768,7 +769,8 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
     const bool whole = op->dev || (l->waves == 1 && s->slots >= s->entries && !s->squeezed);
     const uint64_t left = l->left.size();
     const uint64_t cap = whole ? std::max<uint64_t>(1, left) : s->free_slots();
-    const uint64_t waves_after = (uint64_t) (l->waves - wave - 1);
+    // (a device batch is one wave, whatever a graph built since left in l->waves)
+    const uint64_t waves_after = op->dev ? 0 : (uint64_t) (l->waves - wave - 1);
     const uint64_t need = left > waves_after * cap ? left - waves_after * cap : 0;
     if (need > cap) {
         // the ring shrank since the graph was built: its waves left cannot hold the rest
@@ -977,6 +979,7 @@ bool llama_smoe_rebuild(llama_smoe * s, bool can_recompute) {
     if (s == nullptr || s->failed || !s->rebuild_pending) {
         return false;
     }
+    s->release_devices();  // once the GPU is done copying from their slots
     for (auto & l : s->layers) {
         s->release_all(l);
     }
@@ -1076,6 +1079,9 @@ bool llama_smoe_devices(llama_smoe * s, ggml_backend_t * backends, size_t n, boo
             gpu = backends[i];
         }
     }
+    // the newest context decides (a model's contexts compute one at a time): one that does
+    // not offload builds no device layer, whatever an earlier context did
+    s->gpu = nullptr;
     if (gpu == nullptr) {
         return op_offload;  // nothing to offload to: the ring views never are (smoe_can_offload)
     }
@@ -1085,16 +1091,15 @@ bool llama_smoe_devices(llama_smoe * s, ggml_backend_t * backends, size_t n, boo
         return false;
     }
     ggml_backend_dev_t dev = ggml_backend_get_device(gpu);
-    if (s->gpu != nullptr && ggml_backend_get_device(s->gpu) != dev) {
+    if (s->gpu_dev != nullptr && s->gpu_dev != dev) {
         throw std::runtime_error(std::string("smoe: op offload to ") + ggml_backend_dev_name(dev) + " after " +
-                                 ggml_backend_dev_name(ggml_backend_get_device(s->gpu)) + ": one GPU per model");
+                                 ggml_backend_dev_name(s->gpu_dev) + ": one GPU per model (the ring is registered with it)");
     }
     if (s->staged.empty()) {
         make_staged(s);
     }
-    // the newest context's backend: contexts of a model compute one at a time (a
-    // context's claims are released before another's graph claims)
     s->gpu = gpu;
+    s->gpu_dev = dev;
     if (s->pinned && !s->registered) {
         // a pinned ring (fixed, its pages committed at open) registered once: copies from it
         // are the device's DMA, not staged through the driver's own pinned buffers
@@ -1114,6 +1119,18 @@ bool llama_smoe_devices(llama_smoe * s, ggml_backend_t * backends, size_t n, boo
     return true;
 }
 
+void llama_smoe_context_free(llama_smoe * s, ggml_backend_t * backends, size_t n) {
+    if (s == nullptr) {
+        return;
+    }
+    s->release_devices();  // the GPU done with their slots (its backend still alive)
+    for (size_t i = 0; i < n; i++) {
+        if (backends[i] == s->gpu) {
+            s->gpu = nullptr;
+        }
+    }
+}
+
 void llama_smoe_sched(llama_smoe * s, ggml_backend_sched_t sched) {
     if (s == nullptr) {
         return;
@@ -1126,7 +1143,7 @@ bool llama_smoe_on_device(llama_smoe * s, ggml_context * ctx, int il, ggml_tenso
     GGML_ASSERT(il >= 0 && il < (int) s->layers.size());
     layer_claims & l = s->layers[il];
     l.dev_next = false;
-    if (s->gpu == nullptr || w == nullptr || env_u32("SMOE_TEST_DEVICE_OFF", 0, 1) == 1) {
+    if (s->gpu == nullptr || w == nullptr) {
         return false;
     }
     const auto it = s->staged.find(w);

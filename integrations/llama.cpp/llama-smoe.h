@@ -108,6 +108,10 @@ bool llama_smoe_rebuild(llama_smoe * s, bool can_recompute);
 // unless SMOE_OP_OFFLOAD=0. Says what it chose on stderr. Throws on failure.
 bool llama_smoe_devices(llama_smoe * s, struct ggml_backend ** backends, size_t n, bool op_offload);
 
+// A context is being freed (its backends still alive): claims held for its GPU are
+// released once the GPU is done with them, and the glue forgets its backend.
+void llama_smoe_context_free(llama_smoe * s, struct ggml_backend ** backends, size_t n);
+
 // Tells a context's scheduler which weights are the ring's (never offloaded: their ops run
 // where the ring is) and where a staged weight's experts are. No-op when s is nullptr.
 void llama_smoe_sched(llama_smoe * s, struct ggml_backend_sched * sched);
@@ -147,6 +151,7 @@ inline bool llama_smoe_rebuild_pending(const llama_smoe *) { return false; }
 inline bool llama_smoe_rebuild(llama_smoe *, bool) { return false; }
 inline bool llama_smoe_devices(llama_smoe *, struct ggml_backend **, size_t, bool op_offload) { return op_offload; }
 inline void llama_smoe_sched(llama_smoe *, struct ggml_backend_sched *) {}
+inline void llama_smoe_context_free(llama_smoe *, struct ggml_backend **, size_t) {}
 inline bool llama_smoe_on_device(llama_smoe *, ggml_context *, int, ggml_tensor *, ggml_tensor *, ggml_tensor *) { return false; }
 inline ggml_tensor * llama_smoe_staged(llama_smoe *, ggml_tensor * w) { return w; }
 inline int llama_smoe_last_layer(const llama_smoe *) { return -1; }

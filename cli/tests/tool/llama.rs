@@ -2053,6 +2053,10 @@ fn op_offload_through_an_rpc_device_keeps_stock_text() {
             .env_remove("SMOE")
             .env_remove("SMOE_VAULT")
             .env_remove("SMOE_OP_OFFLOAD")
+            .env_remove("SMOE_RING_SLOTS")
+            .env_remove("SMOE_UBATCH")
+            .env_remove("SMOE_PIN")
+            .env_remove("GGML_CUDA_REGISTER_HOST")
             .env("SMOE_TEST_RPC_OFFLOAD", "1")
             .env("SMOE_CACHE_DIR", &cache)
             .envs(env.iter().copied())
@@ -2085,6 +2089,26 @@ fn op_offload_through_an_rpc_device_keeps_stock_text() {
         "no layer batch was computed on the device: {line}"
     );
     assert!(!line.contains(" 0.00 MiB of experts copied"), "{line}");
+
+    // A ring of 20 slots (a layer's 16 experts and a few) and batches of 32 tokens: each
+    // batch's device claims are released by the next claim op and their slots loaded
+    // again with other experts, batch after batch
+    let (stock_small, _) = complete("stock-ub32", &["--cpu-moe", "-ub", "32"], &[]);
+    let (smoe_small, err) = complete(
+        "smoe-ub32",
+        &["-ub", "32"],
+        &[
+            ("SMOE", "1"),
+            ("SMOE_RING_SLOTS", "20"),
+            ("SMOE_UBATCH", "0"),
+        ],
+    );
+    assert_eq!(smoe_small, stock_small, "{err}");
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("smoe: op offload: ") && !l.starts_with("smoe: op offload: 0 ")),
+        "{err}"
+    );
 
     let (stock_off, _) = complete("stock-nopo", &["--cpu-moe", "--no-op-offload"], &[]);
     let (smoe_off, err) = complete("smoe-nopo", &[], &[("SMOE", "1"), ("SMOE_OP_OFFLOAD", "0")]);
