@@ -9,7 +9,8 @@
 //! (for `Lease.torch` and `smoe.transformers`) are installed into it as a
 //! second step, kept the same way: PyPI's torch for Linux x86_64 is the
 //! CUDA build, whose NVIDIA wheels come along (about 5.5 GB installed, a
-//! minute or two to fetch); the tests run it on the CPU. The package is built in a target
+//! minute or two to fetch, one package at a time so that the disk needs
+//! little more than that); the tests run it on the CPU. The package is built in a target
 //! directory of its own (`target/python-test/cargo`): a cargo inside this
 //! `cargo test` must not wait for the outer one's lock on `target/`, nor
 //! rebuild the outer one's artifacts with other flags. Built with the
@@ -120,25 +121,107 @@ fn environment(python: &str, version: &str, venv: &Path) -> Result<PathBuf, Stri
     Ok(bin)
 }
 
+/// The options every `pip install` of the second step takes: a retry for a
+/// slow mirror, and no cache, which would hold a second copy of every wheel.
+const PIP_FETCH: &[&str] = &[
+    "install",
+    "--quiet",
+    "--no-cache-dir",
+    "--retries",
+    "2",
+    "--timeout",
+    "60",
+];
+
+/// What the disk holding `dir` has free, as `df -h` prints it, for a message.
+fn free_space(dir: &Path) -> String {
+    match output(Command::new("df").arg("-h").arg(dir)) {
+        Ok(out) => String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or("")
+            .to_owned(),
+        Err(why) => why,
+    }
+}
+
+/// The packages (name, version) a `pip install --dry-run --report` at
+/// `report` would install.
+fn reported_packages(report: &Path) -> Result<Vec<(String, String)>, String> {
+    let text =
+        fs::read_to_string(report).map_err(|e| format!("cannot read {}: {e}", report.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| format!("{} is not JSON: {e}", report.display()))?;
+    let install = json["install"]
+        .as_array()
+        .ok_or_else(|| format!("{} has no \"install\" list", report.display()))?;
+    install
+        .iter()
+        .map(|item| {
+            let metadata = &item["metadata"];
+            match (metadata["name"].as_str(), metadata["version"].as_str()) {
+                (Some(name), Some(version)) => Ok((name.to_owned(), version.to_owned())),
+                _ => Err(format!(
+                    "{} lists a package without a name or version: {item}",
+                    report.display()
+                )),
+            }
+        })
+        .collect()
+}
+
 /// Installs [`TORCH_REQUIREMENTS`] into the environment at `venv`, unless
 /// it holds them already; why not, when it cannot.
+///
+/// One package at a time, so that the disk holds at most one downloaded
+/// wheel beside what is installed: one `pip install` of the lot downloads
+/// every wheel (about 3 GB) before it unpacks any (5.5 GB), and a CI
+/// machine ran out of disk that way. pip resolves the set first from the
+/// metadata PyPI serves beside each wheel, downloading none.
 fn torch_environment(bin: &Path, venv: &Path) -> Result<(), String> {
     let stamp = venv.join("smoe-torch-requirements.txt");
     let wanted = format!("{}\n", TORCH_REQUIREMENTS.join("\n"));
     if fs::read_to_string(&stamp).ok().as_deref() == Some(&wanted) {
         return Ok(());
     }
-    let installed = output(
-        Command::new(bin.join("pip"))
-            .args(["install", "--quiet", "--retries", "2", "--timeout", "60"])
+    let pip = bin.join("pip");
+    let failed = |what: &str, out: &Output| {
+        format!(
+            "cannot install {} from PyPI (no network, no wheel for this platform, or no disk): \
+             {what} failed; the disk: {}\n{}",
+            TORCH_REQUIREMENTS.join(" "),
+            free_space(venv),
+            tail(out)
+        )
+    };
+    let report = venv.join("smoe-torch-report.json");
+    let resolved = output(
+        Command::new(&pip)
+            .args(PIP_FETCH)
+            .arg("--dry-run")
+            .arg("--report")
+            .arg(&report)
             .args(TORCH_REQUIREMENTS),
     )?;
-    if !installed.status.success() {
-        return Err(format!(
-            "cannot install {} from PyPI (no network, or no wheel for this platform):\n{}",
-            TORCH_REQUIREMENTS.join(" "),
-            tail(&installed)
-        ));
+    if !resolved.status.success() {
+        return Err(failed("resolving them", &resolved));
+    }
+    for (name, version) in reported_packages(&report)? {
+        let installed = output(
+            Command::new(&pip)
+                .args(PIP_FETCH)
+                .arg("--no-deps")
+                .arg(format!("{name}=={version}")),
+        )?;
+        if !installed.status.success() {
+            return Err(failed(&format!("installing {name} {version}"), &installed));
+        }
+    }
+    // The pins once more, with their dependencies: pip finds them all
+    // installed, or says what is missing.
+    let checked = output(Command::new(&pip).args(PIP_FETCH).args(TORCH_REQUIREMENTS))?;
+    if !checked.status.success() {
+        return Err(failed("checking them", &checked));
     }
     fs::write(&stamp, wanted).map_err(|e| format!("cannot write {}: {e}", stamp.display()))
 }
