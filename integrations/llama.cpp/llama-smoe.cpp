@@ -115,11 +115,13 @@ struct llama_smoe {
     uint32_t max_experts = 0;        // most experts of any layer
     double open_s = 0;               // smoe_open's time, which commits the ring when populated
     bool populated = false;          // SMOE_POPULATE=2 (the default): committed at open
-    // SMOE_LAYER_AHEAD (default 1): while a batch that routes to most of layer L's experts
-    // (more than half) computes layer L, queue all of layer L+1's experts as speculation
-    bool layer_ahead = true;
+    // SMOE_LAYER_AHEAD: while a batch that routes to most of layer L's experts (more than
+    // half) computes layer L, queue all of the next layers' experts as speculation, as many
+    // layers as the ring holds beside L's set (at least one), at most this many (0: none)
+    uint32_t layer_ahead = UINT32_MAX;
     std::vector<uint32_t> all_experts;  // 0, 1, ... max_experts - 1
     uint64_t layer_ahead_sets = 0;
+    uint32_t layer_ahead_deepest = 0;   // the most layers queued ahead of one layer
     uint64_t entries = 0;            // experts in the vault: a ring of as many holds the model
     uint64_t waves_run = 0;          // waves that claimed at least one expert
     uint64_t layer_batches = 0;      // (layer, batch) pairs: waves_run / this = waves per layer
@@ -350,11 +352,11 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, const char * model_path) {
     }
     const bool register_host = std::getenv("GGML_CUDA_REGISTER_HOST") != nullptr;
     cfg.pinned     = env_u32("SMOE_PIN", has_gpu && register_host ? 1 : 0, 1);
-    const bool layer_ahead = env_u32("SMOE_LAYER_AHEAD", 1, 1) == 1;
+    const uint32_t layer_ahead = env_u32("SMOE_LAYER_AHEAD", UINT32_MAX, UINT32_MAX);
     const uint32_t squeeze = env_u32("SMOE_TEST_SQUEEZE", 0, UINT32_MAX);
     if (std::getenv("SMOE_SPECULATE") != nullptr && *std::getenv("SMOE_SPECULATE") != '\0') {
         throw std::runtime_error("smoe: SMOE_SPECULATE is gone (its guess, the same expert ids one layer on, "
-                                 "held for no real model); SMOE_LAYER_AHEAD=0|1 sets prefill's layer-ahead reads");
+                                 "held for no real model); SMOE_LAYER_AHEAD=N sets how many layers prefill reads ahead");
     }
 
     std::unique_ptr<llama_smoe> s(new llama_smoe);
@@ -440,7 +442,8 @@ void llama_smoe_free(llama_smoe * s) {
         fprintf(stderr,
             "smoe: claims %llu, hits %llu (%.1f%%), bytes read %llu (%.2f MiB; %llu demand, %llu speculative, %llu pre-warm reads), "
             "evictions %llu (%llu of loads never claimed: wasted reads), waited %.3f s for experts in %llu claim ops, "
-            "%.2f waves per layer, %llu layer-ahead sets, ring %llu slots x %llu bytes, shrank %llu times, %llu graphs built again\n",
+            "%.2f waves per layer, %llu layer-ahead sets, %u layers ahead at most, ring %llu slots x %llu bytes, shrank %llu times, "
+            "%llu graphs built again\n",
             (unsigned long long) stats.claims, (unsigned long long) stats.hits,
             stats.claims ? 100.0 * (double) stats.hits / (double) stats.claims : 0.0,
             (unsigned long long) stats.bytes_read, stats.bytes_read / 1048576.0,
@@ -448,7 +451,7 @@ void llama_smoe_free(llama_smoe * s) {
             (unsigned long long) stats.reads_prewarm, (unsigned long long) stats.evictions,
             (unsigned long long) stats.evicted_unclaimed, s->wait_ns / 1e9, (unsigned long long) s->claim_ops,
             s->layer_batches ? (double) s->waves_run / (double) s->layer_batches : 0.0,
-            (unsigned long long) s->layer_ahead_sets, (unsigned long long) stats.ring_slots,
+            (unsigned long long) s->layer_ahead_sets, s->layer_ahead_deepest, (unsigned long long) stats.ring_slots,
             (unsigned long long) stats.slot_bytes, (unsigned long long) stats.shrinks, (unsigned long long) s->rebuilds);
     } else {
         fprintf(stderr, "%s\n", smoe_error("smoe_get_stats", r).c_str());
@@ -641,7 +644,9 @@ void llama_smoe_bind(llama_smoe * s) {
     }
     fprintf(stderr, "smoe: %s %s: %zu expert tensors in %zu layers streamed through a ring of %u slots x %llu bytes%s\n",
             s->in_place ? "model" : "vault", s->vault.c_str(), tensors.size(), bound.size(), s->slots, (unsigned long long) s->slot_bytes,
-            s->layer_ahead ? ", layer-ahead reads in prefill" : "");
+            s->layer_ahead == 0          ? ""
+            : s->layer_ahead == UINT32_MAX ? ", prefill reads as many layers ahead as the ring holds"
+                                           : (", prefill reads up to " + std::to_string(s->layer_ahead) + " layers ahead").c_str());
     fprintf(stderr, "smoe: opened in %.2f s%s\n", s->open_s,
             s->populated ? ", the ring's pages committed (SMOE_POPULATE=0: as slots are first loaded)" : "");
 }
@@ -682,22 +687,33 @@ static bool start_batch(layer_claims * l, const ggml_tensor * a) {
         return false;
     }
     // layer-ahead: a batch that routes to most of this layer's experts will likely route to
-    // most of the next one's, so while this layer computes, read all of the next one's
-    // (speculation never evicts a demand read, nor anything held)
-    if (s->layer_ahead && 2 * l->experts.size() > l->n_expert) {
-        for (size_t next = (size_t) l->il + 1; next < s->layers.size(); next++) {
+    // most of the next ones', so while this layer computes, read all of the next layers'
+    // experts, as many layers as the active ring holds beside this layer's set (at least the
+    // next one), so that the drive never waits for compute; speculation never evicts a demand
+    // read nor anything held, and a loaded but unclaimed expert only after every claimed one
+    // (members already resident or queued cost a recency touch)
+    if (s->layer_ahead > 0 && 2 * l->experts.size() > l->n_expert) {
+        const uint64_t active = s->active_slots();
+        uint64_t room = active > l->experts.size() ? active - l->experts.size() : 0;
+        uint32_t queued = 0;
+        for (size_t next = (size_t) l->il + 1; next < s->layers.size() && queued < s->layer_ahead; next++) {
             const layer_claims & n = s->layers[next];
             if (n.n_expert == 0) {
                 continue;
             }
+            if (queued > 0 && room < n.n_expert) {
+                break;
+            }
+            room = room > n.n_expert ? room - n.n_expert : 0;
             r = smoe_prefetch_set(s->st, (uint32_t) next, s->all_experts.data(), n.n_expert, true, nullptr);
             if (r != SMOE_OK && r != SMOE_ERR_RING_FULL) {
                 s->fail(smoe_error("smoe_prefetch_set", r) + " (layer-ahead, layer " + std::to_string(next) + ")");
                 return false;
             }
+            queued++;
             s->layer_ahead_sets++;
-            break;
         }
+        s->layer_ahead_deepest = std::max(s->layer_ahead_deepest, queued);
     }
     return true;
 }

@@ -1322,6 +1322,43 @@ fn layer_ahead_reads_keep_output_identical() {
     assert_eq!(counter(&plain, " speculative"), 0);
 }
 
+/// Layer-ahead reads as deep as the ring holds: on the 8-layer model
+/// (16 experts a layer) a ring of 64 slots holds a layer's set and the
+/// next 3 layers' experts, so a broad prompt batch queues 3 layers ahead;
+/// `SMOE_LAYER_AHEAD=2` stops at 2, and a ring of 40 slots (24 beside a
+/// layer's set) at 1. Stock's tokens and logits, bit for bit, every time:
+/// speculation only changes what is read when.
+#[test]
+fn layer_ahead_reads_as_many_layers_as_the_ring_holds() {
+    let Some(s) = setup("derived/qwen3moe-q8_0-8layers.gguf") else {
+        return;
+    };
+    let stock = run_long(&s, "stock", 2, &[]);
+    assert!(stock.out.status.success(), "{}", stock.stderr());
+    for (slots, ahead, deepest) in [("64", None, 3), ("64", Some("2"), 2), ("40", None, 1)] {
+        let name = format!("smoe-{slots}-{}", ahead.unwrap_or("default"));
+        let mut env = Source::Vault.env(&s.gguf, &s.vault);
+        env.push(("SMOE_RING_SLOTS", slots));
+        if let Some(ahead) = ahead {
+            env.push(("SMOE_LAYER_AHEAD", ahead));
+        }
+        let smoe = run_long(&s, &name, 2, &env);
+        let err = smoe.stderr();
+        assert!(smoe.out.status.success(), "{name}: {err}");
+        assert_eq!(smoe.stdout(), stock.stdout(), "{name}: tokens differ");
+        assert!(
+            same_logits(&stock, &smoe),
+            "{name}: logits differ from stock"
+        );
+        assert_eq!(
+            counter(&err, " layers ahead at most"),
+            deepest,
+            "{name}: {err}"
+        );
+        assert!(counter(&err, " speculative") > 0, "{name}: {err}");
+    }
+}
+
 /// A ring that holds the whole model (128 slots for the 8-layer model's
 /// 128 experts): one wave a layer, no spare wave for misses. With one
 /// thread and with two, prompt and decode: stock's text and bitwise logits
