@@ -118,10 +118,14 @@ struct llama_smoe {
     // SMOE_LAYER_AHEAD: while a batch that routes to most of layer L's experts (more than
     // half) computes layer L, queue all of the next layers' experts as speculation, as many
     // layers as the ring holds beside L's set (at least one), at most this many (0: none)
+    // (1 under the adaptive policy, which ranks a deeper layer's unclaimed read-ahead above
+    // a nearer one's for eviction)
     uint32_t layer_ahead = UINT32_MAX;
     std::vector<uint32_t> all_experts;  // 0, 1, ... max_experts - 1
     uint64_t layer_ahead_sets = 0;
-    uint32_t layer_ahead_deepest = 0;   // the most layers queued ahead of one layer
+    uint32_t layer_ahead_deepest = 0;   // the most layers read ahead of one layer
+    int ahead_batch_layer = INT32_MAX;  // the layer whose batch last started: a new pass when not below
+    int ahead_until = -1;               // the pass's last layer whose whole set was queued ahead
     uint64_t entries = 0;            // experts in the vault: a ring of as many holds the model
     uint64_t waves_run = 0;          // waves that claimed at least one expert
     uint64_t layer_batches = 0;      // (layer, batch) pairs: waves_run / this = waves per layer
@@ -175,19 +179,29 @@ struct llama_smoe {
         if (ring) {
             ggml_backend_buffer_free(ring);
         }
-        if (zero_buf) {
-            ggml_backend_buffer_free(zero_buf);
-        }
-        if (zeros) {
-            munmap(zeros, zeros_bytes);
-        }
-        if (staged_ctx) {
-            ggml_free(staged_ctx);
-        }
+        drop_staged();
         if (ctx) {
             ggml_free(ctx);
         }
         smoe_close(st);
+    }
+
+    // The staged weights (make_staged), or what a failed make_staged made of them.
+    void drop_staged() {
+        staged_of.clear();
+        staged.clear();
+        if (zero_buf) {
+            ggml_backend_buffer_free(zero_buf);
+            zero_buf = nullptr;
+        }
+        if (zeros) {
+            munmap(zeros, zeros_bytes);
+            zeros = nullptr;
+        }
+        if (staged_ctx) {
+            ggml_free(staged_ctx);
+            staged_ctx = nullptr;
+        }
     }
 
     void release_all(layer_claims & l) {
@@ -341,17 +355,15 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, const char * model_path) {
     // committed at open by default: a prompt's first loads then pay no first touches,
     // which cost most beside the compute where memory is virtualised
     cfg.populate   = env_u32("SMOE_POPULATE", SMOE_POPULATE_OPEN, SMOE_POPULATE_OPEN);
-    // pinned (a fixed ring, registered with the GPU's driver when a context offloads a big
-    // batch's experts to it: llama_smoe_devices) by default when llama.cpp registers host
-    // memory with the GPU (GGML_CUDA_REGISTER_HOST, CUDA's switch for it) and a GPU is there;
-    // else an elastic ring, whose copies the driver stages through pinned buffers of its own
+    // pinned (a fixed ring, its pages committed, registered with the GPU's driver when a
+    // context offloads a big batch's experts to it: llama_smoe_devices) by default when a GPU
+    // is there, so that those copies are the device's DMA from the ring; else an elastic ring
     bool has_gpu = false;
     for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
         const auto type = ggml_backend_dev_type(ggml_backend_dev_get(i));
         has_gpu = has_gpu || type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU;
     }
-    const bool register_host = std::getenv("GGML_CUDA_REGISTER_HOST") != nullptr;
-    cfg.pinned     = env_u32("SMOE_PIN", has_gpu && register_host ? 1 : 0, 1);
+    cfg.pinned     = env_u32("SMOE_PIN", has_gpu ? 1 : 0, 1);
     const uint32_t layer_ahead = env_u32("SMOE_LAYER_AHEAD", UINT32_MAX, UINT32_MAX);
     const uint32_t squeeze = env_u32("SMOE_TEST_SQUEEZE", 0, UINT32_MAX);
     if (std::getenv("SMOE_SPECULATE") != nullptr && *std::getenv("SMOE_SPECULATE") != '\0') {
@@ -363,6 +375,9 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, const char * model_path) {
     s->vault = vault;
     s->layer_ahead = layer_ahead;
     s->squeeze = squeeze;
+    if (cfg.policy == SMOE_POLICY_ADAPTIVE) {
+        s->layer_ahead = std::min<uint32_t>(s->layer_ahead, 1);
+    }
     const auto t_open = std::chrono::steady_clock::now();
     r = smoe_open(vault.c_str(), &cfg, &s->st);
     s->open_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_open).count();
@@ -687,33 +702,49 @@ static bool start_batch(layer_claims * l, const ggml_tensor * a) {
         return false;
     }
     // layer-ahead: a batch that routes to most of this layer's experts will likely route to
-    // most of the next ones', so while this layer computes, read all of the next layers'
-    // experts, as many layers as the active ring holds beside this layer's set (at least the
-    // next one), so that the drive never waits for compute; speculation never evicts a demand
-    // read nor anything held, and a loaded but unclaimed expert only after every claimed one
-    // (members already resident or queued cost a recency touch)
-    if (s->layer_ahead > 0 && 2 * l->experts.size() > l->n_expert) {
+    // most of the next ones', so while this layer computes, read the next layers' experts,
+    // layer by layer, as far as the active ring holds them beside this layer's set (the last
+    // layer's set in part), so that the drive never waits for compute. Speculation never
+    // evicts a demand read nor anything held, and an unclaimed read-ahead only after every
+    // idle claimed slot, so within that bound (the slack: this layer's experts the batch does
+    // not route to, read ahead by an earlier layer, the oldest unclaimed) no read-ahead is
+    // evicted before its layer claims it. Layers already queued in this pass are not asked
+    // again
+    if (l->il <= s->ahead_batch_layer) {
+        s->ahead_until = l->il;  // a new pass over the layers
+    }
+    s->ahead_batch_layer = l->il;
+    s->ahead_until = std::max(s->ahead_until, l->il);
+    const size_t last = std::min<size_t>(s->layers.size() - 1, (size_t) l->il + std::min<uint64_t>(s->layer_ahead, s->layers.size()));
+    if (s->layer_ahead > 0 && 2 * l->experts.size() > l->n_expert && (size_t) s->ahead_until < last) {
         const uint64_t active = s->active_slots();
         uint64_t room = active > l->experts.size() ? active - l->experts.size() : 0;
-        uint32_t queued = 0;
-        for (size_t next = (size_t) l->il + 1; next < s->layers.size() && queued < s->layer_ahead; next++) {
-            const layer_claims & n = s->layers[next];
-            if (n.n_expert == 0) {
-                continue;
-            }
-            if (queued > 0 && room < n.n_expert) {
-                break;
-            }
-            room = room > n.n_expert ? room - n.n_expert : 0;
-            r = smoe_prefetch_set(s->st, (uint32_t) next, s->all_experts.data(), n.n_expert, true, nullptr);
-            if (r != SMOE_OK && r != SMOE_ERR_RING_FULL) {
-                s->fail(smoe_error("smoe_prefetch_set", r) + " (layer-ahead, layer " + std::to_string(next) + ")");
-                return false;
-            }
-            queued++;
-            s->layer_ahead_sets++;
+        for (int j = l->il + 1; j <= s->ahead_until && room > 0; j++) {
+            room -= std::min<uint64_t>(room, s->layers[j].n_expert);  // queued by an earlier layer
         }
-        s->layer_ahead_deepest = std::max(s->layer_ahead_deepest, queued);
+        uint32_t depth = (uint32_t) (s->ahead_until - l->il);
+        for (size_t next = (size_t) s->ahead_until + 1; next <= last && room > 0; next++) {
+            const layer_claims & n = s->layers[next];
+            const uint32_t take = (uint32_t) std::min<uint64_t>(room, n.n_expert);
+            if (take > 0) {
+                r = smoe_prefetch_set(s->st, (uint32_t) next, s->all_experts.data(), take, true, nullptr);
+                if (r == SMOE_ERR_RING_FULL) {
+                    break;  // every slot held or loading: nothing deeper either
+                }
+                if (r != SMOE_OK) {
+                    s->fail(smoe_error("smoe_prefetch_set", r) + " (layer-ahead, layer " + std::to_string(next) + ")");
+                    return false;
+                }
+                s->layer_ahead_sets++;
+                depth = (uint32_t) (next - (size_t) l->il);
+            }
+            if (take < n.n_expert) {
+                break;  // in part: the next layer asks for the rest
+            }
+            room -= take;
+            s->ahead_until = (int) next;
+        }
+        s->layer_ahead_deepest = std::max(s->layer_ahead_deepest, depth);
     }
     return true;
 }
@@ -1037,7 +1068,20 @@ static const void * smoe_expert_data(const ggml_tensor * w, int32_t id, void * u
 
 // The staged weight of every ring view, over one read-only mapping of zeros (nothing
 // committed: no page of it is ever written), in a host buffer the scheduler offloads from.
+static void make_staged_or_throw(llama_smoe * s);
+
+// The staged weights: make_staged_or_throw, leaving nothing behind when it throws (a later
+// context tries again).
 static void make_staged(llama_smoe * s) {
+    try {
+        make_staged_or_throw(s);
+    } catch (...) {
+        s->drop_staged();
+        throw;
+    }
+}
+
+static void make_staged_or_throw(llama_smoe * s) {
     std::vector<ggml_tensor *> views;
     size_t most = 0;
     for (ggml_tensor * t = ggml_get_first_tensor(s->ctx); t != nullptr; t = ggml_get_next_tensor(s->ctx, t)) {
@@ -1118,20 +1162,30 @@ bool llama_smoe_devices(llama_smoe * s, ggml_backend_t * backends, size_t n, boo
     s->gpu_dev = dev;
     if (s->pinned && !s->registered) {
         // a pinned ring (fixed, its pages committed at open) registered once: copies from it
-        // are the device's DMA, not staged through the driver's own pinned buffers
+        // are the device's DMA, not staged through the driver's own pinned buffers. The
+        // patch's CUDA backend registers a buffer its owner keeps fixed whatever
+        // GGML_CUDA_REGISTER_HOST says; another backend's register call may ask for it
         ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
-        auto reg_fn = reg ? (bool (*)(void *, size_t)) ggml_backend_reg_get_proc_address(reg, "ggml_backend_register_host_buffer") : nullptr;
-        s->unregister = reg ? (void (*)(void *)) ggml_backend_reg_get_proc_address(reg, "ggml_backend_unregister_host_buffer") : nullptr;
+        const auto proc = [reg](const char * name) { return reg ? ggml_backend_reg_get_proc_address(reg, name) : nullptr; };
+        using register_fn = bool (*)(void *, size_t);
+        using unregister_fn = void (*)(void *);
+        auto reg_fn = (register_fn) proc("ggml_backend_register_fixed_host_buffer");
+        s->unregister = (unregister_fn) proc("ggml_backend_unregister_fixed_host_buffer");
+        if (reg_fn == nullptr || s->unregister == nullptr) {
+            reg_fn = (register_fn) proc("ggml_backend_register_host_buffer");
+            s->unregister = (unregister_fn) proc("ggml_backend_unregister_host_buffer");
+        }
         s->registered = reg_fn != nullptr && reg_fn(s->base, s->ring_bytes);
         if (!s->registered) {
-            fprintf(stderr, "smoe: the ring could not be registered with %s%s: copies from it are staged by the driver\n",
-                    ggml_backend_dev_name(dev), std::getenv("GGML_CUDA_REGISTER_HOST") ? "" : " (GGML_CUDA_REGISTER_HOST is unset)");
+            fprintf(stderr, "smoe: the ring could not be registered with %s: copies from it are staged by the driver\n",
+                    ggml_backend_dev_name(dev));
         }
     }
     fprintf(stderr, "smoe: op offload on %s: a batch big enough computes its experts there, each claimed expert copied from its ring slot (%s)\n",
             ggml_backend_dev_name(dev),
             s->registered ? "the ring pinned and registered"
-                          : "the ring not registered: GGML_CUDA_REGISTER_HOST=1 pins and registers it");
+            : s->pinned   ? "the ring pinned but not registered"
+                          : "the ring not registered: SMOE_PIN=0");
     return true;
 }
 

@@ -116,7 +116,8 @@ pub struct smoe_config {
     /// user memory for DMA); default 0. A pinned ring is not elastic
     /// (pinned pages cannot be given back, and a slot released and loaded
     /// again would leave the device reading the old pages) and is
-    /// populated as with `populate` = 1 (docs/c-api.md, "CUDA hosts").
+    /// populated: in the background as with `populate` = 1, or during
+    /// `smoe_open` with `populate` = 2 (docs/c-api.md, "CUDA hosts").
     /// A ring whose pages are all committed (`pinned`, `lock`, or
     /// `populate` with `elastic` 0) must fit in 7/8 of the memory that
     /// can be committed, else `smoe_open` fails with `SMOE_ERR_NO_MEMORY`

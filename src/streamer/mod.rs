@@ -331,6 +331,21 @@ mod imp {
                 promise,
                 vault,
             });
+            // A locked ring is committed already; a pinned one is about to
+            // be, by the host's registration, which is quicker on committed
+            // pages.
+            let mut populate =
+                (config.populate != crate::config::Populate::Off || config.pinned) && !config.lock;
+            if populate && config.populate == crate::config::Populate::Open {
+                // Before open returns, with the threads the machine has (up
+                // to 8): first touches cost most where memory is virtualised
+                // (0.4 GB/s a thread on the development VM), and they scale.
+                // Before any thread of the streamer starts, so that nothing
+                // is left running if it fails.
+                let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+                elastic::populate(&shared, probe.as_ref(), threads);
+                populate = false;
+            }
             let mut threads = start_workers(&shared, files)?;
             let prewarm_thread = if prewarm_budget > 0 {
                 match start_prewarm(&shared) {
@@ -343,19 +358,6 @@ mod imp {
             } else {
                 None
             };
-            // A locked ring is committed already; a pinned one is about to
-            // be, by the host's registration, which is quicker on committed
-            // pages.
-            let mut populate =
-                (config.populate != crate::config::Populate::Off || config.pinned) && !config.lock;
-            if populate && config.populate == crate::config::Populate::Open {
-                // Before open returns, with the threads the machine has (up
-                // to 8): first touches cost most where memory is virtualised
-                // (0.4 GB/s a thread on the development VM), and they scale.
-                let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-                elastic::populate(&shared, probe.as_ref(), threads);
-                populate = false;
-            }
             let memory_thread = if populate || probe.is_some() {
                 match start_memory(&shared, populate, probe) {
                     Ok(thread) => Some(thread),

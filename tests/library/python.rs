@@ -217,11 +217,19 @@ fn torch_environment(bin: &Path, venv: &Path) -> Result<(), String> {
             return Err(failed(&format!("installing {name} {version}"), &installed));
         }
     }
-    // The pins once more, with their dependencies: pip finds them all
-    // installed, or says what is missing.
-    let checked = output(Command::new(&pip).args(PIP_FETCH).args(TORCH_REQUIREMENTS))?;
+    // The pins once more, from nothing but what is installed (pip names
+    // what is missing), and every installed package's requirements met.
+    let checked = output(
+        Command::new(&pip)
+            .args(["install", "--quiet", "--no-index"])
+            .args(TORCH_REQUIREMENTS),
+    )?;
     if !checked.status.success() {
         return Err(failed("checking them", &checked));
+    }
+    let consistent = output(Command::new(&pip).arg("check"))?;
+    if !consistent.status.success() {
+        return Err(failed("pip check", &consistent));
     }
     fs::write(&stamp, wanted).map_err(|e| format!("cannot write {}: {e}", stamp.display()))
 }

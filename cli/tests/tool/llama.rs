@@ -123,9 +123,24 @@ fn run_threads(
     threads: u32,
     env: &[(&str, &str)],
 ) -> Run {
+    run_predicting(bin, gguf, dir, name, prompt, threads, N_PREDICT, env)
+}
+
+/// [`run_threads`] generating `n` tokens (`-n`).
+#[allow(clippy::too_many_arguments)]
+fn run_predicting(
+    bin: &Path,
+    gguf: &Path,
+    dir: &Path,
+    name: &str,
+    prompt: &str,
+    threads: u32,
+    n: &str,
+    env: &[(&str, &str)],
+) -> Run {
     let dump = dir.join(format!("{name}.logits"));
     let mut cmd = Command::new(bin);
-    cmd.args(["-t", &threads.to_string(), "-n", N_PREDICT, "-m"])
+    cmd.args(["-t", &threads.to_string(), "-n", n, "-m"])
         .arg(gguf)
         .arg(prompt);
     for var in [
@@ -184,8 +199,17 @@ fn waves_per_layer(stderr: &str) -> f64 {
 
 /// The `smoe:` statistics line's `evictions N`.
 fn evictions(stderr: &str) -> u64 {
+    number_after(stderr, "evictions ")
+}
+
+/// The number just after `before` in the `smoe:` statistics line, as in
+/// "claims N," or "evictions N (".
+fn number_after(stderr: &str, before: &str) -> u64 {
     let line = smoe_line(stderr);
-    let rest = &line[line.find("evictions ").expect(line) + "evictions ".len()..];
+    let rest = &line[line
+        .find(before)
+        .unwrap_or_else(|| panic!("no {before:?} in {line}"))
+        + before.len()..];
     rest.split_whitespace()
         .next()
         .unwrap()
@@ -649,13 +673,39 @@ fn a_prompt_in_one_ubatch_reads_each_expert_once() {
         same_logits(&asked, &stock_32),
         "SMOE_UBATCH=0: not stock's logits\n{asked_err}"
     );
-    let reads = |e: &str| counter(e, " demand") + counter(e, " speculative");
-    // The same 32 decode steps follow both prompts: the difference is the
-    // prompt's, 32 experts a ubatch after the first.
-    let (once, again) = (reads(&err), reads(&asked_err));
-    eprintln!("one ubatch: {once} reads; ubatches of 32 tokens: {again}");
+    // The prompt's reads alone (one token generated), through a ring of 8
+    // slots (the prompt routes to about 9 of each layer's 16 experts), and
+    // without layer-ahead (what it reads depends on the ring's room at each
+    // layer, which differs with each ubatch's routing): in one ubatch each
+    // expert the prompt routes to is claimed once and read once; in
+    // ubatches of 32 tokens each ubatch reads the experts the other layer
+    // evicted again.
+    let prompt_reads = |name: &str, ubatch: &'static str| {
+        let run = run_predicting(
+            &s.bin,
+            &s.gguf,
+            s.tmp.path(),
+            name,
+            LONG_PROMPT,
+            1,
+            "1",
+            &ubatch_env("8", &[("SMOE_UBATCH", ubatch), ("SMOE_LAYER_AHEAD", "0")]),
+        );
+        let err = run.stderr();
+        assert!(run.out.status.success(), "{name}: {err}");
+        (
+            number_after(&err, "smoe: claims "),
+            counter(&err, " demand") + counter(&err, " speculative"),
+        )
+    };
+    let (claims, once) = prompt_reads("prompt-one", "4096");
+    let (_, again) = prompt_reads("prompt-asked", "0");
+    eprintln!(
+        "the prompt's reads: one ubatch {once} ({claims} claims); ubatches of 32 tokens {again}"
+    );
+    assert_eq!(once, claims, "one ubatch: {once} reads for {claims} claims");
     assert!(
-        again >= once + 32,
+        again >= once + 16,
         "one ubatch read {once} experts, ubatches of 32 tokens {again}"
     );
 
@@ -1323,11 +1373,16 @@ fn layer_ahead_reads_keep_output_identical() {
 }
 
 /// Layer-ahead reads as deep as the ring holds: on the 8-layer model
-/// (16 experts a layer) a ring of 64 slots holds a layer's set and the
-/// next 3 layers' experts, so a broad prompt batch queues 3 layers ahead;
-/// `SMOE_LAYER_AHEAD=2` stops at 2, and a ring of 40 slots (24 beside a
-/// layer's set) at 1. Stock's tokens and logits, bit for bit, every time:
-/// speculation only changes what is read when.
+/// (16 experts a layer; the long prompt routes to more than half of each
+/// layer's, S of them), a ring of 64 slots holds a layer's set and 64 - S
+/// more: three layers' experts and, when S < 16, part of a fourth, so a
+/// broad prompt batch reads 3 or 4 layers ahead; `SMOE_LAYER_AHEAD=2`
+/// stops at 2, and a ring of 24 slots (8 to 15 beside a layer's set) reads
+/// part of the next layer only. Stock's tokens and logits, bit for bit,
+/// every time: speculation only changes what is read when. (That a load
+/// nobody claimed yet goes only after every idle claimed slot, which makes
+/// the ring's room the bound, is the library's victim order:
+/// `unclaimed_loads_go_last_until_stale` in src/streamer/slots/victim.rs.)
 #[test]
 fn layer_ahead_reads_as_many_layers_as_the_ring_holds() {
     let Some(s) = setup("derived/qwen3moe-q8_0-8layers.gguf") else {
@@ -1335,7 +1390,12 @@ fn layer_ahead_reads_as_many_layers_as_the_ring_holds() {
     };
     let stock = run_long(&s, "stock", 2, &[]);
     assert!(stock.out.status.success(), "{}", stock.stderr());
-    for (slots, ahead, deepest) in [("64", None, 3), ("64", Some("2"), 2), ("40", None, 1)] {
+    for (slots, ahead, deepest) in [
+        ("64", None, 3..=4),
+        ("64", Some("1"), 1..=1),
+        ("64", Some("2"), 2..=2),
+        ("24", None, 1..=1),
+    ] {
         let name = format!("smoe-{slots}-{}", ahead.unwrap_or("default"));
         let mut env = Source::Vault.env(&s.gguf, &s.vault);
         env.push(("SMOE_RING_SLOTS", slots));
@@ -1350,12 +1410,12 @@ fn layer_ahead_reads_as_many_layers_as_the_ring_holds() {
             same_logits(&stock, &smoe),
             "{name}: logits differ from stock"
         );
-        assert_eq!(
-            counter(&err, " layers ahead at most"),
-            deepest,
-            "{name}: {err}"
+        assert!(
+            deepest.contains(&counter(&err, " layers ahead at most")),
+            "{name}: not {deepest:?} layers ahead: {err}"
         );
         assert!(counter(&err, " speculative") > 0, "{name}: {err}");
+        println!("{name}: {}", smoe_line(&err));
     }
 }
 
