@@ -135,6 +135,9 @@ struct llama_smoe {
     // Op offload (llama_smoe_devices): the GPU a big batch's experts are computed on, the
     // ring registered with it (pinned: cudaHostRegister) or not, and the staged weights
     ggml_backend_t gpu = nullptr;    // the offloading context's (cleared when it is freed)
+    // every live context's GPU backend that offloads: a device batch's copies ran on the
+    // stream of the context that computed it, which need not be the newest one's
+    std::vector<ggml_backend_t> gpus;
     ggml_backend_dev_t gpu_dev = nullptr;  // its device, for names (lives as long as the process)
     bool pinned = false;             // smoe_config.pinned: a fixed ring, its pages committed
     bool registered = false;         // the ring registered with the GPU's driver
@@ -231,8 +234,10 @@ struct llama_smoe {
         if (!any) {
             return;
         }
-        if (sync && gpu) {
-            ggml_backend_synchronize(gpu);
+        if (sync) {
+            for (ggml_backend_t g : gpus) {
+                ggml_backend_synchronize(g);
+            }
         }
         for (auto & l : layers) {
             if (l.dev_held) {
@@ -1160,6 +1165,9 @@ bool llama_smoe_devices(llama_smoe * s, ggml_backend_t * backends, size_t n, boo
     }
     s->gpu = gpu;
     s->gpu_dev = dev;
+    if (std::find(s->gpus.begin(), s->gpus.end(), gpu) == s->gpus.end()) {
+        s->gpus.push_back(gpu);
+    }
     if (s->pinned && !s->registered) {
         // a pinned ring (fixed, its pages committed at open) registered once: copies from it
         // are the device's DMA, not staged through the driver's own pinned buffers. The
@@ -1193,11 +1201,12 @@ void llama_smoe_context_free(llama_smoe * s, ggml_backend_t * backends, size_t n
     if (s == nullptr) {
         return;
     }
-    s->release_devices();  // the GPU done with their slots (its backend still alive)
+    s->release_devices();  // the GPUs done with their slots (this context's backends still alive)
     for (size_t i = 0; i < n; i++) {
         if (backends[i] == s->gpu) {
             s->gpu = nullptr;
         }
+        s->gpus.erase(std::remove(s->gpus.begin(), s->gpus.end(), backends[i]), s->gpus.end());
     }
 }
 
