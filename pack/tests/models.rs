@@ -856,8 +856,9 @@ fn min_of_3(src: &Path, out: &Path, limit: Duration, expect: Option<&str>) -> Du
 
 /// Times the three inputs at half and at full size: each full-size one
 /// must take under `bound` and at most `ratio` times its half-size one
-/// (shortest of three runs each; a run under 20 ms counts as 20 ms).
-fn check_linear(bound: Duration, ratio: f64) {
+/// (shortest of three runs each; a half-size run under `floor` counts as
+/// `floor`).
+fn check_linear(bound: Duration, ratio: f64, floor: Duration) {
     let (half, full) = (scale_inputs(0.5), scale_inputs(1.0));
     let limit = bound * 2;
     let no_experts = Some("no expert tensors found");
@@ -875,7 +876,7 @@ fn check_linear(bound: Duration, ratio: f64) {
     for (what, small, big, expect) in cases {
         let t_half = min_of_3(small, &half.out, limit, expect);
         let t_full = min_of_3(big, &full.out, limit, expect);
-        let r = t_full.as_secs_f64() / t_half.as_secs_f64().max(0.020);
+        let r = t_full.as_secs_f64() / t_half.max(floor).as_secs_f64();
         eprintln!("{what}: {t_full:.2?} (half the size: {t_half:.2?}, ratio {r:.2})");
         if t_full >= bound || r > ratio {
             failures.push(format!(
@@ -888,11 +889,13 @@ fn check_linear(bound: Duration, ratio: f64) {
 
 /// Before: a 200,000-entry index took 31 s to parse, a 1M-tensor header
 /// was still parsing after 707 s, a 100,000-tensor GGUF scout took 13.6 s;
-/// all quadratic. A generous bound for a shared machine; the precise
-/// targets are `linear_time_targets` below.
+/// all quadratic. A generous bound for a shared machine, where a run of
+/// 30 ms beside a busy neighbour took 3.8 times its half-size one: below
+/// 250 ms the ratio is noise (the quadratic parsers took seconds). The
+/// precise targets are `linear_time_targets` below.
 #[test]
 fn big_indexes_headers_and_scouts_take_linear_time() {
-    check_linear(Duration::from_secs(20), 3.0);
+    check_linear(Duration::from_secs(20), 3.0, Duration::from_millis(250));
 }
 
 /// The targets, on a quiet machine: under 2 s each, and twice the
@@ -901,5 +904,5 @@ fn big_indexes_headers_and_scouts_take_linear_time() {
 #[test]
 #[ignore = "timing on a quiet machine"]
 fn linear_time_targets() {
-    check_linear(Duration::from_secs(2), 2.5);
+    check_linear(Duration::from_secs(2), 2.5, Duration::from_millis(20));
 }
