@@ -116,14 +116,14 @@ struct llama_smoe {
     double open_s = 0;               // smoe_open's time, which commits the ring when populated
     bool populated = false;          // SMOE_POPULATE=2 (the default): committed at open
     // SMOE_LAYER_AHEAD: while a batch that routes to most of layer L's experts (more than
-    // half) computes layer L, queue all of the next layers' experts as speculation, as many
-    // layers as the ring holds beside L's set (at least one), at most this many (0: none)
-    // (1 under the adaptive policy, which ranks a deeper layer's unclaimed read-ahead above
-    // a nearer one's for eviction)
+    // half) computes layer L, queue the next layers' experts as speculation, as many layers
+    // as the ring holds beside L's set (the last in part), at most this many layers with
+    // experts (0: none; 1 under the adaptive policy, which ranks a deeper layer's unclaimed
+    // read-ahead above a nearer one's for eviction)
     uint32_t layer_ahead = UINT32_MAX;
     std::vector<uint32_t> all_experts;  // 0, 1, ... max_experts - 1
     uint64_t layer_ahead_sets = 0;
-    uint32_t layer_ahead_deepest = 0;   // the most layers read ahead of one layer
+    uint32_t layer_ahead_deepest = 0;   // the most layers with experts read ahead of one layer
     int ahead_batch_layer = INT32_MAX;  // the layer whose batch last started: a new pass when not below
     int ahead_until = -1;               // the pass's last layer whose whole set was queued ahead
     uint64_t entries = 0;            // experts in the vault: a ring of as many holds the model
@@ -362,13 +362,19 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, const char * model_path) {
     cfg.populate   = env_u32("SMOE_POPULATE", SMOE_POPULATE_OPEN, SMOE_POPULATE_OPEN);
     // pinned (a fixed ring, its pages committed, registered with the GPU's driver when a
     // context offloads a big batch's experts to it: llama_smoe_devices) by default when a GPU
-    // is there, so that those copies are the device's DMA from the ring; else an elastic ring
-    bool has_gpu = false;
+    // whose backend registers host memory is there (the patch's CUDA backend), so that those
+    // copies are the device's DMA from the ring; else (no GPU, or Metal, Vulkan: nothing to
+    // register with) an elastic ring
+    bool can_register = false;
     for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
-        const auto type = ggml_backend_dev_type(ggml_backend_dev_get(i));
-        has_gpu = has_gpu || type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU;
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        const auto type = ggml_backend_dev_type(dev);
+        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+        can_register = can_register ||
+                       ((type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU) && reg != nullptr &&
+                        ggml_backend_reg_get_proc_address(reg, "ggml_backend_register_fixed_host_buffer") != nullptr);
     }
-    cfg.pinned     = env_u32("SMOE_PIN", has_gpu ? 1 : 0, 1);
+    cfg.pinned     = env_u32("SMOE_PIN", can_register ? 1 : 0, 1);
     const uint32_t layer_ahead = env_u32("SMOE_LAYER_AHEAD", UINT32_MAX, UINT32_MAX);
     const uint32_t squeeze = env_u32("SMOE_TEST_SQUEEZE", 0, UINT32_MAX);
     if (std::getenv("SMOE_SPECULATE") != nullptr && *std::getenv("SMOE_SPECULATE") != '\0') {
@@ -720,14 +726,31 @@ static bool start_batch(layer_claims * l, const ggml_tensor * a) {
     }
     s->ahead_batch_layer = l->il;
     s->ahead_until = std::max(s->ahead_until, l->il);
-    const size_t last = std::min<size_t>(s->layers.size() - 1, (size_t) l->il + std::min<uint64_t>(s->layer_ahead, s->layers.size()));
+    // the last layer within SMOE_LAYER_AHEAD layers with experts of this one (layers without
+    // experts, a model's dense ones, neither count nor are read)
+    size_t last = (size_t) l->il;
+    uint64_t counted = 0;
+    for (size_t j = (size_t) l->il + 1; j < s->layers.size() && counted < s->layer_ahead; j++) {
+        if (s->layers[j].n_expert > 0) {
+            counted++;
+            last = j;
+        }
+    }
+    // layers with experts in (il, until]
+    const auto expert_layers = [s, l](size_t until) {
+        uint32_t n = 0;
+        for (size_t j = (size_t) l->il + 1; j <= until; j++) {
+            n += s->layers[j].n_expert > 0 ? 1 : 0;
+        }
+        return n;
+    };
     if (s->layer_ahead > 0 && 2 * l->experts.size() > l->n_expert && (size_t) s->ahead_until < last) {
         const uint64_t active = s->active_slots();
         uint64_t room = active > l->experts.size() ? active - l->experts.size() : 0;
         for (int j = l->il + 1; j <= s->ahead_until && room > 0; j++) {
             room -= std::min<uint64_t>(room, s->layers[j].n_expert);  // queued by an earlier layer
         }
-        uint32_t depth = (uint32_t) (s->ahead_until - l->il);
+        size_t furthest = (size_t) s->ahead_until;
         for (size_t next = (size_t) s->ahead_until + 1; next <= last && room > 0; next++) {
             const layer_claims & n = s->layers[next];
             const uint32_t take = (uint32_t) std::min<uint64_t>(room, n.n_expert);
@@ -741,7 +764,7 @@ static bool start_batch(layer_claims * l, const ggml_tensor * a) {
                     return false;
                 }
                 s->layer_ahead_sets++;
-                depth = (uint32_t) (next - (size_t) l->il);
+                furthest = next;
             }
             if (take < n.n_expert) {
                 break;  // in part: the next layer asks for the rest
@@ -749,7 +772,7 @@ static bool start_batch(layer_claims * l, const ggml_tensor * a) {
             room -= take;
             s->ahead_until = (int) next;
         }
-        s->layer_ahead_deepest = std::max(s->layer_ahead_deepest, depth);
+        s->layer_ahead_deepest = std::max(s->layer_ahead_deepest, expert_layers(furthest));
     }
     return true;
 }
@@ -1183,7 +1206,8 @@ bool llama_smoe_devices(llama_smoe * s, ggml_backend_t * backends, size_t n, boo
             reg_fn = (register_fn) proc("ggml_backend_register_host_buffer");
             s->unregister = (unregister_fn) proc("ggml_backend_unregister_host_buffer");
         }
-        s->registered = reg_fn != nullptr && reg_fn(s->base, s->ring_bytes);
+        // (registered only with its unregister call, which runs before the ring goes)
+        s->registered = reg_fn != nullptr && s->unregister != nullptr && reg_fn(s->base, s->ring_bytes);
         if (!s->registered) {
             fprintf(stderr, "smoe: the ring could not be registered with %s: copies from it are staged by the driver\n",
                     ggml_backend_dev_name(dev));
