@@ -726,6 +726,9 @@ static bool start_batch(layer_claims * l, const ggml_tensor * a) {
     }
     s->ahead_batch_layer = l->il;
     s->ahead_until = std::max(s->ahead_until, l->il);
+    if (s->layer_ahead == 0 || 2 * l->experts.size() <= l->n_expert) {
+        return true;  // a narrow batch (a decoded token) reads nothing ahead
+    }
     // the last layer within SMOE_LAYER_AHEAD layers with experts of this one (layers without
     // experts, a model's dense ones, neither count nor are read)
     size_t last = (size_t) l->il;
@@ -736,15 +739,7 @@ static bool start_batch(layer_claims * l, const ggml_tensor * a) {
             last = j;
         }
     }
-    // layers with experts in (il, until]
-    const auto expert_layers = [s, l](size_t until) {
-        uint32_t n = 0;
-        for (size_t j = (size_t) l->il + 1; j <= until; j++) {
-            n += s->layers[j].n_expert > 0 ? 1 : 0;
-        }
-        return n;
-    };
-    if (s->layer_ahead > 0 && 2 * l->experts.size() > l->n_expert && (size_t) s->ahead_until < last) {
+    if ((size_t) s->ahead_until < last) {
         const uint64_t active = s->active_slots();
         uint64_t room = active > l->experts.size() ? active - l->experts.size() : 0;
         for (int j = l->il + 1; j <= s->ahead_until && room > 0; j++) {
@@ -772,7 +767,12 @@ static bool start_batch(layer_claims * l, const ggml_tensor * a) {
             room -= take;
             s->ahead_until = (int) next;
         }
-        s->layer_ahead_deepest = std::max(s->layer_ahead_deepest, expert_layers(furthest));
+        // the layers with experts in (il, furthest]
+        uint32_t depth = 0;
+        for (size_t j = (size_t) l->il + 1; j <= furthest; j++) {
+            depth += s->layers[j].n_expert > 0 ? 1 : 0;
+        }
+        s->layer_ahead_deepest = std::max(s->layer_ahead_deepest, depth);
     }
     return true;
 }

@@ -107,7 +107,7 @@ fn environment(python: &str, version: &str, venv: &Path) -> Result<PathBuf, Stri
     }
     let installed = output(
         Command::new(bin.join("pip"))
-            .args(["install", "--quiet", "--retries", "2", "--timeout", "60"])
+            .args(PIP_FETCH)
             .args(REQUIREMENTS),
     )?;
     if !installed.status.success() {
@@ -121,8 +121,8 @@ fn environment(python: &str, version: &str, venv: &Path) -> Result<PathBuf, Stri
     Ok(bin)
 }
 
-/// The options every `pip install` of the second step takes: a retry for a
-/// slow mirror, and no cache, which would hold a second copy of every wheel.
+/// The options every `pip install` from PyPI takes: a retry for a slow
+/// mirror, and no cache, which would hold a second copy of every wheel.
 const PIP_FETCH: &[&str] = &[
     "install",
     "--quiet",
