@@ -12,11 +12,12 @@
 #             in a memory cgroup limited to CAP (1.5 GiB), page cache dropped
 #             before each: llama-simple, a prompt of 362 tokens, N_PREDICT
 #             tokens greedy; stock, and llama.cpp + smoe reading the GGUF in
-#             place. First the machine's limits: reads alone (the experts at
-#             the faster of 16 dd streams with direct I/O and smoe bench
-#             --mode scan, cold), then in each round compute alone (stock's
-#             prefill, the model in memory, no cap) beside the two capped
-#             runs. Prints each run's prefill, time to
+#             place. The machine's limits are measured in each round beside
+#             the two capped runs (a cloud drive's rate moves between
+#             minutes): reads alone (the experts at the faster of 16 dd
+#             streams with direct I/O, once, and smoe bench --mode scan,
+#             cold) and compute alone (stock's prefill, the model in memory,
+#             no cap). Prints each run's prefill, time to
 #             first token, decode tokens/s, bytes read, peak memory and the
 #             drive's idle time, smoe's line (hits, waves per layer, wasted
 #             speculative reads), checks the text is identical, and ends
@@ -291,6 +292,16 @@ drive() {
   awk -v b=$((n * 16 * 4194304)) -v t0="$t0" -v t1="$t1" 'BEGIN { printf "%.2f %.2f\n", b / (t1 - t0) / 1e9, t1 - t0 }'
 }
 
+# scan_seconds: the seconds `smoe bench --mode scan` takes to read every expert of the
+# broad model once, cold (empty when it fails)
+scan_seconds() {
+  sync
+  echo 3 >/proc/sys/vm/drop_caches
+  SMOE_CACHE_DIR="$WORK/scan-cache" "$SMOE" bench "$BROAD" --mode scan 2>/dev/null |
+    awk '/^scan:/ { for (i = 1; i < NF; i++) if ($(i + 1) == "s") { print $i; exit } }' || true
+  rm -rf "$WORK/scan-cache"
+}
+
 capped() {
   broad_model
   local text
@@ -305,19 +316,8 @@ capped() {
   read -r gbs secs <<<"$gbs"
   reads=$(awk -v b="$EXPERT_BYTES" -v g="$gbs" 'BEGIN { printf "%.3f", b / g / 1e9 }')
   echo "reads alone: the experts at $gbs GB/s (16 dd streams with direct I/O over the model, $secs s): $reads s"
-  # and as smoe's own workers read them, once each, cold: the faster of the two is the
-  # drive's rate
-  local scan
-  sync
-  echo 3 >/proc/sys/vm/drop_caches
-  scan=$(SMOE_CACHE_DIR="$WORK/scan-cache" "$SMOE" bench "$BROAD" --mode scan 2>/dev/null |
-    awk '/^scan:/ { for (i = 1; i < NF; i++) if ($(i + 1) == "s") { print $i; exit } }') || true
-  rm -rf "$WORK/scan-cache"
-  if [ -n "$scan" ]; then
-    echo "reads alone: the experts read once by smoe bench --mode scan (16 workers, direct I/O, cold): $scan s"
-    reads=$(awk -v a="$reads" -v b="$scan" 'BEGIN { printf "%.3f", (b < a ? b : a) }')
-  fi
   local r cache="$WORK/capped-cache" rows="" s_np s_ps s_dn s_ds s_rb s_wall m_np m_ps m_dn m_ds m_rb m_busy m_wall
+  local dd_reads=$reads scan
   for ((r = 1; r <= ROUNDS; r++)); do
     # compute alone in every round, beside the capped runs: on a shared machine its
     # time moves by 10% and more between minutes
@@ -325,6 +325,15 @@ capped() {
     cat "$BROAD" >/dev/null
     simple "capped-memory-$r" 0 "$BROAD" "$text" "$N_PREDICT"
     read -r x compute x <<<"$LAST"
+    # reads alone in every round too, as smoe's own workers read the experts, once
+    # each, cold: a cloud drive's rate moves by 20% and more between minutes; the
+    # faster of this and the dd streams is the drive's rate
+    scan=$(scan_seconds)
+    reads=$dd_reads
+    if [ -n "$scan" ]; then
+      reads=$(awk -v a="$dd_reads" -v b="$scan" 'BEGIN { printf "%.3f", (b < a ? b : a) }')
+    fi
+    echo "round $r: reads alone by smoe bench --mode scan (16 workers, direct I/O, cold): ${scan:-failed} s"
     limit=$(awk -v a="$compute" -v b="$reads" 'BEGIN { printf "%.3f", (a > b ? a : b) }')
     echo "round $r: compute alone (stock, the model in memory): $compute s; the limit: $limit s"
     cgroup "$(numfmt --from=iec "$CAP")"
