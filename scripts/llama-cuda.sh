@@ -28,6 +28,11 @@
 #    the drive again); smoe raises it to n_batch (one pass), so its text is
 #    compared with stock's at that n_ubatch (uncapped).
 # smoe's runs print the bytes of experts copied to the GPU per prompt token.
+# Each uncapped round also runs smoe with SMOE_COPY_AHEAD=0 (each weight's
+# experts copied in order, on the compute stream, as stock does), and prints
+# the time per 512-token prompt that copying ahead saved; with SMOE_CUDA_BIN
+# (examples-cuda's smoe-cuda, which scripts/cuda.sh builds) it measures the
+# pinned copy rate and says what share of the copies' time that was.
 #
 # Environment: SMOE_LLAMA_DIR (default /var/cache/smoe-llama), SMOE_BIN (the
 # smoe tool; default target/release/smoe), BROAD_BIN (the model generator;
@@ -134,14 +139,31 @@ bench() { # OUT "OPTION..." ENV...: llama-bench's pp512 and tg64 tokens/s ("pp t
            END { printf "%.1f %.1f\n", pp, tg }' "$out.csv"
 }
 rows=""
+ahead_rows=""
+# MiB of experts copied per token (smoe's op offload line)
+mib_token() { offload "$1" | sed -n 's/.*(\([0-9.]*\) MiB a token).*/\1/p'; }
+h2d_gbs=""
+if [ -n "${SMOE_CUDA_BIN:-}" ]; then
+  # the pinned host-to-device copy rate in pieces of one expert's weight (~1 MiB)
+  h2d_gbs=$("$SMOE_CUDA_BIN" h2d --mib 2048 --chunk-mib 1 | sed -n 's/.*pieces on 2 streams \([0-9.]*\) GB\/s.*/\1/p')
+  echo "pinned host-to-device copies of 1 MiB (smoe-cuda h2d --mib 2048 --chunk-mib 1): ${h2d_gbs:-?} GB/s"
+fi
 cat "$broad" >/dev/null
 for ((r = 1; r <= ROUNDS; r++)); do
   s=$(bench "$WORK/bench-stock-$r" "-ncmoe 99") || { status=1; continue; }
   rm -rf "$WORK/cache"
   m=$(bench "$WORK/bench-smoe-$r" "" SMOE=1 SMOE_CACHE_DIR="$WORK/cache") || { status=1; continue; }
+  rm -rf "$WORK/cache"
+  o=$(bench "$WORK/bench-smoe-in-order-$r" "" SMOE=1 SMOE_CACHE_DIR="$WORK/cache" SMOE_COPY_AHEAD=0) ||
+    { status=1; continue; }
   read -r spp stg <<<"$s"
   read -r mpp mtg <<<"$m"
+  read -r opp _ <<<"$o"
   rows+="| uncapped, round $r | $spp | $mpp | **$(ratio "$mpp" "$spp")×** | $stg | $mtg | **$(ratio "$mtg" "$stg")×** | $(offload "$WORK/bench-smoe-$r.log") |"$'\n'
+  ahead_rows+="$(awk -v a="$mpp" -v o="$opp" -v mib="$(mib_token "$WORK/bench-smoe-$r.log")" -v rate="${h2d_gbs:-0}" -v r="$r" 'BEGIN {
+    ta = 512 / a * 1000; to = 512 / o * 1000; copy = (rate > 0 ? mib * 512 * 1048576 / (rate * 1e9) * 1000 : 0)
+    printf "| round %d | %.1f | %.1f | **%.2f×** | %.1f ms | %.1f ms | %.2f | %s |", r, o, a, a / o, to, to - ta, mib * 512,
+      (copy > 0 ? sprintf("%.1f ms, %.0f%%", copy, 100 * (to - ta) / copy) : "not measured (SMOE_CUDA_BIN)") }')"$'\n'
 done
 
 # 3. capped
@@ -188,4 +210,10 @@ echo
 echo "| run | prefill stock --cpu-moe | prefill smoe | smoe ÷ stock | decode stock | decode smoe | smoe ÷ stock | smoe's copies to the GPU |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
 printf '%s' "$rows"
+echo
+echo "Copies ahead (SMOE_COPY_AHEAD, the default) against in order (SMOE_COPY_AHEAD=0), llama-bench -p 512 prefill tokens/s; hidden: the time saved per 512-token prompt, and its share of the copies' time at the pinned copy rate"
+echo
+echo "| round | prefill in order | prefill ahead | ahead ÷ in order | in order per prompt | saved per prompt | MiB copied per prompt | copies' time, share hidden |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+printf '%s' "$ahead_rows"
 exit $status

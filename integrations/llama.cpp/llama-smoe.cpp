@@ -121,6 +121,7 @@ struct llama_smoe {
     // experts (0: none; 1 under the adaptive policy, which ranks a deeper layer's unclaimed
     // read-ahead above a nearer one's for eviction)
     uint32_t layer_ahead = UINT32_MAX;
+    bool copy_ahead = true;             // SMOE_COPY_AHEAD: ggml_backend_sched_weights.copy_ahead
     std::vector<uint32_t> all_experts;  // 0, 1, ... max_experts - 1
     uint64_t layer_ahead_sets = 0;
     uint32_t layer_ahead_deepest = 0;   // the most layers with experts read ahead of one layer
@@ -151,6 +152,7 @@ struct llama_smoe {
     bool dev_held = false;           // some layer holds claims of a batch on the GPU
     uint64_t dev_batches = 0;        // (layer, batch) pairs computed on the GPU
     uint64_t dev_bytes = 0;          // expert bytes copied to it
+    uint64_t dev_bytes_ahead = 0;    // of which copied ahead, while the weight before computed
     uint64_t dev_tokens = 0;         // tokens of the batches computed on it (the first layer's)
     int first_layer = -1;            // the first and last layers with experts: the pre-warm
     int last_layer = -1;             // thread pauses from the one's claims to the other's release
@@ -376,6 +378,9 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, const char * model_path) {
     }
     cfg.pinned     = env_u32("SMOE_PIN", can_register ? 1 : 0, 1);
     const uint32_t layer_ahead = env_u32("SMOE_LAYER_AHEAD", UINT32_MAX, UINT32_MAX);
+    // op offload: a layer's next expert weight (up, gate, down: the same ids) copied to the
+    // GPU on a stream of its own while the weight before it computes; 0 copies in order
+    const bool copy_ahead = env_u32("SMOE_COPY_AHEAD", 1, 1) == 1;
     const uint32_t squeeze = env_u32("SMOE_TEST_SQUEEZE", 0, UINT32_MAX);
     if (std::getenv("SMOE_SPECULATE") != nullptr && *std::getenv("SMOE_SPECULATE") != '\0') {
         throw std::runtime_error("smoe: SMOE_SPECULATE is gone (its guess, the same expert ids one layer on, "
@@ -385,6 +390,7 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, const char * model_path) {
     std::unique_ptr<llama_smoe> s(new llama_smoe);
     s->vault = vault;
     s->layer_ahead = layer_ahead;
+    s->copy_ahead = copy_ahead;
     s->squeeze = squeeze;
     if (cfg.policy == SMOE_POLICY_ADAPTIVE) {
         s->layer_ahead = std::min<uint32_t>(s->layer_ahead, 1);
@@ -484,10 +490,10 @@ void llama_smoe_free(llama_smoe * s) {
     }
     if (s->gpu_dev != nullptr) {
         fprintf(stderr, "smoe: op offload: %llu layer batches of %llu tokens computed on %s, %.2f MiB of experts copied there "
-                        "(%.3f MiB a token)\n",
+                        "(%.3f MiB a token), %.2f MiB of them ahead (while the weight before computed)\n",
                 (unsigned long long) s->dev_batches, (unsigned long long) s->dev_tokens,
                 ggml_backend_dev_name(s->gpu_dev), s->dev_bytes / 1048576.0,
-                s->dev_tokens ? s->dev_bytes / 1048576.0 / (double) s->dev_tokens : 0.0);
+                s->dev_tokens ? s->dev_bytes / 1048576.0 / (double) s->dev_tokens : 0.0, s->dev_bytes_ahead / 1048576.0);
     }
     delete s;
 }
@@ -1079,7 +1085,7 @@ static bool smoe_can_offload(const ggml_tensor * w, void * user_data) {
     return w->buffer == nullptr || w->buffer != s->ring;
 }
 
-static const void * smoe_expert_data(const ggml_tensor * w, int32_t id, void * user_data) {
+static const void * smoe_expert_data(const ggml_tensor * w, int32_t id, bool ahead, void * user_data) {
     auto * s = (llama_smoe *) user_data;
     const auto it = s->staged_of.find(w);
     if (it == s->staged_of.end()) {
@@ -1088,6 +1094,7 @@ static const void * smoe_expert_data(const ggml_tensor * w, int32_t id, void * u
     const staged_weight & sw = *it->second;
     const layer_claims & l = s->layers[sw.il];
     s->dev_bytes += w->nb[2];
+    s->dev_bytes_ahead += ahead ? w->nb[2] : 0;
     if (id >= 0 && (uint32_t) id < l.n_expert && l.dev_held && l.wave_of[id] == 1 && l.slot_of[id] < s->slots) {
         return s->base + (uint64_t) l.slot_of[id] * s->slot_bytes + sw.offset;
     }
@@ -1238,7 +1245,7 @@ void llama_smoe_sched(llama_smoe * s, ggml_backend_sched_t sched) {
     if (s == nullptr) {
         return;
     }
-    const ggml_backend_sched_weights weights = {smoe_can_offload, smoe_expert_data, s};
+    const ggml_backend_sched_weights weights = {smoe_can_offload, smoe_expert_data, s, s->copy_ahead};
     ggml_backend_sched_set_weights(sched, &weights);
 }
 

@@ -2097,6 +2097,21 @@ impl Drop for RpcServer {
     }
 }
 
+/// The MiB of experts smoe's op offload line says it copied to the device, and
+/// of them copied ahead.
+fn copied_mib(line: &str) -> (f64, f64) {
+    let before = |end: &str| -> f64 {
+        let head = &line[..line
+            .find(end)
+            .unwrap_or_else(|| panic!("no '{end}' in {line}"))];
+        head.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    (
+        before(" MiB of experts copied"),
+        before(" MiB of them ahead"),
+    )
+}
+
 /// Op offload of a big batch's experts (issue 37), checked without a GPU:
 /// ggml's RPC backend, served on this machine, stands for one (the patch's
 /// test aid `SMOE_TEST_RPC_OFFLOAD=1` makes it ask for MUL_MAT_ID batches of
@@ -2153,6 +2168,7 @@ fn op_offload_through_an_rpc_device_keeps_stock_text() {
             .env_remove("SMOE_RING_SLOTS")
             .env_remove("SMOE_UBATCH")
             .env_remove("SMOE_PIN")
+            .env_remove("SMOE_COPY_AHEAD")
             .env_remove("GGML_CUDA_REGISTER_HOST")
             .env("SMOE_TEST_RPC_OFFLOAD", "1")
             .env("SMOE_CACHE_DIR", &cache)
@@ -2186,6 +2202,25 @@ fn op_offload_through_an_rpc_device_keeps_stock_text() {
         "no layer batch was computed on the device: {line}"
     );
     assert!(!line.contains(" 0.00 MiB of experts copied"), "{line}");
+    // gate and down are copied ahead (on the device's second backend) while up and gate
+    // compute: two of each layer's three weights, which are the same size here (the line
+    // rounds each figure to 0.01 MiB)
+    let (copied, ahead) = copied_mib(line);
+    assert!(
+        (ahead - copied * 2.0 / 3.0).abs() <= 0.01 + 0.01 * copied,
+        "not two thirds of the bytes copied ahead: {line}"
+    );
+    let (smoe_in_order, err) = complete(
+        "smoe-in-order",
+        &[],
+        &[("SMOE", "1"), ("SMOE_COPY_AHEAD", "0")],
+    );
+    assert_eq!(smoe_in_order, stock, "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("smoe: op offload: "))
+        .unwrap_or_else(|| panic!("no op offload statistics\n{err}"));
+    assert_eq!(copied_mib(line), (copied, 0.0), "{line}");
 
     // A ring of 20 slots (a layer's 16 experts and a few) and batches of 32 tokens: each
     // batch's device claims are released by the next claim op and their slots loaded
