@@ -1022,8 +1022,8 @@ static int cmd_stream(const Args &a) {
     }
   if (order.size() < 2ull * slots)
     printf("stream: the vault has %zu experts, fewer than twice the ring's %u slots: later passes hit\n", order.size(), slots);
-  uint32_t depth = (uint32_t)a.num("--depth", 8);                     // copies in flight
-  uint32_t ahead = (uint32_t)a.num("--ahead", 32);  // prefetches queued beyond the claim (measured best: docs/performance.md)
+  uint32_t depth = (uint32_t)a.num("--depth", 16);  // copies in flight
+  uint32_t ahead = (uint32_t)a.num("--ahead", 64);  // prefetches queued beyond the claim (measured best: docs/performance.md)
   if (depth + ahead + 1 > slots) die("--depth + --ahead must leave a slot: %u + %u >= %u", depth, ahead, slots);
   uint64_t passes = a.num("--passes", 2);
   const int n_streams = 2;

@@ -15,7 +15,9 @@
 #             elastic ring squeezed in a memory cgroup, registered and not
 #   stream    a vault streamed through the ring into the GPU, from tmpfs and
 #             from the disk, against the read limit of each (16 threads) and
-#             the pinned host-to-device copy limit
+#             the pinned host-to-device copy limit; from tmpfs in
+#             STREAM_ROUNDS rounds (default 3), each measuring the read limit
+#             beside its copy and zero-copy streams, with their ratios
 #   llama     llama.cpp's CUDA build with smoe (-ngl 99, SMOE_VAULT) against
 #             stock --cpu-moe: scripts/llama.sh build --cuda, then the run
 #
@@ -144,17 +146,30 @@ step_stream() {
   drop_caches
   "$CU" read "$disk/experts.smoe" --threads 16 --block-kib 4096 --direct --dest-mib 1024
   dd if="$disk/experts.smoe" of=/dev/null bs=16M iflag=direct 2>&1 | tail -n 1 | sed 's/^/stream: dd 16M O_DIRECT: /'
-  "$CU" stream "$shm" --mode copy --passes 4
-  "$CU" stream "$shm" --mode zero-copy --passes 4
   "$CU" stream "$shm" --mode pageable --passes 2
   drop_caches
   "$CU" stream "$disk" --mode copy --passes 1
+  # tmpfs, alternating: the read limit moves between runs on a shared machine,
+  # so each round's streams are divided by that round's limit
+  local r rows="" limit copy zero gbs='s/.* = \([0-9.]*\) GB\/s.*/\1/p'
+  for ((r = 1; r <= ${STREAM_ROUNDS:-3}; r++)); do
+    limit=$("$CU" read "$shm/experts.smoe" --threads 16 --block-kib 4096 --direct --dest-mib 1024 | tee /dev/stderr | sed -n "$gbs")
+    copy=$("$CU" stream "$shm" --mode copy --passes 3 | tee /dev/stderr | sed -n "1$gbs")
+    zero=$("$CU" stream "$shm" --mode zero-copy --passes 3 | tee /dev/stderr | sed -n "1$gbs")
+    rows+=$(awk -v r="$r" -v l="$limit" -v c="$copy" -v z="$zero" 'BEGIN {
+      printf "| %d | %.2f | %.2f | **%.2f** | %.2f | **%.2f** |", r, l, c, (l > 0 ? c / l : 0), z, (l > 0 ? z / l : 0) }')$'\n'
+  done
+  echo "stream from tmpfs, GB/s (the limit: 16 threads reading 4 MiB blocks into 1 GiB, O_DIRECT, as the workers do)"
+  echo
+  echo "| round | read limit | copy | copy ÷ limit | zero-copy | zero-copy ÷ limit |"
+  echo "| --- | --- | --- | --- | --- | --- |"
+  printf '%s' "$rows"
   rm -rf "$shm" "$disk"
 }
 
 step_llama() {
   SMOE_LIB_DIR="$SMOE_LIB_DIR" CUDA_ARCH="${CUDA_ARCH:-}" bash "$ROOT/scripts/llama.sh" build --cuda >/dev/null
-  SMOE_BIN="$SMOE_BIN" WORK="$WORK/llama" bash "$ROOT/scripts/llama-cuda.sh"
+  SMOE_BIN="$SMOE_BIN" SMOE_CUDA_BIN="$CU" WORK="$WORK/llama" bash "$ROOT/scripts/llama-cuda.sh"
 }
 
 status=0
