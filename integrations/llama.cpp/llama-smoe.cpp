@@ -1245,7 +1245,15 @@ void llama_smoe_sched(llama_smoe * s, ggml_backend_sched_t sched) {
     if (s == nullptr) {
         return;
     }
-    const ggml_backend_sched_weights weights = {smoe_can_offload, smoe_expert_data, s, s->copy_ahead};
+    // copies ahead where they were measured: CUDA's second stream, and ggml's RPC device (the
+    // tests' stand-in for a GPU, whose backends' commands run in order on one server)
+    bool copy_ahead = false;
+    if (s->copy_ahead && s->gpu_dev != nullptr) {
+        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(s->gpu_dev);
+        const char * name = reg != nullptr ? ggml_backend_reg_name(reg) : "";
+        copy_ahead = std::strcmp(name, "CUDA") == 0 || std::strncmp(name, "RPC", 3) == 0;  // (RPC[endpoint])
+    }
+    const ggml_backend_sched_weights weights = {smoe_can_offload, smoe_expert_data, s, copy_ahead};
     ggml_backend_sched_set_weights(sched, &weights);
 }
 
