@@ -128,11 +128,12 @@ for model in "$ROOT/tests/fixtures/models/qwen3moe-q8_0.gguf" "$broad"; do
 done
 
 # 2. uncapped, alternating
-bench() { # OUT "OPTION..." ENV...: llama-bench's pp512 and tg64 tokens/s ("pp tg")
+PP=512 # the uncapped prompt's tokens
+bench() { # OUT "OPTION..." ENV...: llama-bench's pp$PP and tg64 tokens/s ("pp tg")
   local out=$1 opts=$2
   shift 2
   # shellcheck disable=SC2086 # opts is a word list
-  env "$@" "$BIN/llama-bench" -m "$broad" -ngl 99 $opts -p 512 -n 64 -r 2 -o csv >"$out.csv" 2>"$out.log" ||
+  env "$@" "$BIN/llama-bench" -m "$broad" -ngl 99 $opts -p "$PP" -n 64 -r 2 -o csv >"$out.csv" 2>"$out.log" ||
     { say "llama-bench failed: $(tail -n 2 "$out.log")"; return 1; }
   awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) { gsub(/"/, "", $i); col[$i] = i } next }
            { gsub(/"/, ""); if ($col["n_prompt"] > 0) pp = $col["avg_ts"]; else tg = $col["avg_ts"] }
@@ -144,8 +145,9 @@ ahead_rows=""
 mib_token() { offload "$1" | sed -n 's/.*(\([0-9.]*\) MiB a token).*/\1/p'; }
 h2d_gbs=""
 if [ -n "${SMOE_CUDA_BIN:-}" ]; then
-  # the pinned host-to-device copy rate in pieces of one expert's weight (~1 MiB)
-  h2d_gbs=$("$SMOE_CUDA_BIN" h2d --mib 2048 --chunk-mib 1 | sed -n 's/.*pieces on 2 streams \([0-9.]*\) GB\/s.*/\1/p')
+  # the pinned host-to-device copy rate in pieces of one expert's weight (~1 MiB), from a
+  # registered mapping as the ring is
+  h2d_gbs=$("$SMOE_CUDA_BIN" h2d --mib 2048 --chunk-mib 1 | sed -n '/registered/ s/.*pieces on 2 streams \([0-9.]*\) GB\/s.*/\1/p')
   echo "pinned host-to-device copies of 1 MiB (smoe-cuda h2d --mib 2048 --chunk-mib 1): ${h2d_gbs:-?} GB/s"
 fi
 cat "$broad" >/dev/null
@@ -160,9 +162,9 @@ for ((r = 1; r <= ROUNDS; r++)); do
   read -r mpp mtg <<<"$m"
   read -r opp _ <<<"$o"
   rows+="| uncapped, round $r | $spp | $mpp | **$(ratio "$mpp" "$spp")×** | $stg | $mtg | **$(ratio "$mtg" "$stg")×** | $(offload "$WORK/bench-smoe-$r.log") |"$'\n'
-  ahead_rows+="$(awk -v a="$mpp" -v o="$opp" -v mib="$(mib_token "$WORK/bench-smoe-$r.log")" -v rate="${h2d_gbs:-0}" -v r="$r" 'BEGIN {
-    ta = 512 / a * 1000; to = 512 / o * 1000; copy = (rate > 0 ? mib * 512 * 1048576 / (rate * 1e9) * 1000 : 0)
-    printf "| round %d | %.1f | %.1f | **%.2f×** | %.1f ms | %.1f ms | %.2f | %s |", r, o, a, a / o, to, to - ta, mib * 512,
+  ahead_rows+="$(awk -v a="$mpp" -v o="$opp" -v mib="$(mib_token "$WORK/bench-smoe-$r.log")" -v rate="${h2d_gbs:-0}" -v r="$r" -v pp="$PP" 'BEGIN {
+    ta = pp / a * 1000; to = pp / o * 1000; copy = (rate > 0 ? mib * pp * 1048576 / (rate * 1e9) * 1000 : 0)
+    printf "| round %d | %.1f | %.1f | **%.2f×** | %.1f ms | %.1f ms | %.2f | %s |", r, o, a, a / o, to, to - ta, mib * pp,
       (copy > 0 ? sprintf("%.1f ms, %.0f%%", copy, 100 * (to - ta) / copy) : "not measured (SMOE_CUDA_BIN)") }')"$'\n'
 done
 
@@ -205,13 +207,13 @@ else
 fi
 
 echo
-echo "$(basename "$broad") ($(du -h "$broad" | cut -f1)), -ngl 99, tokens/s (uncapped: llama-bench -p 512 -n 64; capped: llama-completion, a prompt of about 2,000 tokens, $N_CAPPED tokens)"
+echo "$(basename "$broad") ($(du -h "$broad" | cut -f1)), -ngl 99, tokens/s (uncapped: llama-bench -p $PP -n 64; capped: llama-completion, a prompt of about 2,000 tokens, $N_CAPPED tokens)"
 echo
 echo "| run | prefill stock --cpu-moe | prefill smoe | smoe ÷ stock | decode stock | decode smoe | smoe ÷ stock | smoe's copies to the GPU |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
 printf '%s' "$rows"
 echo
-echo "Copies ahead (SMOE_COPY_AHEAD, the default) against in order (SMOE_COPY_AHEAD=0), llama-bench -p 512 prefill tokens/s; hidden: the time saved per 512-token prompt, and its share of the copies' time at the pinned copy rate"
+echo "Copies ahead (SMOE_COPY_AHEAD, the default) against in order (SMOE_COPY_AHEAD=0), llama-bench -p $PP prefill tokens/s; hidden: the time saved per $PP-token prompt, and its share of the copies' time at the pinned copy rate"
 echo
 echo "| round | prefill in order | prefill ahead | ahead ÷ in order | in order per prompt | saved per prompt | MiB copied per prompt | copies' time, share hidden |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
