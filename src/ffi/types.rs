@@ -568,6 +568,9 @@ impl CValue for Option<PathBuf> {
 /// Checks, at compile time, that `offsets` (a C struct's fields, in schema
 /// order) increase and all lie past the leading `uint32_t struct_size`: the
 /// C struct lists the schema's fields in the schema's order.
+// Used only in `const _` items, which the MSRV's compiler (1.85) does not
+// count as a use; stable's does.
+#[allow(dead_code, reason = "used in anonymous consts (see above)")]
 const fn assert_schema_order(offsets: &[usize]) {
     let mut i = 0;
     while i < offsets.len() {
