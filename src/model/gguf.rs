@@ -13,7 +13,12 @@
 //! Every count and length is checked against the bytes the file has before
 //! anything is allocated for it, and lists grow with the entries really
 //! read, so what the reader allocates follows the file, not the header's
-//! claims.
+//! claims. The header itself (everything before the data section) may not
+//! pass [`MAX_HEADER_BYTES`]: a length field of a sparse or huge file could
+//! otherwise ask for as much memory as the file is long. Keys and tensor
+//! names keep to the GGUF specification's limits ([`MAX_KEY_BYTES`],
+//! [`MAX_NAME_BYTES`]), and a key may appear once (as in llama.cpp's
+//! reader).
 
 use std::fs::File;
 use std::io::{BufReader, Read};
@@ -29,6 +34,15 @@ pub const MAGIC: [u8; 4] = *b"GGUF";
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 /// Largest `general.alignment` this reader accepts (writers use 32).
 pub const MAX_ALIGNMENT: u64 = 1 << 20;
+/// Largest header (magic to the end of the tensor infos) this reader
+/// accepts. A real model's is a few MB to a few tens of MB, most of it the
+/// tokenizer's vocabulary and merges; what the reader keeps in memory
+/// follows the bytes it reads, so this bounds it too.
+pub const MAX_HEADER_BYTES: u64 = 256 << 20;
+/// Longest key: the GGUF specification's 65,535 bytes.
+pub const MAX_KEY_BYTES: u64 = 65_535;
+/// Longest tensor name: the GGUF specification's 64 bytes.
+pub const MAX_NAME_BYTES: u64 = 64;
 
 /// One GGML element type: its name, elements per block and bytes per block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,7 +61,10 @@ const QK_K: u64 = 256;
 
 /// ggml's type traits (block size, bytes per block), by type number, as
 /// `ggml/src/ggml.c` and gguf-py's `GGML_QUANT_SIZES` define them. Numbers
-/// 4, 5 and 31–33, 36–38 are retired in ggml.
+/// 4, 5 and 31–33, 36–38 are retired in ggml. Where the two disagree,
+/// ggml wins, since it is what loads the file: Q8_1's block is two halves
+/// and 32 quants, 36 bytes, in `ggml-common.h` (gguf-py still says 40,
+/// from when they were floats).
 const GGML_TYPES: &[(u32, &str, u64, u64)] = &[
     (0, "F32", 1, 4),
     (1, "F16", 1, 2),
@@ -56,7 +73,7 @@ const GGML_TYPES: &[(u32, &str, u64, u64)] = &[
     (6, "Q5_0", 32, 2 + 4 + 16),
     (7, "Q5_1", 32, 2 + 2 + 4 + 16),
     (8, "Q8_0", 32, 2 + 32),
-    (9, "Q8_1", 32, 4 + 4 + 32),
+    (9, "Q8_1", 32, 2 + 2 + 32),
     (10, "Q2_K", QK_K, 2 + 2 + QK_K / 16 + QK_K / 4),
     (11, "Q3_K", QK_K, 2 + QK_K / 4 + QK_K / 8 + 12),
     (12, "Q4_K", QK_K, 2 + 2 + QK_K / 2 + 12),
@@ -277,7 +294,7 @@ impl Gguf {
         let mut kvs = Vec::with_capacity(n_kvs.min(4096) as usize);
         for i in 0..n_kvs {
             r.tick()?;
-            let key = r.string_of("key/value", i)?;
+            let key = r.string_of("key/value", i, MAX_KEY_BYTES)?;
             let value_type = r.u32()?;
             let mut raw = Vec::new();
             r.value(value_type, &mut raw, 0)
@@ -287,6 +304,9 @@ impl Gguf {
                 value_type,
                 raw,
             });
+        }
+        if let Some(key) = first_duplicate(kvs.iter().map(|kv| kv.key.as_str())) {
+            return Err(bad(format!("key {key} appears twice")));
         }
         let alignment = match kvs.iter().find(|kv| kv.key == "general.alignment") {
             None => DEFAULT_ALIGNMENT,
@@ -302,7 +322,7 @@ impl Gguf {
         let mut tensors = Vec::with_capacity(n_tensors.min(4096) as usize);
         for i in 0..n_tensors {
             r.tick()?;
-            let name = r.string_of("tensor info", i)?;
+            let name = r.string_of("tensor info", i, MAX_NAME_BYTES)?;
             let n_dims = r.u32()?;
             if !(1..=4).contains(&n_dims) {
                 return Err(bad(format!(
@@ -316,7 +336,7 @@ impl Gguf {
             let type_id = r.u32()?;
             let ggml_type = GgmlType::from_id(type_id).ok_or_else(|| {
                 bad(format!(
-                    "tensor {name} has GGML type {type_id}, which this packer does not know"
+                    "tensor {name} has GGML type {type_id}, which this reader does not know"
                 ))
             })?;
             let offset = r.u64()?;
@@ -399,6 +419,22 @@ impl Reader<'_> {
         Ok(())
     }
 
+    /// Whether `n` more header bytes are in the file and within
+    /// [`MAX_HEADER_BYTES`]; asked before anything is allocated for them.
+    fn room_for(&self, n: u64) -> Result<()> {
+        if n > self.len - self.at {
+            return Err(self.truncated(n));
+        }
+        if n > MAX_HEADER_BYTES - self.at {
+            return Err(Error::format(format!(
+                "{}: {n} more header bytes at offset {}, past this reader's limit of {MAX_HEADER_BYTES} bytes for a GGUF header (key/values and tensor infos); a real model's is a few MB",
+                self.path.display(),
+                self.at
+            )));
+        }
+        Ok(())
+    }
+
     fn truncated(&self, want: u64) -> Error {
         Error::format(format!(
             "{}: truncated: needs {want} more bytes at offset {}, the file has {}",
@@ -409,9 +445,7 @@ impl Reader<'_> {
     }
 
     fn bytes(&mut self, buf: &mut [u8]) -> Result<()> {
-        if self.len - self.at < buf.len() as u64 {
-            return Err(self.truncated(buf.len() as u64));
-        }
+        self.room_for(buf.len() as u64)?;
         self.inner
             .read_exact(buf)
             .map_err(|e| Error::io("cannot read", self.path, &e))?;
@@ -431,16 +465,23 @@ impl Reader<'_> {
         Ok(u64::from_le_bytes(b))
     }
 
-    /// The string that names item `i` of a section (`what`).
-    fn string_of(&mut self, what: &str, i: u64) -> Result<String> {
-        self.string().map_err(|e| e.context(format!("{what} {i}")))
+    /// The string that names item `i` of a section (`what`), at most `max`
+    /// bytes long.
+    fn string_of(&mut self, what: &str, i: u64, max: u64) -> Result<String> {
+        self.string(max)
+            .map_err(|e| e.context(format!("{what} {i}")))
     }
 
-    fn string(&mut self) -> Result<String> {
+    fn string(&mut self, max: u64) -> Result<String> {
         let n = self.u64()?;
-        if n > self.len - self.at {
-            return Err(self.truncated(n));
+        if n > max {
+            return Err(Error::format(format!(
+                "{}: a {n}-byte name at offset {}, above the GGUF limit of {max} bytes",
+                self.path.display(),
+                self.at - 8
+            )));
         }
+        self.room_for(n)?;
         let mut b = vec![0u8; n as usize];
         self.bytes(&mut b)?;
         String::from_utf8(b).map_err(|_| {
@@ -458,9 +499,7 @@ impl Reader<'_> {
             t if value_type::fixed_size(t).is_some() => value_type::fixed_size(t).unwrap_or(0),
             value_type::STRING => {
                 let n = self.u64()?;
-                if n > self.len - self.at {
-                    return Err(self.truncated(n));
-                }
+                self.room_for(n)?;
                 out.extend_from_slice(&n.to_le_bytes());
                 let start = out.len();
                 out.resize(start + n as usize, 0);
@@ -477,9 +516,7 @@ impl Reader<'_> {
                 let item_type = self.u32()?;
                 let n = self.u64()?;
                 // Every item takes at least one byte.
-                if n > self.len - self.at {
-                    return Err(self.truncated(n));
-                }
+                self.room_for(n)?;
                 out.extend_from_slice(&item_type.to_le_bytes());
                 out.extend_from_slice(&n.to_le_bytes());
                 for _ in 0..n {
@@ -629,11 +666,99 @@ mod tests {
         assert_eq!((t("Q3_K").block, t("Q3_K").block_bytes), (256, 110));
         assert_eq!((t("IQ2_XXS").block, t("IQ2_XXS").block_bytes), (256, 66));
         assert_eq!((t("MXFP4").block, t("MXFP4").block_bytes), (32, 17));
+        // ggml's size, not gguf-py's 40.
+        assert_eq!((t("Q8_1").block, t("Q8_1").block_bytes), (32, 36));
         assert_eq!(GgmlType::from_id(30).unwrap().name, "BF16");
         assert!(GgmlType::from_id(4).is_none(), "retired");
         assert!(GgmlType::from_id(99).is_none());
         assert_eq!(t("Q8_0").row_bytes(64), Some(68));
         assert_eq!(t("Q8_0").row_bytes(48), None);
+    }
+
+    /// The start of a GGUF v3 header: magic, version, counts.
+    fn head(n_tensors: u64, n_kvs: u64) -> Vec<u8> {
+        let mut b = MAGIC.to_vec();
+        b.extend_from_slice(&3u32.to_le_bytes());
+        b.extend_from_slice(&n_tensors.to_le_bytes());
+        b.extend_from_slice(&n_kvs.to_le_bytes());
+        b
+    }
+
+    /// Parses `bytes` written to a file of `len` bytes (sparse past them).
+    fn read_err(bytes: &[u8], len: u64) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.gguf");
+        std::fs::write(&path, bytes).unwrap();
+        let file = File::options().write(true).open(&path).unwrap();
+        file.set_len(len.max(bytes.len() as u64)).unwrap();
+        let file = File::open(&path).unwrap();
+        match Gguf::read(&file, &path, &|| false) {
+            Ok(g) => panic!("parsed: {g:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// A length field of a huge (here sparse) file is refused before
+    /// anything is allocated for it, naming the limit: without the limit,
+    /// the first key would ask for 512 GiB and abort the process.
+    #[test]
+    fn a_length_beyond_the_header_limit_allocates_nothing() {
+        let huge = 1u64 << 40;
+        let mut key = head(0, 1);
+        key.extend_from_slice(&(1u64 << 39).to_le_bytes());
+        let e = read_err(&key, huge);
+        assert!(e.contains("above the GGUF limit of 65535 bytes"), "{e}");
+        assert!(e.contains("m.gguf") && e.contains("key/value 0"), "{e}");
+
+        let mut value = head(0, 1);
+        value.extend_from_slice(&4u64.to_le_bytes());
+        value.extend_from_slice(b"a.bc");
+        value.extend_from_slice(&value_type::STRING.to_le_bytes());
+        value.extend_from_slice(&(1u64 << 39).to_le_bytes());
+        let e = read_err(&value, huge);
+        assert!(
+            e.contains("past this reader's limit of 268435456 bytes"),
+            "{e}"
+        );
+        assert!(e.contains("\"a.bc\""), "{e}");
+
+        let mut array = head(0, 1);
+        array.extend_from_slice(&3u64.to_le_bytes());
+        array.extend_from_slice(b"a.b");
+        array.extend_from_slice(&value_type::ARRAY.to_le_bytes());
+        array.extend_from_slice(&0u32.to_le_bytes());
+        array.extend_from_slice(&(MAX_HEADER_BYTES + 1).to_le_bytes());
+        let e = read_err(&array, huge);
+        assert!(e.contains("past this reader's limit"), "{e}");
+
+        let mut name = head(1, 0);
+        name.extend_from_slice(&65u64.to_le_bytes());
+        name.extend_from_slice(&[b'x'; 65]);
+        let e = read_err(&name, 4096);
+        assert!(
+            e.contains("a 65-byte name") && e.contains("tensor info 0"),
+            "{e}"
+        );
+    }
+
+    /// A key that appears twice is refused, as llama.cpp's reader does,
+    /// rather than one of the two being taken.
+    #[test]
+    fn a_repeated_key_is_refused() {
+        let kvs = [
+            KeyValue::string("general.architecture", "llama"),
+            KeyValue::string("general.name", "a"),
+            KeyValue::string("general.architecture", "qwen3moe"),
+        ];
+        let bytes = header_bytes(&kvs, &mut [], DEFAULT_ALIGNMENT);
+        let e = read_err(&bytes, 0);
+        assert!(e.contains("key general.architecture appears twice"), "{e}");
+        let bytes = header_bytes(&kvs[..2], &mut [], DEFAULT_ALIGNMENT);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ok.gguf");
+        std::fs::write(&path, &bytes).unwrap();
+        let g = Gguf::read(&File::open(&path).unwrap(), &path, &|| false).unwrap();
+        assert_eq!(g.architecture(), Some("llama"));
     }
 
     #[test]

@@ -197,6 +197,7 @@ fn open_gguf(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
             .map_err(|e| Error::io("cannot stat", path, &e))?;
         inputs.push(files::file_id(&meta));
     }
+    check_split(&parts, &files)?;
     let mut tensors = Vec::new();
     for (i, g) in files.iter().enumerate() {
         for (entry, t) in g.tensors.iter().enumerate() {
@@ -262,6 +263,90 @@ fn open_gguf(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
     })
 }
 
+/// The parts of a split GGUF agree with their `split.*` keys, as
+/// llama.cpp's `gguf-split` and gguf-py write them in every part
+/// (`split.no`, from 0; `split.count`; `split.tensors.count`, the tensors
+/// of all parts): each part is the one its name says, of the same split,
+/// and the parts hold every tensor. A file whose name is not a split
+/// part's but whose `split.count` is above 1 is a renamed part, refused
+/// rather than read as a model that lacks the other parts' layers.
+fn check_split(parts: &[PathBuf], files: &[gguf::Gguf]) -> Result<()> {
+    let count = parts.len() as u64;
+    let key = |g: &gguf::Gguf, k: &str| g.kv(k).map(|kv| kv.as_u64().ok_or(()));
+    let bad = |path: &Path, what: String| Error::format(format!("{}: {what}", path.display()));
+    if count == 1 {
+        return match key(&files[0], "split.count") {
+            Some(Ok(n)) if n > 1 => Err(bad(
+                &parts[0],
+                format!(
+                    "is part of a split model (split.count {n}, split.no {}), but its name is not a split part's: give the first part, named name-00001-of-{n:05}.gguf, with the others beside it",
+                    match key(&files[0], "split.no") {
+                        Some(Ok(i)) => i.to_string(),
+                        _ => "absent".to_owned(),
+                    }
+                ),
+            )),
+            Some(Err(())) => Err(bad(&parts[0], "split.count is not an integer".to_owned())),
+            _ => Ok(()),
+        };
+    }
+    let mut total = 0u64;
+    for (i, (path, g)) in parts.iter().zip(files).enumerate() {
+        let i = i as u64;
+        match key(g, "split.count") {
+            Some(Ok(n)) if n == count => {}
+            Some(Ok(n)) => {
+                return Err(bad(
+                    path,
+                    format!("part {} of {count} by its name, but its split.count is {n}", i + 1),
+                ))
+            }
+            _ => {
+                return Err(bad(
+                    path,
+                    format!(
+                        "part {} of {count} by its name, but it has no integer split.count key (gguf-split writes one in every part)",
+                        i + 1
+                    ),
+                ))
+            }
+        }
+        match key(g, "split.no") {
+            Some(Ok(n)) if n == i => {}
+            found => {
+                return Err(bad(
+                    path,
+                    format!(
+                        "part {} of {count} by its name, but its split.no is {} (expected {i}: split.no counts from 0)",
+                        i + 1,
+                        match found {
+                            Some(Ok(n)) => n.to_string(),
+                            _ => "absent or not an integer".to_owned(),
+                        }
+                    ),
+                ))
+            }
+        }
+        total += g.tensors.len() as u64;
+    }
+    for (path, g) in parts.iter().zip(files) {
+        match key(g, "split.tensors.count") {
+            None => {}
+            Some(Ok(n)) if n == total => {}
+            Some(found) => {
+                return Err(bad(
+                    path,
+                    format!(
+                        "split.tensors.count is {}, but the {count} parts hold {total} tensors (parts of two different splits?)",
+                        found.map_or_else(|()| "not an integer".to_owned(), |n| n.to_string())
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A safetensors checkpoint: its files' headers, the counts from
 /// `config.json` beside them.
 #[cfg(feature = "safetensors")]
@@ -296,7 +381,11 @@ fn open_safetensors(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
             .and_then(json::Value::as_str)
             .map(str::to_owned),
         top_k: cfg_u64(&["num_experts_per_tok", "moe_topk", "top_k"]),
-        block_count: cfg_u64(&["num_hidden_layers"]),
+        // DeepSeek-V3/R1 and GLM-4.5 ship their multi-token prediction
+        // block(s) as the layers after the decoder's, with experts of their
+        // own: they count.
+        block_count: cfg_u64(&["num_hidden_layers"])
+            .map(|n| n.saturating_add(cfg_u64(&["num_nextn_predict_layers"]).unwrap_or(0))),
         expert_count: cfg_u64(&["num_local_experts", "num_experts", "n_routed_experts"]),
         gguf: Vec::new(),
         inputs: ckpt.inputs,

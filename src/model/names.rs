@@ -30,11 +30,20 @@ pub fn role_rank(role: &str) -> (u8, &str) {
     (rank, role)
 }
 
+/// A layer or expert number as writers spell it: decimal digits, no sign,
+/// no leading zero (`3`, not `+3` or `03`), so one number has one name
+/// and the name llama.cpp or transformers looks up is the one read here.
+fn number(s: &str) -> Option<u32> {
+    let canonical =
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    canonical.then(|| s.parse().ok()).flatten()
+}
+
 /// Recognises `blk.N.ffn_{gate,up,down,gate_up}_exps.{weight,bias}`.
 pub fn gguf_expert(name: &str) -> Option<(u32, String)> {
     let rest = name.strip_prefix("blk.")?;
     let (layer, rest) = rest.split_once('.')?;
-    let layer: u32 = layer.parse().ok()?;
+    let layer = number(layer)?;
     let (stem, suffix) = rest.split_once('.')?;
     let proj = stem.strip_prefix("ffn_")?.strip_suffix("_exps")?;
     if !matches!(proj, "gate" | "up" | "down" | "gate_up") {
@@ -62,10 +71,10 @@ pub fn safetensors_expert(name: &str) -> Option<(u32, String, Option<u32>)> {
     if !matches!(*block, "mlp" | "block_sparse_moe") {
         return None;
     }
-    let layer: u32 = layer.parse().ok()?;
+    let layer = number(layer)?;
     match rest {
         [expert, proj, kind] => {
-            let expert: u32 = expert.parse().ok()?;
+            let expert = number(expert)?;
             let proj = match *proj {
                 "gate_proj" | "w1" => "gate",
                 "up_proj" | "w3" => "up",
@@ -153,6 +162,32 @@ mod tests {
             None
         );
         assert_eq!(safetensors_expert("model.layers.1.mlp.gate.weight"), None);
+        // One spelling a number: what llama.cpp and transformers look up.
+        for odd in ["+3", "03", "-0", " 3", "3 ", "", "4294967296"] {
+            assert_eq!(
+                gguf_expert(&format!("blk.{odd}.ffn_up_exps.weight")),
+                None,
+                "{odd:?}"
+            );
+            assert_eq!(
+                safetensors_expert(&format!("model.layers.{odd}.mlp.experts.1.up_proj.weight")),
+                None,
+                "{odd:?}"
+            );
+            assert_eq!(
+                safetensors_expert(&format!("model.layers.1.mlp.experts.{odd}.up_proj.weight")),
+                None,
+                "{odd:?}"
+            );
+        }
+        assert_eq!(
+            gguf_expert("blk.0.ffn_up_exps.weight"),
+            Some((0, "up".into()))
+        );
+        assert_eq!(
+            safetensors_expert("model.layers.10.mlp.experts.0.up_proj.weight"),
+            Some((10, "up".into(), Some(0)))
+        );
         assert_eq!(
             expert_template("model.layers.3.mlp.experts.7.gate_proj.weight"),
             "model.layers.3.mlp.experts.{expert}.gate_proj.weight"

@@ -136,6 +136,9 @@ impl LayerPlan {
     }
 }
 
+/// Most roles (kinds of expert tensor) a layer's blob holds.
+const MAX_ROLES: usize = 64;
+
 /// Checks the expert tensors and plans every layer's blobs: the layer
 /// count, the expert count, and the plan of each layer that has experts,
 /// ascending by layer. Errors name the file (and the tensors).
@@ -231,6 +234,15 @@ pub fn plan(model: &Model) -> Result<(u32, u32, Vec<LayerPlan>)> {
     }
     let mut plans = Vec::new();
     for (layer, roles) in by_layer {
+        // A model has a handful (gate, up, down, their biases); any number
+        // of stacked tensors may claim the expert grammar, and a layer's
+        // blob is sized per role and per expert.
+        if roles.len() > MAX_ROLES {
+            return Err(bad(format!(
+                "layer {layer} has {} kinds of expert tensor (roles); a blob holds at most {MAX_ROLES}",
+                roles.len()
+            )));
+        }
         let mut roles: Vec<(String, Vec<&ExpertTensor>)> = roles.into_iter().collect();
         roles.sort_by(|a, b| role_rank(&a.0).cmp(&role_rank(&b.0)));
         let mut items = Vec::new();
@@ -278,9 +290,10 @@ pub fn plan(model: &Model) -> Result<(u32, u32, Vec<LayerPlan>)> {
                             t.name
                         )));
                     };
-                    if slot.is_some() {
+                    if let Some((_, other)) = slot {
                         return Err(bad(format!(
-                            "layer {layer} {role}: expert {e} appears twice"
+                            "layer {layer} {role}: expert {e} appears twice, as {} and {}",
+                            other.name, t.name
                         )));
                     }
                     *slot = Some((
@@ -367,5 +380,99 @@ mod tests {
         let model = super::super::open_model(dir.path(), &|| false).unwrap();
         let e = plan(&model).unwrap_err();
         assert!(e.to_string().contains("above the vault's limit"), "{e}");
+    }
+
+    /// A safetensors checkpoint in a new directory: one F32 [2, 2] tensor
+    /// per name, and `config`.
+    #[cfg(feature = "safetensors")]
+    fn checkpoint(names: &[&str], config: &str) -> (tempfile::TempDir, crate::model::Model) {
+        let dir = tempfile::tempdir().unwrap();
+        let entries: Vec<String> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                format!(
+                    r#""{n}":{{"dtype":"F32","shape":[2,2],"data_offsets":[{},{}]}}"#,
+                    16 * i,
+                    16 * (i + 1)
+                )
+            })
+            .collect();
+        let header = format!("{{{}}}", entries.join(","));
+        let mut file = (header.len() as u64).to_le_bytes().to_vec();
+        file.extend_from_slice(header.as_bytes());
+        file.resize(file.len() + 16 * names.len(), 0);
+        std::fs::write(dir.path().join("model.safetensors"), file).unwrap();
+        std::fs::write(dir.path().join("config.json"), config).unwrap();
+        let model = super::super::open_model(dir.path(), &|| false).unwrap();
+        (dir, model)
+    }
+
+    /// One expert under two spellings of its role is refused naming both
+    /// tensors.
+    #[cfg(feature = "safetensors")]
+    #[test]
+    fn an_expert_spelled_twice_names_both_tensors() {
+        let (_dir, model) = checkpoint(
+            &[
+                "model.layers.0.mlp.experts.0.up_proj.weight",
+                "model.layers.0.mlp.experts.1.up_proj.weight",
+                "model.layers.0.mlp.experts.0.w3.weight",
+            ],
+            r#"{"num_local_experts": 2, "num_hidden_layers": 1}"#,
+        );
+        let e = plan(&model).unwrap_err().to_string();
+        assert!(
+            e.contains("expert 0 appears twice")
+                && e.contains("model.layers.0.mlp.experts.0.up_proj.weight")
+                && e.contains("model.layers.0.mlp.experts.0.w3.weight"),
+            "{e}"
+        );
+    }
+
+    /// A header may hold any number of stacked tensors the grammar takes
+    /// for experts: beyond [`MAX_ROLES`] in a layer, the plan refuses
+    /// rather than size a table of roles × experts.
+    #[cfg(feature = "safetensors")]
+    #[test]
+    fn a_layer_of_too_many_roles_is_refused() {
+        let names: Vec<String> = (0..=MAX_ROLES)
+            .map(|i| format!("model.layers.0.mlp.experts.role{i}"))
+            .collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let config = r#"{"n_routed_experts": 2, "num_hidden_layers": 1}"#;
+        let (_dir, model) = checkpoint(&names, config);
+        let e = plan(&model).unwrap_err().to_string();
+        assert!(e.contains("layer 0 has 65 kinds of expert tensor"), "{e}");
+        let (_dir, model) = checkpoint(&names[..MAX_ROLES], config);
+        assert_eq!(plan(&model).unwrap().2[0].items.len(), MAX_ROLES);
+    }
+
+    /// DeepSeek-V3's and GLM-4.5's checkpoints keep their multi-token
+    /// prediction block as the layer after `num_hidden_layers`, counted by
+    /// `num_nextn_predict_layers`: its experts are a layer of the model.
+    #[cfg(feature = "safetensors")]
+    #[test]
+    fn next_token_prediction_layers_count_as_layers() {
+        let names = [
+            "model.layers.0.mlp.experts.0.up_proj.weight",
+            "model.layers.0.mlp.experts.1.up_proj.weight",
+            "model.layers.1.mlp.experts.0.up_proj.weight",
+            "model.layers.1.mlp.experts.1.up_proj.weight",
+        ];
+        let (_dir, model) = checkpoint(
+            &names,
+            r#"{"n_routed_experts": 2, "num_hidden_layers": 1, "num_nextn_predict_layers": 1}"#,
+        );
+        let (n_layers, n_experts, _) = plan(&model).unwrap();
+        assert_eq!((n_layers, n_experts), (2, 2));
+        // Without the key, layer 1 is past the block count.
+        let (_dir, model) =
+            checkpoint(&names, r#"{"n_routed_experts": 2, "num_hidden_layers": 1}"#);
+        let e = plan(&model).unwrap_err().to_string();
+        assert!(
+            e.contains("expert tensors of layer 1, but the block count is 1"),
+            "{e}"
+        );
     }
 }

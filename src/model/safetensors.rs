@@ -10,7 +10,7 @@
 //! `model.safetensors.index.json`, whose `weight_map` names the shard of
 //! every tensor.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -133,7 +133,7 @@ pub fn read_header(mut file: &File, path: &Path, cancel: Cancel<'_>) -> Result<F
         }
         let element = dtype_bytes(&dtype).ok_or_else(|| {
             bad(format!(
-                "tensor {name} has dtype {dtype}, which this packer does not know"
+                "tensor {name} has dtype {dtype}, which this reader does not know"
             ))
         })?;
         let expected = shape
@@ -220,15 +220,16 @@ impl Checkpoint {
             }
         };
         let mut inputs = Vec::new();
-        let shards = match start {
+        let (shards, mapped, index) = match start {
             Start::Index(index) => {
                 let (v, meta) = read_json(&index, cancel)?;
                 inputs.push(files::file_id(&meta));
-                shard_files(&v, &index, &dir)?
+                let (shards, mapped) = shard_files(&v, &index, &dir)?;
+                (shards, mapped, Some(index))
             }
             Start::Single(single) => {
                 let (file, _) = open_input(&single)?;
-                vec![(single, file)]
+                (vec![(single, file)], Vec::new(), None)
             }
         };
         let mut files = Vec::new();
@@ -271,6 +272,23 @@ impl Checkpoint {
                 source.display()
             )));
         }
+        // Every tensor the index places is in the shard it names: a stale
+        // or mixed-up shard would otherwise lose a layer's experts, which
+        // then read as dense.
+        if let Some(index) = &index {
+            let placed: HashSet<(&str, usize)> =
+                tensors.iter().map(|t| (t.name.as_str(), t.file)).collect();
+            if let Some((name, shard)) = mapped
+                .iter()
+                .find(|(name, shard)| !placed.contains(&(name.as_str(), *shard)))
+            {
+                return Err(Error::format(format!(
+                    "{}: weight_map puts tensor {name} in {}, which does not hold it (a stale or mixed-up shard?)",
+                    index.display(),
+                    files[*shard].path.display()
+                )));
+            }
+        }
         let config_path = dir.join("config.json");
         // Missing is fine (the counts then come from the tensors); anything
         // there that cannot be read as a JSON object is an error.
@@ -306,15 +324,18 @@ impl Checkpoint {
 
 /// The shard files the index `v` (read from `index`) names, each once, in
 /// order of first mention, each opened (without blocking: it must be a
-/// regular file).
-fn shard_files(v: &Value, index: &Path, dir: &Path) -> Result<Vec<(PathBuf, File)>> {
+/// regular file); and every tensor the index places, with the number of
+/// its shard in that list.
+type Shards = (Vec<(PathBuf, File)>, Vec<(String, usize)>);
+fn shard_files(v: &Value, index: &Path, dir: &Path) -> Result<Shards> {
     let bad = |what: String| Error::format(format!("{}: {what}", index.display()));
     let map = v
         .get("weight_map")
         .and_then(Value::as_object)
         .ok_or_else(|| bad("no weight_map object".into()))?;
     let mut names: Vec<&str> = Vec::new();
-    let mut seen: HashSet<&str> = HashSet::new();
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    let mut mapped = Vec::with_capacity(map.len());
     for (tensor, file) in map {
         let file = file
             .as_str()
@@ -324,14 +345,16 @@ fn shard_files(v: &Value, index: &Path, dir: &Path) -> Result<Vec<(PathBuf, File
                 "weight_map names {file:?}, which is not a file beside the index"
             )));
         }
-        if seen.insert(file) {
+        let shard = *seen.entry(file).or_insert_with(|| {
             names.push(file);
-        }
+            names.len() - 1
+        });
+        mapped.push((tensor.clone(), shard));
     }
     if names.is_empty() {
         return Err(bad("weight_map is empty".into()));
     }
-    names
+    let shards = names
         .into_iter()
         .map(|n| {
             let p = dir.join(n);
@@ -350,5 +373,6 @@ fn shard_files(v: &Value, index: &Path, dir: &Path) -> Result<Vec<(PathBuf, File
                 ))),
             }
         })
-        .collect()
+        .collect::<Result<_>>()?;
+    Ok((shards, mapped))
 }

@@ -426,6 +426,115 @@ fn a_missing_split_part_is_refused_naming_it() {
     assert!(e.contains(&missing), "{e}");
 }
 
+/// Rewrites the value of the integer key/value `key` (of type `value_type`,
+/// `value.len()` bytes) in the GGUF at `path`, found by its bytes.
+fn patch_gguf_int(path: &Path, key: &str, value_type: u32, value: &[u8]) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let mut pattern = (key.len() as u64).to_le_bytes().to_vec();
+    pattern.extend_from_slice(key.as_bytes());
+    pattern.extend_from_slice(&value_type.to_le_bytes());
+    let at = bytes
+        .windows(pattern.len())
+        .position(|w| w == pattern)
+        .unwrap_or_else(|| panic!("{key} not in {}", path.display()))
+        + pattern.len();
+    bytes[at..at + value.len()].copy_from_slice(value);
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// The split parts' `split.*` keys (written by gguf-py) are checked: a
+/// renamed part, a part in the wrong place and parts of different splits
+/// are refused naming the file, not read as a model that lacks layers.
+#[test]
+fn split_parts_must_agree_with_their_split_keys() {
+    let parts = split_parts();
+    assert_eq!(parts.len(), 4, "{parts:?}");
+    let copy_all = |dir: &Path| -> Vec<PathBuf> {
+        parts
+            .iter()
+            .map(|p| {
+                let to = dir.join(p.file_name().unwrap());
+                std::fs::copy(p, &to).unwrap();
+                to
+            })
+            .collect()
+    };
+    // The committed parts open (the check passes on gguf-py's keys).
+    let dir = tempfile::tempdir().unwrap();
+    let copies = copy_all(dir.path());
+    drop(Streamer::open(&copies[0], config()).unwrap());
+
+    // The first part alone, renamed.
+    let alone = tempfile::tempdir().unwrap();
+    let renamed = alone.path().join("model.gguf");
+    std::fs::copy(&parts[0], &renamed).unwrap();
+    let e = open_err(&renamed);
+    assert!(
+        e.contains("model.gguf")
+            && e.contains("is part of a split model (split.count 4, split.no 0)"),
+        "{e}"
+    );
+
+    // Part 2 says it is part 3 (split.no is a u16, type 2).
+    patch_gguf_int(&copies[1], "split.no", 2, &2u16.to_le_bytes());
+    let e = open_err(&copies[0]);
+    assert!(
+        e.contains("-00002-of-00004.gguf") && e.contains("split.no is 2 (expected 1"),
+        "{e}"
+    );
+    patch_gguf_int(&copies[1], "split.no", 2, &1u16.to_le_bytes());
+    drop(Streamer::open(&copies[0], config()).unwrap());
+
+    // Part 3 from a split of another size, then of another tensor count
+    // (split.tensors.count is an i32, type 5).
+    patch_gguf_int(&copies[2], "split.count", 2, &5u16.to_le_bytes());
+    let e = open_err(&copies[0]);
+    assert!(
+        e.contains("-00003-of-00004.gguf") && e.contains("its split.count is 5"),
+        "{e}"
+    );
+    patch_gguf_int(&copies[2], "split.count", 2, &4u16.to_le_bytes());
+    patch_gguf_int(&copies[2], "split.tensors.count", 5, &28i32.to_le_bytes());
+    let e = open_err(&copies[0]);
+    assert!(
+        e.contains("-00003-of-00004.gguf")
+            && e.contains("split.tensors.count is 28, but the 4 parts hold 27 tensors"),
+        "{e}"
+    );
+}
+
+/// A sharded checkpoint whose index places a tensor in a shard that does
+/// not hold it (a stale shard) is refused naming the index, the tensor and
+/// the shard, instead of that layer's experts reading as dense.
+#[test]
+fn an_index_that_misplaces_a_tensor_is_refused() {
+    let src = fixtures().join("qwen2moe-f32-sharded");
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, dir.path().join(p.file_name().unwrap())).unwrap();
+    }
+    drop(Streamer::open(dir.path(), config()).unwrap());
+    let index = dir.path().join("model.safetensors.index.json");
+    let text = std::fs::read_to_string(&index).unwrap();
+    let moved = text.replacen(
+        r#""model.layers.0.mlp.experts.0.gate_proj.weight": "model-00004-of-00011.safetensors""#,
+        r#""model.layers.0.mlp.experts.0.gate_proj.weight": "model-00005-of-00011.safetensors""#,
+        1,
+    );
+    assert_ne!(moved, text, "the fixture's index changed; update this test");
+    std::fs::write(&index, moved).unwrap();
+    let e = open_err(dir.path());
+    assert!(
+        e.contains("model.safetensors.index.json")
+            && e.contains(
+                "weight_map puts tensor model.layers.0.mlp.experts.0.gate_proj.weight in"
+            )
+            && e.contains("model-00005-of-00011.safetensors, which does not hold it"),
+        "{e}"
+    );
+}
+
 #[test]
 fn a_safetensors_header_that_lies_is_refused() {
     let dir = tempfile::tempdir().unwrap();

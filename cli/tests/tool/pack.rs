@@ -134,7 +134,7 @@ fn bad_input_is_one_line_and_leaves_nothing() {
     );
     refuses(
         &p("unknown.gguf"),
-        "GGML type 99, which this packer does not know",
+        "GGML type 99, which this reader does not know",
     );
 
     // Neither format.
