@@ -25,6 +25,7 @@ import inspect
 import os
 import pathlib
 import re
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -150,6 +151,10 @@ class _OneExpertModule:
         return getattr(object.__getattribute__(self, "_module"), name)
 
 
+# How long a forward pass waits for a slot while every slot of the ring is
+# held by other claims before it raises smoe.RingFull.
+_RING_FULL_PATIENCE = 60.0
+
 # A builder makes one parameter's per-expert tensor from a lease.
 _Builder = Callable[[smoe.Lease], torch.Tensor]
 
@@ -190,7 +195,7 @@ class _Layer:
         self.streamer.prefetch_set(self.layer, hit)
         todo = list(hit)
         while todo:
-            with self.streamer.claim_any(self.layer, todo) as lease:
+            with self._claim_any(todo) as lease:
                 expert = lease.expert
                 outputs[expert] = self._one(module, lease, hidden_states, top_k_index, top_k_weights)
             todo.remove(expert)
@@ -202,6 +207,24 @@ class _Layer:
             token_idx, rows = outputs[expert]
             final.index_add_(0, token_idx, rows)
         return final
+
+    def _claim_any(self, todo: list[int]) -> smoe.Lease:
+        """``claim_any``, waiting while the ring is full of slots that other
+        claims hold: other threads' forward passes through the same model
+        (each holds one lease at a time, for one expert's compute). With
+        no slot held, or after ``_RING_FULL_PATIENCE`` seconds, the
+        ``RingFull`` is raised: the ring is too small, or something else
+        holds its slots."""
+        delay, waited = 0.001, 0.0
+        while True:
+            try:
+                return self.streamer.claim_any(self.layer, todo)
+            except smoe.RingFull:
+                if self.streamer.stats()["slots_held"] == 0 or waited >= _RING_FULL_PATIENCE:
+                    raise
+            time.sleep(delay)
+            waited += delay
+            delay = min(2 * delay, 0.05)
 
     def _one(
         self,

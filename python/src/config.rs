@@ -59,6 +59,29 @@ fn unsigned(value: &Bound<'_, PyAny>, name: &str, expected: &str, max: u64) -> P
     }
 }
 
+/// A layer's or an expert's number argument (`name`): an int in the
+/// library's u32 range, else `TypeError` or `smoe.ArgumentError` naming it.
+pub(crate) fn id_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
+    <u32 as ConfigValue>::from_py(value, name)
+}
+
+/// A list of expert numbers (`name`): any iterable of ints but a string,
+/// each checked as [`id_arg`] checks one (`experts[2]` in an error).
+pub(crate) fn id_list_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<u32>> {
+    if value.is_instance_of::<pyo3::types::PyString>()
+        || value.is_instance_of::<pyo3::types::PyBytes>()
+    {
+        return Err(wrong_type(value, name, "a list of ints"));
+    }
+    let items = value
+        .try_iter()
+        .map_err(|_| wrong_type(value, name, "a list of ints"))?;
+    items
+        .enumerate()
+        .map(|(i, item)| id_arg(&item?, &format!("{name}[{i}]")))
+        .collect()
+}
+
 impl ConfigValue for u32 {
     const EXPECTED: &'static str = "an int in 0..=4294967295";
     fn from_py(value: &Bound<'_, PyAny>, name: &str) -> PyResult<Self> {

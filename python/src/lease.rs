@@ -10,6 +10,7 @@
 //! alive, so the ring outlives every lease and view, even past `close()`.
 
 use std::ffi::{c_int, c_void, CStr};
+use std::mem::ManuallyDrop;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -22,7 +23,7 @@ use smoe::SlotInfo;
 use crate::dlpack;
 use crate::errors;
 use crate::layout::{numpy_type, torch_type, Item, NumpyType};
-use crate::streamer::Core;
+use crate::streamer::{drop_core, Core};
 
 /// How many views are alive, and whether the claim was released (or asked
 /// to be).
@@ -38,7 +39,9 @@ struct Views {
 
 /// What a lease and its views share: the claim, and its views' count.
 pub(crate) struct Held {
-    core: Arc<Core>,
+    /// Dropped by `Held`'s drop, through [`drop_core`]: the last reference
+    /// tears the streamer down without the GIL.
+    core: ManuallyDrop<Arc<Core>>,
     info: SlotInfo,
     views: Mutex<Views>,
 }
@@ -53,6 +56,9 @@ impl Held {
     pub(crate) fn add_view(&self, py: Python<'_>) -> PyResult<()> {
         let mut views = self.views();
         if views.release_asked {
+            // Let go first: making the error runs Python code, during
+            // which another thread may take the GIL and drop a view.
+            drop(views);
             return Err(self.released_error(py));
         }
         views.alive += 1;
@@ -110,6 +116,9 @@ impl Drop for Held {
             let _ = self.core.streamer.release_ticket(self.info.ticket);
             self.core.held.fetch_sub(1, Ordering::Release);
         }
+        // SAFETY: taken once, here, and `self.core` is not used after.
+        let core = unsafe { ManuallyDrop::take(&mut self.core) };
+        drop_core(core);
     }
 }
 
@@ -153,7 +162,7 @@ impl Lease {
         core.held.fetch_add(1, Ordering::Relaxed);
         Lease {
             held: Arc::new(Held {
-                core,
+                core: ManuallyDrop::new(core),
                 info,
                 views: Mutex::new(Views::default()),
             }),

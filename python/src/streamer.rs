@@ -38,6 +38,9 @@ pub(crate) struct Core {
     pub(crate) held: AtomicUsize,
     /// `layer_blob_layouts`, for `Lease.numpy(role)`.
     pub(crate) layouts: Layouts,
+    /// The process that opened it: a child made by `fork()` has a copy of
+    /// the streamer without its I/O and pre-warm threads.
+    pid: u32,
 }
 
 impl Core {
@@ -49,6 +52,7 @@ impl Core {
             closed: AtomicBool::new(false),
             held: AtomicUsize::new(0),
             layouts,
+            pid: std::process::id(),
         }
     }
 }
@@ -112,16 +116,28 @@ impl Streamer {
 
     /// The open streamer, or `ClosedError`.
     fn core(&self, py: Python<'_>) -> PyResult<Arc<Core>> {
-        self.core
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .ok_or_else(|| errors::closed(py))
+        // The lock is let go before the error is made: making it runs
+        // Python code, during which another thread may take the GIL and
+        // then wait for this lock.
+        let core = self.core.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let core = core.ok_or_else(|| errors::closed(py))?;
+        if core.pid != std::process::id() {
+            let pid = core.pid;
+            // Not dropped here: see drop_core.
+            std::mem::forget(core);
+            return Err(PyRuntimeError::new_err(format!(
+                "this streamer was opened in process {pid}, and this is a child it forked: \
+                 its reads would never land (the I/O threads do not survive fork()); \
+                 open a Streamer in the child, or start children with \
+                 multiprocessing's \"spawn\" or \"forkserver\""
+            )));
+        }
+        Ok(core)
     }
 
     /// `close()`; `strict` false closes even a strict streamer whose
     /// leases are held (its `with` block ending by an exception).
-    fn close_as(&self, py: Python<'_>, strict: bool) -> PyResult<()> {
+    fn close_as(&self, strict: bool) -> PyResult<()> {
         let core = {
             let mut slot = self.core.lock().unwrap_or_else(|p| p.into_inner());
             let Some(core) = slot.as_ref() else {
@@ -141,7 +157,7 @@ impl Streamer {
             core.closed.store(true, Ordering::Release);
             // The last reference stops and joins the library's threads:
             // without the GIL, which they never take.
-            py.detach(move || drop(core));
+            drop_core(core);
         }
         Ok(())
     }
@@ -204,7 +220,7 @@ impl Streamer {
                 attempt(&core.streamer, wait, &mut keep_waiting)
             })
         };
-        match claimed {
+        let result = match claimed {
             // The library asks `keep_waiting` only while nothing has landed,
             // so a raised signal never comes with a claim; were it to, the
             // claim is given back and the signal wins.
@@ -217,22 +233,16 @@ impl Streamer {
             },
             Err(err) => Err(errors::to_py(py, &err)),
             // Nothing is held: the wait gave up.
-            Ok(None) => {
-                if let Some(err) = raised {
-                    return Err(err);
-                }
-                if finalizing {
-                    return Err(PyRuntimeError::new_err(format!(
-                        "the wait for {what} stopped: the interpreter is shutting down"
-                    )));
-                }
-                if core.closed.load(Ordering::Acquire) {
-                    // Perhaps the last reference: its drop joins the
-                    // library's threads, which must not wait for the GIL.
-                    py.detach(move || drop(core));
-                    return Err(errors::closed(py));
-                }
-                Err(errors::timeout(match timeout {
+            Ok(None) => Err(if let Some(err) = raised {
+                err
+            } else if finalizing {
+                PyRuntimeError::new_err(format!(
+                    "the wait for {what} stopped: the interpreter is shutting down"
+                ))
+            } else if core.closed.load(Ordering::Acquire) {
+                errors::closed(py)
+            } else {
+                errors::timeout(match timeout {
                     Timeout::Until(_, wait) => format!(
                         "{what} did not land in the ring within {} s",
                         wait.as_secs_f64()
@@ -240,9 +250,14 @@ impl Streamer {
                     _ => format!(
                         "{what} is not in the ring yet (timeout=0 tries once; its read is queued)"
                     ),
-                }))
-            }
-        }
+                })
+            }),
+        };
+        // Perhaps the last reference (another thread closed the streamer
+        // meanwhile): its drop joins the library's threads, which must not
+        // wait for the GIL.
+        drop_core(core);
+        result
     }
 }
 
@@ -270,10 +285,12 @@ impl Streamer {
     fn prefetch_set(
         &self,
         py: Python<'_>,
-        layer: u32,
-        experts: Vec<u32>,
+        layer: &Bound<'_, PyAny>,
+        experts: &Bound<'_, PyAny>,
         speculative: bool,
     ) -> PyResult<u32> {
+        let layer = config::id_arg(layer, "layer")?;
+        let experts = config::id_list_arg(experts, "experts")?;
         let core = self.core(py)?;
         let priority = if speculative {
             Priority::Speculative
@@ -295,10 +312,12 @@ impl Streamer {
     fn claim(
         &self,
         py: Python<'_>,
-        layer: u32,
-        expert: u32,
+        layer: &Bound<'_, PyAny>,
+        expert: &Bound<'_, PyAny>,
         timeout: Option<f64>,
     ) -> PyResult<Lease> {
+        let layer = config::id_arg(layer, "layer")?;
+        let expert = config::id_arg(expert, "expert")?;
         let timeout = parse_timeout(py, timeout)?;
         self.wait(
             py,
@@ -315,15 +334,17 @@ impl Streamer {
     fn claim_any(
         &self,
         py: Python<'_>,
-        layer: u32,
-        experts: Vec<u32>,
+        layer: &Bound<'_, PyAny>,
+        experts: &Bound<'_, PyAny>,
         timeout: Option<f64>,
     ) -> PyResult<Lease> {
+        let layer = config::id_arg(layer, "layer")?;
+        let experts = config::id_list_arg(experts, "experts")?;
         let timeout = parse_timeout(py, timeout)?;
         self.wait(
             py,
             timeout,
-            &format!("no member of layer {layer}'s set {experts:?}"),
+            &format!("a member of layer {layer}'s set {experts:?}"),
             |s, wait, keep| s.claim_any_ticket_until(layer, &experts, wait, WAIT_SLICE, keep),
         )
     }
@@ -376,9 +397,11 @@ impl Streamer {
     fn expert_info<'py>(
         &self,
         py: Python<'py>,
-        layer: u32,
-        expert: u32,
+        layer: &Bound<'py, PyAny>,
+        expert: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyDict>> {
+        let layer = config::id_arg(layer, "layer")?;
+        let expert = config::id_arg(expert, "expert")?;
         let entry = self
             .core(py)?
             .streamer
@@ -415,8 +438,8 @@ impl Streamer {
     /// trace written) when the last of them is released. With
     /// ``strict=True`` a close while leases are held raises
     /// ``BufferError`` and closes nothing.
-    fn close(&self, py: Python<'_>) -> PyResult<()> {
-        self.close_as(py, true)
+    fn close(&self) -> PyResult<()> {
+        self.close_as(true)
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
@@ -430,13 +453,12 @@ impl Streamer {
     #[pyo3(signature = (exc_type = None, _exc = None, _traceback = None))]
     fn __exit__(
         &self,
-        py: Python<'_>,
         exc_type: Option<Bound<'_, PyAny>>,
         _exc: Option<Bound<'_, PyAny>>,
         _traceback: Option<Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
         let unwinding = exc_type.is_some_and(|t| !t.is_none());
-        self.close_as(py, !unwinding)?;
+        self.close_as(!unwinding)?;
         Ok(false)
     }
 
@@ -461,8 +483,33 @@ impl Drop for Streamer {
             .take()
         {
             core.closed.store(true, Ordering::Release);
+            drop_core(core);
         }
     }
+}
+
+/// Drops a reference to a [`Core`] in a destructor. The last one stops and
+/// joins the library's threads and writes the claim histogram (fsyncs):
+/// that runs with the GIL released, as `close()` does, so that collecting
+/// a streamer or its last lease does not stop every other Python thread.
+/// Not the last, it is a counter's decrement. (Two last holders dropping
+/// at once on two threads may both see another: one teardown then keeps
+/// the GIL, as before.)
+pub(crate) fn drop_core(core: Arc<Core>) {
+    if core.pid != std::process::id() {
+        // A forked child's copy: its teardown would join threads that do
+        // not exist here and write the parent's histogram. The parent
+        // frees the ring; the child's copy goes with the child.
+        std::mem::forget(core);
+        return;
+    }
+    if Arc::strong_count(&core) > 1 {
+        return;
+    }
+    // Attached already in a destructor Python runs; an interpreter that is
+    // finalizing cannot be attached to, and the closure, with the core, is
+    // then dropped where it stands.
+    let _ = Python::try_attach(move |py| py.detach(move || drop(core)));
 }
 
 /// The settings' defaults, as ``Streamer``'s keywords take them.

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
+import warnings
 
 import pytest
 
 import smoe
-from conftest import EXPERTS, LAYERS, QUIET, vault_bytes
+from conftest import EXPERTS, LAYERS, QUIET, need, vault_bytes
 
 STUB = pathlib.Path(smoe.__file__).with_name("_native.pyi")
 
@@ -178,6 +180,63 @@ def test_errors_are_the_library_s(vault, streamer):
     not_a_vault.write_bytes(b"x" * 4096)
     with pytest.raises(smoe.FormatError):
         smoe.Streamer(not_a_vault)
+
+
+@pytest.mark.parametrize(
+    "call, error, words",
+    [
+        (lambda s: s.claim(-1, 0), smoe.ArgumentError, "layer must be in 0..=4294967295, got -1"),
+        (lambda s: s.claim(0, 2**40), smoe.ArgumentError, "expert must be in 0..=4294967295"),
+        (lambda s: s.claim(True, 0), TypeError, "layer must be an int"),
+        (lambda s: s.claim("0", 0), TypeError, "layer must be an int in 0..=4294967295, not str"),
+        (lambda s: s.prefetch_set(0, [1, -2]), smoe.ArgumentError, r"experts\[1\] must be in 0..=4294967295, got -2"),
+        (lambda s: s.prefetch_set(0, "12"), TypeError, "experts must be a list of ints, not str"),
+        (lambda s: s.claim_any(0, [2**32]), smoe.ArgumentError, r"experts\[0\] must be in"),
+        (lambda s: s.claim_any(0, 5), TypeError, "experts must be a list of ints, not int"),
+        (lambda s: s.expert_info(0, -5), smoe.ArgumentError, "expert must be in 0..=4294967295, got -5"),
+    ],
+)
+def test_bad_ids_name_the_argument(streamer, call, error, words):
+    """A layer or an expert outside the library's range is an ArgumentError
+    (a ValueError) naming the argument, not an OverflowError; nothing is
+    claimed or queued."""
+    with pytest.raises(error, match=words):
+        call(streamer)
+    stats = streamer.stats()
+    assert stats["slots_held"] == 0 and stats["claims"] == 0 and stats["pending"] == 0
+
+
+def test_ids_accept_numpy_integers_and_ranges(streamer):
+    np = need("numpy")
+    assert streamer.prefetch_set(np.uint32(0), range(2)) == 2
+    with streamer.claim_any(np.int64(0), (np.int16(1), 0), timeout=10) as lease:
+        assert lease.layer == 0
+    streamer.claim(0, np.uint8(1), timeout=10).release()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on this platform")
+def test_a_forked_child_is_told_to_open_its_own(vault):
+    """A child made by fork() has the streamer without its I/O threads: a
+    claim there would wait for a read that never lands. It raises at once,
+    saying so; the parent's streamer goes on."""
+    with smoe.Streamer(vault, ring_slots=2, **QUIET) as s:
+        s.claim(0, 0, timeout=10).release()
+        with warnings.catch_warnings():
+            # Python 3.12 warns that fork() in a threaded process may deadlock.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            code = 3
+            try:
+                s.claim(0, 1, timeout=5)
+            except RuntimeError as e:
+                code = 0 if "forked" in str(e) else 2
+            except BaseException:
+                code = 1
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        s.claim(0, 1, timeout=10).release()
 
 
 def test_a_full_ring_raises_ring_full(vault):

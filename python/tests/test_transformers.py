@@ -200,6 +200,40 @@ def test_generate_is_eager_s(checkpoints, prompt):
     model.smoe_streamer.close()
 
 
+def test_a_full_ring_waits_for_other_threads_claims(checkpoints, prompt):
+    """Threads that share a model share its ring: a forward pass that finds
+    every slot held by another thread's claim waits for it instead of
+    raising RingFull. Here the main thread holds the one slot while another
+    thread runs the model; the pass ends once the slot is released."""
+    import threading
+    import time
+
+    path = checkpoints[("qwen3moe", "float32")]
+    model = st.from_pretrained(path, ring_slots=1, **QUIET)
+    streamer = model.smoe_streamer
+    result: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            with torch.no_grad():
+                result["logits"] = model(prompt).logits
+        except BaseException as e:  # reported below, in the test's thread
+            result["error"] = e
+
+    lease = streamer.claim(0, 0)
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(0.3)
+    assert worker.is_alive() and not result, result
+    lease.release()
+    worker.join(30)
+    assert not worker.is_alive()
+    assert "error" not in result, result.get("error")
+    assert torch.equal(result["logits"], eager_logits(path, prompt))
+    assert streamer.stats()["slots_held"] == 0
+    streamer.close()
+
+
 @pytest.mark.parametrize("name", ["gptoss-bf16", "qwen2moe-f32-sharded"])
 def test_repository_fixtures(prompt, name):
     """Two more layouts from the repository's fixtures: gpt-oss (stacked
