@@ -15,12 +15,12 @@
 #   WORKERS     I/O workers of both runs (default 16)
 #   RING_SLOTS  ring slots of both runs (default 0: the library's choice)
 #   SMOE_BIN    the smoe tool (default: built here, target/release/smoe)
-#   WORK        where the vault and the logs go (default /var/cache/smoe-in-place)
+#   SMOE_IN_PLACE_DIR  where the vault and the logs go (default /var/cache/smoe-in-place)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MODEL="${1:?usage: scripts/bench-in-place.sh MODEL.gguf [VAULT_DIR]}"
-WORK="${WORK:-/var/cache/smoe-in-place}"
+WORK="${SMOE_IN_PLACE_DIR:-/var/cache/smoe-in-place}"
 VAULT="${2:-$WORK/vault}"
 ROUNDS="${ROUNDS:-3}"
 WORKERS="${WORKERS:-16}"

@@ -14,12 +14,12 @@
 #
 # Prints one markdown row per (trace, ring): LRU and adaptive as measured,
 # Belady simulated, and the share of LRU's gap to Belady the adaptive policy
-# closes. Needs no root; about a minute on 2 cores. WORK (default
+# closes. Needs no root; about a minute on 2 cores. SMOE_POLICY_DIR (default
 # target/bench-policy) holds the vaults.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-WORK="${WORK:-$ROOT/target/bench-policy}"
+WORK="${SMOE_POLICY_DIR:-$ROOT/target/bench-policy}"
 SMOE="$ROOT/target/release/smoe"
 (cd "$ROOT" && cargo build --release -q -p smoe-cli)
 mkdir -p "$WORK"

@@ -25,7 +25,7 @@
 #   SMOE_LIB_DIR, SMOE_BIN  a built libsmoe.a (directory) and smoe tool; when
 #                           unset, `cargo build --release` makes them
 #   NVCC, CUDA_ARCH         passed to examples-cuda/Makefile
-#   WORK                    scratch on the disk (default target/cuda)
+#   SMOE_CUDA_DIR           scratch on the disk (default target/cuda)
 #   SHM                     scratch on tmpfs (default /dev/shm/smoe-cuda)
 #   STREAM_GIB              the streamed vault's size (default 8), in 4 MiB
 #                           experts
@@ -34,7 +34,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-WORK="${WORK:-$ROOT/target/cuda}"
+WORK="${SMOE_CUDA_DIR:-$ROOT/target/cuda}"
 SHM="${SHM:-/dev/shm/smoe-cuda}"
 STREAM_GIB="${STREAM_GIB:-8}"
 REGISTER_GIB="${REGISTER_GIB:-8}"
@@ -130,7 +130,7 @@ drop_caches() {
 
 step_stream() {
   [ "$(stat -f -c %T "$SHM")" = tmpfs ] || die "$SHM is not on tmpfs"
-  [ "$(stat -f -c %T "$WORK")" != tmpfs ] || die "$WORK is on tmpfs; set WORK to a directory on the disk"
+  [ "$(stat -f -c %T "$WORK")" != tmpfs ] || die "$WORK is on tmpfs; set SMOE_CUDA_DIR to a directory on the disk"
   local shm="$SHM/stream" disk="$WORK/stream"
   rm -rf "$shm" "$disk"
   "$SMOE_BIN" synth "$shm" --layers 8 --experts $((STREAM_GIB * 32)) --blob-kib 4096 >/dev/null
@@ -169,7 +169,7 @@ step_stream() {
 
 step_llama() {
   SMOE_LIB_DIR="$SMOE_LIB_DIR" CUDA_ARCH="${CUDA_ARCH:-}" bash "$ROOT/scripts/llama.sh" build --cuda >/dev/null
-  SMOE_BIN="$SMOE_BIN" SMOE_CUDA_BIN="$CU" WORK="$WORK/llama" bash "$ROOT/scripts/llama-cuda.sh"
+  SMOE_BIN="$SMOE_BIN" SMOE_CUDA_BIN="$CU" SMOE_LLAMA_CUDA_DIR="$WORK/llama" bash "$ROOT/scripts/llama-cuda.sh"
 }
 
 status=0

@@ -69,7 +69,7 @@
 #                   (default 64 and 768; 128 and 384 give the same bytes with
 #                   Qwen3-30B-A3B's and Qwen3-235B-A22B's 128 experts a layer,
 #                   so half the compute per byte)
-#   SMOE_LLAMA_DIR  the llama.cpp build (scripts/llama.sh)
+#   SMOE_LLAMA_DIR  the cache of scripts/llama.sh, where it builds llama.cpp
 #   LLAMA_BIN, SMOE_BIN, BROAD_BIN
 #                   all three set: a prebuilt llama.cpp + smoe (a folder with
 #                   llama-simple and llama-bench), the smoe tool, and the

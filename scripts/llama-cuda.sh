@@ -36,7 +36,7 @@
 #
 # Environment: SMOE_LLAMA_DIR (default /var/cache/smoe-llama), SMOE_BIN (the
 # smoe tool; default target/release/smoe), BROAD_BIN (the model generator;
-# default: built with cargo), WORK (default target/llama-cuda), N_PREDICT
+# default: built with cargo), SMOE_LLAMA_CUDA_DIR (default target/llama-cuda), N_PREDICT
 # (default 32), LAYERS (24), EXPERTS (64), ROUNDS (2), CAP_MIB, N_CAPPED (8),
 # CAPPED_ROUNDS (1).
 set -euo pipefail
@@ -44,7 +44,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DIR="${SMOE_LLAMA_DIR:-/var/cache/smoe-llama}"
 BIN="$DIR/build-cuda/bin"
-WORK="${WORK:-$ROOT/target/llama-cuda}"
+WORK="${SMOE_LLAMA_CUDA_DIR:-$ROOT/target/llama-cuda}"
 N_PREDICT="${N_PREDICT:-32}"
 LAYERS="${LAYERS:-24}"
 EXPERTS="${EXPERTS:-64}"
@@ -169,10 +169,23 @@ for ((r = 1; r <= ROUNDS; r++)); do
 done
 
 # 3. capped
-if [ "$(id -u)" -eq 0 ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+# Whether a memory cgroup can be made here: root, cgroup v2 with its memory
+# controller, and the hierarchy writable (a container may mount it
+# read-only). Probed first, so that the rounds above still print their table.
+can_cap() {
+  [ "$(id -u)" -eq 0 ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null || return 1
+  grep -qw memory /sys/fs/cgroup/cgroup.subtree_control ||
+    echo +memory >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || return 1
+  local probe="/sys/fs/cgroup/smoe-llama-cuda.$$.probe"
+  mkdir "$probe" 2>/dev/null || return 1
+  local ok=0
+  [ -w "$probe/memory.max" ] || ok=1
+  rmdir "$probe" 2>/dev/null || true
+  return $ok
+}
+if can_cap; then
   model_mib=$(($(stat -c %s "$broad") >> 20))
   cap="${CAP_MIB:-$((model_mib * 10 / 25))}"
-  grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || echo +memory >/sys/fs/cgroup/cgroup.subtree_control
   for ((i = 0; i < 19; i++)); do printf '%s ' "$LONG"; done >"$WORK/prompt.txt"
   common=(-m "$broad" -ngl 99 -n "$N_CAPPED" --temp 0 --seed 1 -no-cnv -f "$WORK/prompt.txt")
   # the text smoe's must equal: stock at smoe's n_ubatch (the whole prompt), uncapped
@@ -203,7 +216,7 @@ if [ "$(id -u)" -eq 0 ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/
     rows+="| capped at $cap MiB, round $r (text vs stock at n_ubatch 2048: $t) | $spp | $mpp | **$(ratio "$mpp" "$spp")×** | $stg | $mtg | **$(ratio "$mtg" "$stg")×** | $(offload "$WORK/capped-smoe-$r.log") |"$'\n'
   done
 else
-  say "skipping the capped runs: they need root and cgroup v2's memory controller"
+  say "skipping the capped runs: they need root and a writable cgroup v2 hierarchy with its memory controller"
 fi
 
 echo

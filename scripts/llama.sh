@@ -88,6 +88,7 @@ apt_install() {
 }
 
 need_tools() {
+  command -v git >/dev/null || apt_install git
   command -v cc >/dev/null && command -v c++ >/dev/null || apt_install gcc g++
   command -v cmake >/dev/null || apt_install cmake
   python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
@@ -120,12 +121,29 @@ cache_key() {
   ) | sha256sum | cut -c1-16
 }
 
+# The cache is emptied and rebuilt in parts (llama.cpp/, build*/, smoe/), so
+# it must be this script's: a new or empty directory, or one holding the
+# marker this writes (or the key file of a cache made before the marker).
+# Anything else (SMOE_LLAMA_DIR naming a llama.cpp checkout, say) is refused
+# before anything in it is touched.
+MARKER=.smoe-llama-cache
+own_cache_dir() {
+  mkdir -p "$DIR"
+  if [ -f "$DIR/$MARKER" ]; then
+    return 0
+  fi
+  if [ -n "$(ls -A "$DIR")" ] && [ ! -f "$DIR/key" ]; then
+    die "$DIR (SMOE_LLAMA_DIR) holds files this script did not make, and it replaces parts of the cache (llama.cpp/, build/, smoe/): give a new or empty directory"
+  fi
+  echo "the cache of scripts/llama.sh (smoe): its parts are replaced when they are out of date" >"$DIR/$MARKER"
+}
+
 # The patched source tree in $DIR/llama.cpp, current with the patch and the
 # glue. Takes the cache's lock for the rest of the script.
 prepare_tree() {
   [ -f "$PATCH" ] || die "$PATCH is missing"
   need_tools
-  mkdir -p "$DIR"
+  own_cache_dir
   exec 9>"$DIR/.lock"
   flock 9
 

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -127,7 +128,8 @@ struct llama_smoe {
     uint32_t layer_ahead_deepest = 0;   // the most layers with experts read ahead of one layer
     int ahead_batch_layer = INT32_MAX;  // the layer whose batch last started: a new pass when not below
     int ahead_until = -1;               // the pass's last layer whose whole set was queued ahead
-    uint64_t entries = 0;            // experts in the vault: a ring of as many holds the model
+    uint64_t entries = 0;            // experts of the layers bound: a ring of as many holds the model
+    std::set<int> skipped_layers;    // layers whose experts the model does not use (TENSOR_SKIP)
     uint64_t waves_run = 0;          // waves that claimed at least one expert
     uint64_t layer_batches = 0;      // (layer, batch) pairs: waves_run / this = waves per layer
     std::vector<layer_claims> layers;
@@ -168,6 +170,9 @@ struct llama_smoe {
     uint64_t squeeze = 0;            // 0: off
     bool squeezed = false;
     bool squeeze_told = false;       // the first squeezed wave that ran has been reported
+    // SMOE_TEST_FAIL_CLAIMS=N (tests): the first N batches' first claim ops fail, as a read
+    // error would, so that what comes after a failure can be tested
+    uint64_t fail_claims = 0;
     uint64_t wait_ns = 0;
     uint64_t claim_ops = 0;
 
@@ -382,6 +387,13 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, const char * model_path) {
     // GPU on a stream of its own while the weight before it computes; 0 copies in order
     const bool copy_ahead = env_u32("SMOE_COPY_AHEAD", 1, 1) == 1;
     const uint32_t squeeze = env_u32("SMOE_TEST_SQUEEZE", 0, UINT32_MAX);
+    const uint32_t fail_claims = env_u32("SMOE_TEST_FAIL_CLAIMS", 0, UINT32_MAX);
+    // read again when a context is made, where a bad value would be taken for a refusal
+    // (SMOE_TEST_UBATCH_FAIL) or never seen (SMOE_OP_OFFLOAD without a GPU): checked here,
+    // so that any bad value stops the load
+    (void) env_u32("SMOE_UBATCH", 0, UINT32_MAX);
+    (void) env_u32("SMOE_TEST_UBATCH_FAIL", 0, 1);
+    (void) env_u32("SMOE_OP_OFFLOAD", 1, 1);
     if (std::getenv("SMOE_SPECULATE") != nullptr && *std::getenv("SMOE_SPECULATE") != '\0') {
         throw std::runtime_error("smoe: SMOE_SPECULATE is gone (its guess, the same expert ids one layer on, "
                                  "held for no real model); SMOE_LAYER_AHEAD=N sets how many layers prefill reads ahead");
@@ -392,6 +404,7 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, const char * model_path) {
     s->layer_ahead = layer_ahead;
     s->copy_ahead = copy_ahead;
     s->squeeze = squeeze;
+    s->fail_claims = fail_claims;
     if (cfg.policy == SMOE_POLICY_ADAPTIVE) {
         s->layer_ahead = std::min<uint32_t>(s->layer_ahead, 1);
     }
@@ -526,10 +539,14 @@ static bool parse_expert_name(const char * name, int * layer, std::string * role
     return true;
 }
 
-ggml_context * llama_smoe_tensor_ctx(llama_smoe * s, const char * name) {
+ggml_context * llama_smoe_tensor_ctx(llama_smoe * s, const char * name, bool skipped) {
     int layer;
     std::string role;
     if (s == nullptr || !parse_expert_name(name, &layer, &role)) {
+        return nullptr;
+    }
+    if (skipped) {
+        s->skipped_layers.insert(layer);
         return nullptr;
     }
     if (!s->layouts.contains(std::to_string(layer))) {
@@ -633,9 +650,13 @@ void llama_smoe_bind(llama_smoe * s) {
         t->nb[2] = s->slot_bytes;
         t->nb[3] = s->slot_bytes * s->slots;
     }
-    // every weight the vault holds for a layer must be used by the model
+    // every weight the vault holds for a layer must be used by the model, but in a layer
+    // the model skips (a next-token prediction layer it does not load)
     for (const auto & [key, items] : s->layouts.items()) {
         const int il = std::atoi(key.c_str());
+        if (s->skipped_layers.count(il) != 0) {
+            continue;
+        }
         for (const auto & it : items) {
             const std::string role = it.is_object() ? it.value("role", "") : "";
             if (role != "gate" && role != "up" && role != "down" && role != "gate_up") {
@@ -834,6 +855,11 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
     if (wave == 0) {
         if (l->il == s->first_layer) {
             smoe_prewarm_pause(s->st, true);  // busy until the last layer's release
+            if (s->fail_claims > 0) {
+                s->fail_claims--;
+                s->fail("smoe: SMOE_TEST_FAIL_CLAIMS: layer " + std::to_string(l->il) + "'s claim failed (test aid)");
+                return;
+            }
         }
         if (!start_batch(l, a)) {
             return;
@@ -866,12 +892,14 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
         got++;
     }
     const uint64_t must = std::max<uint64_t>(need, got == 0 && !l->left.empty() ? 1 : 0);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(600);
+    // the wave fails when nothing arrives for 600 s (a slow source that delivers keeps it going)
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(600);
     auto backoff = std::chrono::microseconds(50);
     while (got < must && !s->stopped()) {
         const smoe_status r = claim_one(l, wave, 1000000000ull);
         if (r == SMOE_OK) {
             got++;
+            deadline = std::chrono::steady_clock::now() + std::chrono::seconds(600);
             continue;
         }
         if (std::chrono::steady_clock::now() > deadline) {
@@ -1050,6 +1078,19 @@ ggml_tensor * llama_smoe_release(llama_smoe * s, ggml_context * ctx, ggml_tensor
 
 bool llama_smoe_failed(const llama_smoe * s) {
     return s != nullptr && s->stopped();
+}
+
+void llama_smoe_ubatch_begin(llama_smoe * s) {
+    if (s == nullptr || !s->failed) {
+        return;
+    }
+    s->release_devices();  // once the GPU is done copying from their slots
+    for (auto & l : s->layers) {
+        s->release_all(l);
+    }
+    smoe_prewarm_pause(s->st, false);  // the failed graph's last layer never said idle
+    s->rebuild_pending = false;
+    s->failed = false;
 }
 
 bool llama_smoe_rebuild_pending(const llama_smoe * s) {

@@ -38,8 +38,10 @@ using llama_smoe_ptr = std::unique_ptr<llama_smoe, llama_smoe_deleter>;
 
 // The context the loader must create tensor `name` in: smoe's (never allocated,
 // never read from the model file) for a routed-expert weight, nullptr otherwise.
+// `skipped`: the model does not use the tensor (TENSOR_SKIP: a next-token prediction
+// layer it does not load): nullptr, and its layer's experts are not streamed.
 // Throws std::runtime_error, naming the tensor, when the vault lacks its layer.
-ggml_context * llama_smoe_tensor_ctx(llama_smoe * s, const char * name);
+ggml_context * llama_smoe_tensor_ctx(llama_smoe * s, const char * name, bool skipped);
 
 // After the model's tensors are created: checks each expert tensor against the
 // vault's layout and turns it into a view over the ring. Throws std::runtime_error.
@@ -89,6 +91,11 @@ ggml_tensor * llama_smoe_release(llama_smoe * s, ggml_context * ctx, ggml_tensor
 // True once a claim failed, or asked for the graph to be built again: graph
 // computation must stop (the abort callback).
 bool llama_smoe_failed(const llama_smoe * s);
+// Before a ubatch's graph is built: a failure of the ubatch before (reported, and its
+// decode refused) is over; its claims are released (once the GPU is past them) and
+// this ubatch starts clean, so that a caller may try again (llama-server halves its
+// batch). No-op when s is nullptr or nothing failed.
+void llama_smoe_ubatch_begin(llama_smoe * s);
 // True while a claim has asked for the graph to be built again (and nothing failed):
 // the elastic ring shrank under the waves the graph was built with, so stopping it
 // is not an error.
@@ -136,7 +143,7 @@ int llama_smoe_last_layer(const llama_smoe * s);
 // these no-ops, so the patched tree builds and runs as stock llama.cpp.
 inline llama_smoe * llama_smoe_from_env(uint32_t, const char *) { return nullptr; }
 inline void llama_smoe_free(llama_smoe *) {}
-inline ggml_context * llama_smoe_tensor_ctx(llama_smoe *, const char *) { return nullptr; }
+inline ggml_context * llama_smoe_tensor_ctx(llama_smoe *, const char *, bool) { return nullptr; }
 inline void llama_smoe_bind(llama_smoe *) {}
 inline int llama_smoe_waves(llama_smoe *, int, int64_t, int64_t) { return 1; }
 inline uint32_t llama_smoe_graph_nodes(const llama_smoe *) { return 0; }
@@ -147,6 +154,7 @@ inline ggml_tensor * llama_smoe_claim(llama_smoe *, ggml_context *, ggml_tensor 
 }
 inline ggml_tensor * llama_smoe_release(llama_smoe *, ggml_context *, ggml_tensor * experts, int, int) { return experts; }
 inline bool llama_smoe_failed(const llama_smoe *) { return false; }
+inline void llama_smoe_ubatch_begin(llama_smoe *) {}
 inline bool llama_smoe_rebuild_pending(const llama_smoe *) { return false; }
 inline bool llama_smoe_rebuild(llama_smoe *, bool) { return false; }
 inline bool llama_smoe_devices(llama_smoe *, struct ggml_backend **, size_t, bool op_offload) { return op_offload; }

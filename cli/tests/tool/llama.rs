@@ -160,6 +160,7 @@ fn run_predicting(
         "SMOE_SIMPLE_UBATCH",
         "SMOE_SIMPLE_SWA_FULL",
         "SMOE_TEST_UBATCH_FAIL",
+        "SMOE_TEST_FAIL_CLAIMS",
         "SMOE_POPULATE",
     ] {
         cmd.env_remove(var);
@@ -1895,6 +1896,137 @@ fn llama_server_serves_four_slots_as_stock_does() {
         );
     }
     assert!(want.iter().all(|w| !w.0.is_empty()), "{want:?}");
+    assert!(
+        err.lines().any(|l| l.starts_with("smoe: claims ")),
+        "no smoe statistics at shutdown:\n{err}"
+    );
+}
+
+/// A copy of the deepseek2 GGUF `src` with a next-token prediction layer,
+/// as GLM-4.5's and DeepSeek-V3's GGUFs carry one: `block_count` one more,
+/// `nextn_predict_layers` 1, and the last layer's expert tensors copied as
+/// the new layer's (all llama.cpp needs of a layer it skips).
+fn with_nextn_layer(src: &Path, dst: &Path) {
+    use smoe::internals::model::gguf::{header_bytes, Gguf, KeyValue, TensorInfo};
+    let file = std::fs::File::open(src).unwrap();
+    let g = Gguf::read(&file, src, &|| false).unwrap();
+    let bytes = std::fs::read(src).unwrap();
+    let arch = g.architecture().unwrap().to_owned();
+    let count_key = format!("{arch}.block_count");
+    let n = g.kv(&count_key).unwrap().as_u64().unwrap();
+    let mut kvs = g.kvs.clone();
+    for kv in kvs.iter_mut().filter(|kv| kv.key == count_key) {
+        assert_eq!(kv.value_type, 4, "block_count is a u32");
+        kv.raw = (n as u32 + 1).to_le_bytes().to_vec();
+    }
+    kvs.push(KeyValue {
+        key: format!("{arch}.nextn_predict_layers"),
+        value_type: 4,
+        raw: 1u32.to_le_bytes().to_vec(),
+    });
+    let data = |t: &TensorInfo| {
+        let at = (g.data_offset + t.offset) as usize;
+        bytes[at..at + t.bytes as usize].to_vec()
+    };
+    let mut tensors: Vec<(TensorInfo, Vec<u8>)> =
+        g.tensors.iter().map(|t| (t.clone(), data(t))).collect();
+    let last = format!("blk.{}.", n - 1);
+    for t in g
+        .tensors
+        .iter()
+        .filter(|t| t.name.starts_with(&last) && t.name.contains("_exps."))
+    {
+        let mut copy = t.clone();
+        copy.name = t.name.replacen(&last, &format!("blk.{n}."), 1);
+        tensors.push((copy, data(t)));
+    }
+    let mut infos: Vec<TensorInfo> = tensors.iter().map(|(t, _)| t.clone()).collect();
+    let mut out = header_bytes(&kvs, &mut infos, g.alignment);
+    let base = out.len();
+    for (t, (_, d)) in infos.iter().zip(&tensors) {
+        out.resize(base + t.offset as usize, 0);
+        out.extend_from_slice(d);
+    }
+    out.resize(out.len().next_multiple_of(g.alignment as usize), 0);
+    std::fs::write(dst, out).unwrap();
+}
+
+/// A layer llama.cpp skips (a next-token prediction layer when it is not
+/// loaded) is not streamed: its experts are never bound, read or counted
+/// in the ring, and the model's last layer stays the last one with experts
+/// (it used to be the skipped one, which no graph computes, so pre-warm
+/// stayed paused after the first graph). The text is stock's.
+#[test]
+fn a_skipped_nextn_layer_is_not_streamed() {
+    let Some(Setup { bin, tmp, .. }) = setup_in_place("deepseekv3-q8_0.gguf") else {
+        return;
+    };
+    let gguf = tmp.path().join("deepseekv3-nextn.gguf");
+    with_nextn_layer(&fixtures().join("deepseekv3-q8_0.gguf"), &gguf);
+    let stock = run(&bin, &gguf, tmp.path(), "stock", &[("SMOE_NO_REPACK", "1")]);
+    assert!(stock.out.status.success(), "{}", stock.stderr());
+    assert!(
+        stock.stderr().contains("ffn_down_exps.weight") && stock.stderr().contains("ignoring"),
+        "stock does not skip the added layer:\n{}",
+        stock.stderr()
+    );
+    let cache = tmp.path().join("cache");
+    let smoe = run(
+        &bin,
+        &gguf,
+        tmp.path(),
+        "smoe",
+        &[
+            ("SMOE", "1"),
+            ("SMOE_NO_REPACK", "1"),
+            ("SMOE_CACHE_DIR", cache.to_str().unwrap()),
+        ],
+    );
+    assert!(smoe.out.status.success(), "{}", smoe.stderr());
+    assert_eq!(smoe.stdout(), stock.stdout(), "{}", smoe.stderr());
+    assert!(same_logits(&smoe, &stock), "logits differ");
+    let err = smoe.stderr();
+    assert!(
+        err.contains("expert tensors in 2 layers streamed"),
+        "the skipped layer was streamed (or the fixture changed):\n{err}"
+    );
+}
+
+/// A claim that fails ends with its ubatch: llama-server, whose decode was
+/// refused, halves its batch and tries again, and the request completes
+/// with stock's text; the next request too. (The flag that stopped the
+/// graph used to stay set: every later decode failed at once, and the
+/// server, halving its batch to nothing, aborted.)
+#[test]
+fn llama_server_goes_on_after_a_failed_claim() {
+    let Some(Setup { bin, gguf, tmp, .. }) = setup("qwen3moe-q8_0.gguf") else {
+        return;
+    };
+    let prompts = [LONG_PROMPT, "Hello world"];
+    let stock = Server::start(&bin, &gguf, tmp.path(), "stock-once", &[]);
+    let want = stock.complete_each(&prompts);
+    stock.stop();
+    let smoe = Server::start(
+        &bin,
+        &gguf,
+        tmp.path(),
+        "fail-once",
+        &[
+            ("SMOE", "1"),
+            ("SMOE_RING_SLOTS", "12"),
+            ("SMOE_TEST_FAIL_CLAIMS", "1"),
+            ("SMOE_CACHE_DIR", tmp.path().join("cache").to_str().unwrap()),
+        ],
+    );
+    let got = smoe.complete_each(&prompts);
+    let err = smoe.stop();
+    assert!(
+        err.contains("SMOE_TEST_FAIL_CLAIMS: layer 0's claim failed"),
+        "the failure did not happen:\n{err}"
+    );
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.0, w.0, "prompt {i}: completion differs:\n{err}");
+    }
     assert!(
         err.lines().any(|l| l.starts_with("smoe: claims ")),
         "no smoe statistics at shutdown:\n{err}"
