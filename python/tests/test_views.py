@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import io
 
 import numpy
 import pytest
@@ -36,12 +37,26 @@ def test_numpy_frombuffer_is_a_read_only_view(vault, streamer):
         del array
 
 
-def test_a_writable_buffer_is_refused(streamer):
+def test_a_writable_buffer_is_refused(vault):
+    """A consumer asking for a writable buffer gets the lease's own refusal
+    (through the C API, so that nothing in between replaces it), and the
+    refused request counts no view: a strict release succeeds after it."""
     import ctypes
 
-    with streamer.claim(0, 1, timeout=10) as lease:
+    get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+    get_buffer.argtypes = [ctypes.py_object, ctypes.c_void_p, ctypes.c_int]
+    get_buffer.restype = ctypes.c_int
+    py_buffer = ctypes.create_string_buffer(256)  # more than a Py_buffer
+    PyBUF_WRITABLE = 0x0001
+    with smoe.Streamer(vault, ring_slots=4, strict=True, **QUIET) as s:
+        lease = s.claim(0, 1, timeout=10)
+        with pytest.raises(BufferError, match="a lease is read-only"):
+            get_buffer(lease, ctypes.addressof(py_buffer), PyBUF_WRITABLE)
         with pytest.raises((BufferError, TypeError)):
             (ctypes.c_char * lease.size).from_buffer(lease)
+        with pytest.raises(TypeError):
+            io.BytesIO(b"xy").readinto(lease)
+        lease.release()
 
 
 def test_release_waits_for_the_last_view(streamer):
