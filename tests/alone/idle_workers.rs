@@ -44,17 +44,22 @@ fn sixteen_idle_workers_use_under_one_percent_of_a_core() {
         threads.iter().any(|c| c.trim() == "smoe-memory"),
         "{threads:?}"
     );
-    let (cpu0, t0) = (common::process_cpu(), Instant::now());
-    std::thread::sleep(Duration::from_secs(2));
-    let (cpu, wall) = (common::process_cpu() - cpu0, t0.elapsed());
-    let share = cpu.as_secs_f64() / wall.as_secs_f64();
-    eprintln!(
-        "16 idle workers and the memory monitor: {cpu:?} CPU over {wall:?} = {:.3}% of a core",
-        share * 100.0
-    );
+    // The least of three 1-second windows: a worker that spins uses a core
+    // in every window, while a machine busy with other work (a build
+    // beside the tests) can slow the monitor's samples in one of them.
+    let shares: Vec<f64> = (0..3)
+        .map(|_| {
+            let (cpu0, t0) = (common::process_cpu(), Instant::now());
+            std::thread::sleep(Duration::from_secs(1));
+            let (cpu, wall) = (common::process_cpu() - cpu0, t0.elapsed());
+            eprintln!("16 idle workers and the memory monitor: {cpu:?} CPU over {wall:?}");
+            cpu.as_secs_f64() / wall.as_secs_f64()
+        })
+        .collect();
+    let share = shares.iter().copied().fold(f64::INFINITY, f64::min);
     assert!(
         share < 0.01,
-        "idle workers used {:.2}% of a core",
+        "idle workers used at least {:.2}% of a core in each of three seconds ({shares:?})",
         share * 100.0
     );
     // And they still wake up.
