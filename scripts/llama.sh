@@ -123,7 +123,8 @@ cache_key() {
 
 # The cache is emptied and rebuilt in parts (llama.cpp/, build*/, smoe/), so
 # it must be this script's: a new or empty directory, or one holding the
-# marker this writes (or the key file of a cache made before the marker).
+# marker this writes, the key file of a cache made before the marker, or
+# nothing but the names this script makes (a cache stopped before its key).
 # Anything else (SMOE_LLAMA_DIR naming a llama.cpp checkout, say) is refused
 # before anything in it is touched.
 MARKER=.smoe-llama-cache
@@ -132,8 +133,17 @@ own_cache_dir() {
   if [ -f "$DIR/$MARKER" ]; then
     return 0
   fi
-  if [ -n "$(ls -A "$DIR")" ] && [ ! -f "$DIR/key" ]; then
-    die "$DIR (SMOE_LLAMA_DIR) holds files this script did not make, and it replaces parts of the cache (llama.cpp/, build/, smoe/): give a new or empty directory"
+  # A cache made before the marker was, or stopped before its first key:
+  # it holds nothing but names this script makes.
+  local entry
+  if [ ! -f "$DIR/key" ]; then
+    for entry in "$DIR"/* "$DIR"/.[!.]*; do
+      [ -e "$entry" ] || continue
+      case "$(basename "$entry")" in
+        .lock | "$MARKER" | key | llama_cpp_python-*.tar.gz | extract | llama.cpp | build | build-* | smoe) ;;
+        *) die "$DIR (SMOE_LLAMA_DIR) holds $(basename "$entry"), which this script did not make, and it replaces parts of the cache (llama.cpp/, build/, smoe/): give a new or empty directory" ;;
+      esac
+    done
   fi
   echo "the cache of scripts/llama.sh (smoe): its parts are replaced when they are out of date" >"$DIR/$MARKER"
 }

@@ -394,16 +394,21 @@ def _checkpoint_files(path: pathlib.Path, streamer: smoe.Streamer) -> list[pathl
     return [path / f for f in source.get("files", [])]
 
 
-def _expert_tensors(layouts: Mapping[str, list[dict[str, Any]]], counts: Mapping[int, int]) -> set[str]:
+def _expert_tensors(streamer: smoe.Streamer, counts: Mapping[int, int]) -> set[str]:
     """The checkpoint's names of the routed experts' tensors: each layout
     item's ``tensor``, a template with ``{expert}`` for one tensor per
-    expert, or the stacked tensor's name."""
+    expert, or the stacked tensor's name. ``counts`` has the experts of
+    the layers the model builds; a layer it does not build (a multi-token
+    prediction layer) has those the streamer finds."""
     names = set()
-    for layer, items in layouts.items():
+    for layer, items in streamer.metadata["layer_blob_layouts"].items():
+        count = counts.get(int(layer))
+        if count is None:
+            count = _experts_in(streamer, int(layer))
         for item in items:
             tensor = item.get("tensor", "")
             if "{expert}" in tensor:
-                names.update(tensor.replace("{expert}", str(e)) for e in range(counts[int(layer)]))
+                names.update(tensor.replace("{expert}", str(e)) for e in range(count))
             else:
                 names.add(tensor)
     return names
@@ -473,7 +478,7 @@ def from_pretrained(
                 f"{path}: has no config.json (a checkpoint holds one beside its weights; "
                 f"smoe pack copies it into the vault); pass config="
             )
-        plans = _plan(streamer, model_name, experts)
+        plans = _plan(streamer, model_name, experts, getattr(config, "num_hidden_layers", None))
         # Each routed experts parameter loads as an empty meta tensor.
         placeholders = {
             f"{name}.{pname}": _Placeholder(param.shape, param.dtype)
@@ -482,7 +487,7 @@ def from_pretrained(
             if pname in builders
         }
         skip = _expert_tensors(
-            streamer.metadata["layer_blob_layouts"],
+            streamer,
             {layer: int(module.num_experts) for (_, module), (_, layer, _) in zip(experts, plans)},
         )
         del skeleton, experts
@@ -572,9 +577,13 @@ def _plan(
     streamer: smoe.Streamer,
     model_name: str,
     experts: list[tuple[str, torch.nn.Module]],
+    decoder_layers: int | None,
 ) -> list[tuple[str, int, dict[str, _Builder]]]:
     """Each experts module's layer in the checkpoint and the builders of
-    its parameters; refuses a checkpoint that does not match the model."""
+    its parameters; refuses a checkpoint that does not match the model.
+    Layers from ``decoder_layers`` on (DeepSeek-V3's and GLM-4.5's
+    multi-token prediction layers, which transformers does not build) are
+    left to the streamer."""
     layouts = streamer.metadata.get("layer_blob_layouts", {})
     plans = []
     for name, module in experts:
@@ -586,13 +595,31 @@ def _plan(
             )
         _check_count(streamer, model_name, name, layer, int(module.num_experts))
         plans.append((name, layer, _builders(name, module, layouts[str(layer)], model_name)))
-    unused = sorted(set(layouts) - {str(layer) for _, layer, _ in plans}, key=int)
+    unused = sorted(
+        (
+            layer
+            for layer in set(layouts) - {str(layer) for _, layer, _ in plans}
+            if decoder_layers is None or int(layer) < decoder_layers
+        ),
+        key=int,
+    )
     if unused:
         raise smoe.FormatError(
             f"{model_name}: the checkpoint's layer {unused[0]} has routed experts, and the model "
             f"has no experts module there"
         )
     return plans
+
+
+def _experts_in(streamer: smoe.Streamer, layer: int) -> int:
+    """How many experts the checkpoint's ``layer`` has (numbered from 0)."""
+    count = 0
+    while True:
+        try:
+            streamer.expert_info(layer, count)
+        except smoe.NotFound:
+            return count
+        count += 1
 
 
 def _check_count(streamer: smoe.Streamer, model_name: str, name: str, layer: int, count: int) -> None:

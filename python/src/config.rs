@@ -14,8 +14,9 @@
 use std::path::PathBuf;
 
 use pyo3::exceptions::PyTypeError;
+use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyString};
+use pyo3::types::{PyBool, PyDict, PyInt, PyString};
 use smoe::{Config, DirectIo, Policy, Populate, Stats};
 
 use crate::errors;
@@ -42,13 +43,23 @@ fn wrong_type(value: &Bound<'_, PyAny>, name: &str, expected: &str) -> PyErr {
 /// An integer argument (anything with `__index__`, but not a bool) in
 /// `0..=max`.
 fn unsigned(value: &Bound<'_, PyAny>, name: &str, expected: &str, max: u64) -> PyResult<u64> {
+    // The common case first, without a call into Python: a plain `int`
+    // (a routing loop passes thousands a token).
+    if value.is_exact_instance_of::<PyInt>() {
+        if let Ok(n) = value.extract::<u64>() {
+            if n <= max {
+                return Ok(n);
+            }
+        }
+    }
     let py = value.py();
     if value.is_instance_of::<PyBool>() {
         return Err(wrong_type(value, name, expected));
     }
-    let index = py
-        .import("operator")?
-        .call_method1("index", (value,))
+    // SAFETY: `value` is a live object and the GIL is held (`py`);
+    // PyNumber_Index returns a new reference, or NULL with an exception
+    // set, which `from_owned_ptr_or_err` takes.
+    let index = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyNumber_Index(value.as_ptr())) }
         .map_err(|_| wrong_type(value, name, expected))?;
     match index.extract::<u64>() {
         Ok(n) if n <= max => Ok(n),
@@ -78,7 +89,16 @@ pub(crate) fn id_list_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<
         .map_err(|_| wrong_type(value, name, "a list of ints"))?;
     items
         .enumerate()
-        .map(|(i, item)| id_arg(&item?, &format!("{name}[{i}]")))
+        .map(|(i, item)| {
+            let item = item?;
+            // The name is made only for an item that needs the full check.
+            if item.is_exact_instance_of::<PyInt>() {
+                if let Ok(n) = item.extract::<u32>() {
+                    return Ok(n);
+                }
+            }
+            id_arg(&item, &format!("{name}[{i}]"))
+        })
         .collect()
 }
 

@@ -40,7 +40,8 @@ struct Views {
 /// What a lease and its views share: the claim, and its views' count.
 pub(crate) struct Held {
     /// Dropped by `Held`'s drop, through [`drop_core`]: the last reference
-    /// tears the streamer down without the GIL.
+    /// tears the streamer down (without the GIL when the lease's own drop
+    /// is the last: see `Lease`'s drop).
     core: ManuallyDrop<Arc<Core>>,
     info: SlotInfo,
     views: Mutex<Views>,
@@ -118,7 +119,10 @@ impl Drop for Held {
         }
         // SAFETY: taken once, here, and `self.core` is not used after.
         let core = unsafe { ManuallyDrop::take(&mut self.core) };
-        drop_core(core);
+        // Attached or not, this thread cannot tell (a DLPack consumer
+        // drops its tensor from any thread); a lease's own drop, which is
+        // attached, lets go of the GIL before it drops the last `Held`.
+        drop_core(core, None);
     }
 }
 
@@ -151,7 +155,24 @@ impl Drop for View {
 /// ``expert``, ``hit``, ``size`` and ``slot_index`` stay readable.
 #[pyclass(frozen, module = "smoe", name = "Lease")]
 pub(crate) struct Lease {
-    held: Arc<Held>,
+    /// Dropped by the lease's drop, which lets go of the GIL when this is
+    /// the last reference.
+    held: ManuallyDrop<Arc<Held>>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here, and `self.held` is not used after.
+        let held = unsafe { ManuallyDrop::take(&mut self.held) };
+        if Arc::strong_count(&held) == 1 && Arc::strong_count(&held.core) == 1 {
+            // The last lease of a closed streamer: dropping it tears the
+            // streamer down (see `drop_core`).
+            // SAFETY: a `#[pyclass]` value is dropped only by its Python
+            // object's deallocation, which CPython runs attached.
+            let py = unsafe { Python::assume_attached() };
+            py.detach(move || drop(held));
+        }
+    }
 }
 
 impl Lease {
@@ -161,11 +182,11 @@ impl Lease {
         // that ends it is Release.
         core.held.fetch_add(1, Ordering::Relaxed);
         Lease {
-            held: Arc::new(Held {
+            held: ManuallyDrop::new(Arc::new(Held {
                 core: ManuallyDrop::new(core),
                 info,
                 views: Mutex::new(Views::default()),
-            }),
+            })),
         }
     }
 

@@ -137,7 +137,7 @@ impl Streamer {
 
     /// `close()`; `strict` false closes even a strict streamer whose
     /// leases are held (its `with` block ending by an exception).
-    fn close_as(&self, strict: bool) -> PyResult<()> {
+    fn close_as(&self, py: Python<'_>, strict: bool) -> PyResult<()> {
         let core = {
             let mut slot = self.core.lock().unwrap_or_else(|p| p.into_inner());
             let Some(core) = slot.as_ref() else {
@@ -157,7 +157,7 @@ impl Streamer {
             core.closed.store(true, Ordering::Release);
             // The last reference stops and joins the library's threads:
             // without the GIL, which they never take.
-            drop_core(core);
+            drop_core(core, Some(py));
         }
         Ok(())
     }
@@ -202,9 +202,13 @@ impl Streamer {
                         return false;
                     }
                     // Signal handlers run only with the GIL, on the main
-                    // thread: take it for the moment they need. An
-                    // interpreter that is finalizing cannot be attached
-                    // to: stop waiting then.
+                    // thread: take it for the moment they need. PyO3
+                    // refuses to attach to an interpreter that is
+                    // finalizing when built for Python 3.13 or later: stop
+                    // waiting then. (Built for the 3.11 stable ABI it
+                    // cannot ask: CPython then stops this thread as it
+                    // stops any daemon thread that takes the GIL at
+                    // shutdown.)
                     match Python::try_attach(|py| py.check_signals()) {
                         Some(Ok(())) => true,
                         Some(Err(err)) => {
@@ -256,7 +260,7 @@ impl Streamer {
         // Perhaps the last reference (another thread closed the streamer
         // meanwhile): its drop joins the library's threads, which must not
         // wait for the GIL.
-        drop_core(core);
+        drop_core(core, Some(py));
         result
     }
 }
@@ -438,8 +442,8 @@ impl Streamer {
     /// trace written) when the last of them is released. With
     /// ``strict=True`` a close while leases are held raises
     /// ``BufferError`` and closes nothing.
-    fn close(&self) -> PyResult<()> {
-        self.close_as(true)
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.close_as(py, true)
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
@@ -453,12 +457,13 @@ impl Streamer {
     #[pyo3(signature = (exc_type = None, _exc = None, _traceback = None))]
     fn __exit__(
         &self,
+        py: Python<'_>,
         exc_type: Option<Bound<'_, PyAny>>,
         _exc: Option<Bound<'_, PyAny>>,
         _traceback: Option<Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
         let unwinding = exc_type.is_some_and(|t| !t.is_none());
-        self.close_as(!unwinding)?;
+        self.close_as(py, !unwinding)?;
         Ok(false)
     }
 
@@ -483,19 +488,23 @@ impl Drop for Streamer {
             .take()
         {
             core.closed.store(true, Ordering::Release);
-            drop_core(core);
+            // SAFETY: a `#[pyclass]` value is dropped only by its Python
+            // object's deallocation, which CPython runs attached.
+            let py = unsafe { Python::assume_attached() };
+            drop_core(core, Some(py));
         }
     }
 }
 
-/// Drops a reference to a [`Core`] in a destructor. The last one stops and
-/// joins the library's threads and writes the claim histogram (fsyncs):
-/// that runs with the GIL released, as `close()` does, so that collecting
-/// a streamer or its last lease does not stop every other Python thread.
-/// Not the last, it is a counter's decrement. (Two last holders dropping
-/// at once on two threads may both see another: one teardown then keeps
-/// the GIL, as before.)
-pub(crate) fn drop_core(core: Arc<Core>) {
+/// Drops a reference to a [`Core`]. The last one stops and joins the
+/// library's threads and writes the claim histogram (fsyncs): given `py`
+/// (the caller is attached), that runs with the GIL released, as
+/// `close()` does, so that collecting a streamer or its last lease does not
+/// stop every other Python thread. Without it (a DLPack consumer's deleter,
+/// on a thread that may not be attached) it runs where it stands. Not the
+/// last, it is a counter's decrement. (Two last holders dropping at once on
+/// two threads may both see another: one teardown then keeps the GIL.)
+pub(crate) fn drop_core(core: Arc<Core>, py: Option<Python<'_>>) {
     if core.pid != std::process::id() {
         // A forked child's copy: its teardown would join threads that do
         // not exist here and write the parent's histogram. The parent
@@ -506,10 +515,10 @@ pub(crate) fn drop_core(core: Arc<Core>) {
     if Arc::strong_count(&core) > 1 {
         return;
     }
-    // Attached already in a destructor Python runs; an interpreter that is
-    // finalizing cannot be attached to, and the closure, with the core, is
-    // then dropped where it stands.
-    let _ = Python::try_attach(move |py| py.detach(move || drop(core)));
+    match py {
+        Some(py) => py.detach(move || drop(core)),
+        None => drop(core),
+    }
 }
 
 /// The settings' defaults, as ``Streamer``'s keywords take them.

@@ -346,3 +346,40 @@ def test_a_packed_vault_alone_is_the_model(checkpoints, prompt, tmp_path):
     with torch.no_grad():
         assert torch.equal(model(prompt).logits, want)
     model.smoe_streamer.close()
+
+
+def test_a_multi_token_prediction_layer_is_left_to_the_streamer(checkpoints, prompt, tmp_path):
+    """DeepSeek-V3's and GLM-4.5's checkpoints keep a multi-token
+    prediction layer after the decoder's (``num_nextn_predict_layers``),
+    with routed experts of its own, which transformers does not build: the
+    streamer counts it, and the model loads and gives eager's logits."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    path = checkpoints[("deepseekv3", "bfloat16")]
+    want = eager_logits(path, prompt)
+    checkpoint = tmp_path / "mtp"
+    shutil.copytree(path, checkpoint)
+    weights = load_file(checkpoint / "model.safetensors")
+    last = "model.layers.2.mlp.experts."
+    extra = {
+        "model.layers.3." + key.removeprefix("model.layers.2."): tensor.clone()
+        for key, tensor in weights.items()
+        if key.startswith(last)
+    }
+    assert extra, "the checkpoint's expert tensors are named otherwise; update this test"
+    save_file({**weights, **extra}, checkpoint / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["num_nextn_predict_layers"] = 1
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    model = st.from_pretrained(checkpoint, ring_slots=3, strict=True, **QUIET)
+    try:
+        streamer = model.smoe_streamer
+        assert sorted(streamer.metadata["layer_blob_layouts"], key=int) == ["1", "2", "3"]
+        assert sorted(st.streamed_experts(model).values()) == [1, 2]
+        with torch.no_grad():
+            assert torch.equal(model(prompt).logits, want)
+    finally:
+        model.smoe_streamer.close()

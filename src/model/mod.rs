@@ -358,7 +358,7 @@ fn open_safetensors(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
         keys.iter()
             .find_map(|k| config.and_then(|c| c.get(k)).and_then(json::Value::as_u64))
     };
-    let experts = tensors
+    let experts: Vec<ExpertTensor> = tensors
         .iter()
         .enumerate()
         .filter_map(|(i, t)| {
@@ -370,6 +370,11 @@ fn open_safetensors(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
             })
         })
         .collect();
+    let block_count = block_count(
+        cfg_u64(&["num_hidden_layers"]),
+        cfg_u64(&["num_nextn_predict_layers"]),
+        &experts,
+    );
     Ok(Model {
         kind: SourceKind::Safetensors,
         files: ckpt.files.iter().map(|f| f.path.clone()).collect(),
@@ -381,15 +386,25 @@ fn open_safetensors(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
             .and_then(json::Value::as_str)
             .map(str::to_owned),
         top_k: cfg_u64(&["num_experts_per_tok", "moe_topk", "top_k"]),
-        // DeepSeek-V3/R1 and GLM-4.5 ship their multi-token prediction
-        // block(s) as the layers after the decoder's, with experts of their
-        // own: they count.
-        block_count: cfg_u64(&["num_hidden_layers"])
-            .map(|n| n.saturating_add(cfg_u64(&["num_nextn_predict_layers"]).unwrap_or(0))),
+        block_count,
         expert_count: cfg_u64(&["num_local_experts", "num_experts", "n_routed_experts"]),
         gguf: Vec::new(),
         inputs: ckpt.inputs,
         safetensors_metadata: ckpt.metadata,
+    })
+}
+
+/// A checkpoint's layer count. DeepSeek-V3/R1's and GLM-4.5's ship their
+/// multi-token prediction block(s) as the `num_nextn_predict_layers`
+/// layers after the decoder's, with experts of their own: they count when
+/// their tensors are there (a checkpoint trimmed of them keeps the key).
+#[cfg(feature = "safetensors")]
+fn block_count(hidden: Option<u64>, nextn: Option<u64>, experts: &[ExpertTensor]) -> Option<u64> {
+    let n = hidden?;
+    let past = experts.iter().any(|e| u64::from(e.layer) >= n);
+    Some(match (past, nextn) {
+        (true, Some(extra)) => n.saturating_add(extra),
+        _ => n,
     })
 }
 

@@ -450,7 +450,8 @@ mod tests {
 
     /// DeepSeek-V3's and GLM-4.5's checkpoints keep their multi-token
     /// prediction block as the layer after `num_hidden_layers`, counted by
-    /// `num_nextn_predict_layers`: its experts are a layer of the model.
+    /// `num_nextn_predict_layers`: its experts, when there, are a layer of
+    /// the model.
     #[cfg(feature = "safetensors")]
     #[test]
     fn next_token_prediction_layers_count_as_layers() {
@@ -466,6 +467,14 @@ mod tests {
         );
         let (n_layers, n_experts, _) = plan(&model).unwrap();
         assert_eq!((n_layers, n_experts), (2, 2));
+        // A checkpoint trimmed of its prediction layer keeps the key: the
+        // layer count is the decoder's.
+        let (_dir, model) = checkpoint(
+            &names[..2],
+            r#"{"n_routed_experts": 2, "num_hidden_layers": 1, "num_nextn_predict_layers": 1}"#,
+        );
+        let (n_layers, n_experts, _) = plan(&model).unwrap();
+        assert_eq!((n_layers, n_experts), (1, 2));
         // Without the key, layer 1 is past the block count.
         let (_dir, model) =
             checkpoint(&names, r#"{"n_routed_experts": 2, "num_hidden_layers": 1}"#);

@@ -16,7 +16,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use super::json::{self, read_json, MembersError, Value};
-use super::{first_duplicate, interrupted, open_input, Cancel, Tensor};
+use super::{first_duplicate, interrupted, names, open_input, Cancel, Tensor};
 use crate::error::{Error, Result};
 use crate::fs_safe::{self as files, FileId};
 use crate::sys::{self, OpenRegularError};
@@ -272,16 +272,18 @@ impl Checkpoint {
                 source.display()
             )));
         }
-        // Every tensor the index places is in the shard it names: a stale
-        // or mixed-up shard would otherwise lose a layer's experts, which
-        // then read as dense.
+        // Every expert tensor the index places is in the shard it names: a
+        // stale or mixed-up shard would otherwise lose a layer's experts,
+        // which then read as dense. Other names are not checked: converters
+        // list tied weights (`lm_head` sharing the embedding) in the map
+        // while dropping them from the shards.
         if let Some(index) = &index {
             let placed: HashSet<(&str, usize)> =
                 tensors.iter().map(|t| (t.name.as_str(), t.file)).collect();
-            if let Some((name, shard)) = mapped
-                .iter()
-                .find(|(name, shard)| !placed.contains(&(name.as_str(), *shard)))
-            {
+            if let Some((name, shard)) = mapped.iter().find(|(name, shard)| {
+                names::safetensors_expert(name).is_some()
+                    && !placed.contains(&(name.as_str(), *shard))
+            }) {
                 return Err(Error::format(format!(
                     "{}: weight_map puts tensor {name} in {}, which does not hold it (a stale or mixed-up shard?)",
                     index.display(),

@@ -2383,3 +2383,65 @@ fn op_offload_through_an_rpc_device_keeps_stock_text() {
     );
     assert!(!err.contains("smoe: op offload: "), "{err}");
 }
+
+/// scripts/llama.sh replaces parts of its cache: pointed (SMOE_LLAMA_DIR)
+/// at a directory holding anything it did not make, a llama.cpp checkout
+/// say, it stops before touching it, naming what is there.
+#[test]
+fn the_build_script_refuses_a_directory_it_did_not_make() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/llama.sh");
+    for (what, made) in [("notes.txt", true), (".git", false), ("llama.cpp", false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(what);
+        if made {
+            std::fs::write(&path, "mine").unwrap();
+        } else {
+            std::fs::create_dir(&path).unwrap();
+            std::fs::write(path.join("mine"), "mine").unwrap();
+        }
+        // A user's file beside names the script makes.
+        if what == "llama.cpp" {
+            std::fs::write(dir.path().join("README.md"), "mine").unwrap();
+        }
+        let before = listing(dir.path());
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg("build")
+            .env("SMOE_LLAMA_DIR", dir.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let named = if what == "llama.cpp" {
+            "README.md"
+        } else {
+            what
+        };
+        assert!(
+            !out.status.success()
+                && stderr.contains(&format!("holds {named}, which this script did not make")),
+            "{what}: {}\n{stderr}",
+            out.status
+        );
+        assert_eq!(listing(dir.path()), before, "{what}: the directory changed");
+    }
+}
+
+/// Every path under `dir` with its bytes (a directory's are empty).
+fn listing(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                todo.push(path.clone());
+                out.push((path, Vec::new()));
+            } else {
+                let bytes = std::fs::read(&path).unwrap();
+                out.push((path, bytes));
+            }
+        }
+    }
+    out.sort();
+    out
+}
