@@ -153,9 +153,9 @@ step_stream() {
   # so each round's streams are divided by that round's limit
   local r rows="" limit copy zero gbs='s/.* = \([0-9.]*\) GB\/s.*/\1/p'
   for ((r = 1; r <= ${STREAM_ROUNDS:-3}; r++)); do
-    limit=$("$CU" read "$shm/experts.smoe" --threads 16 --block-kib 4096 --direct --dest-mib 1024 | tee /dev/stderr | sed -n "$gbs")
-    copy=$("$CU" stream "$shm" --mode copy --passes 3 | tee /dev/stderr | sed -n "1$gbs")
-    zero=$("$CU" stream "$shm" --mode zero-copy --passes 3 | tee /dev/stderr | sed -n "1$gbs")
+    limit=$("$CU" read "$shm/experts.smoe" --threads 16 --block-kib 4096 --direct --dest-mib 1024 | tee >(cat >&2) | sed -n "$gbs")
+    copy=$("$CU" stream "$shm" --mode copy --passes 3 | tee >(cat >&2) | sed -n "1$gbs")
+    zero=$("$CU" stream "$shm" --mode zero-copy --passes 3 | tee >(cat >&2) | sed -n "1$gbs")
     rows+=$(awk -v r="$r" -v l="$limit" -v c="$copy" -v z="$zero" 'BEGIN {
       printf "| %d | %.2f | %.2f | **%.2f** | %.2f | **%.2f** |", r, l, c, (l > 0 ? c / l : 0), z, (l > 0 ? z / l : 0) }')$'\n'
   done
