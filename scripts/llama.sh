@@ -123,8 +123,8 @@ cache_key() {
 
 # The cache is emptied and rebuilt in parts (llama.cpp/, build*/, smoe/), so
 # it must be this script's: a new or empty directory, or one holding the
-# marker this writes, the key file of a cache made before the marker, or
-# nothing but the names this script makes (a cache stopped before its key).
+# marker this writes (before anything else), or the key file of a cache made
+# before the marker was.
 # Anything else (SMOE_LLAMA_DIR naming a llama.cpp checkout, say) is refused
 # before anything in it is touched.
 MARKER=.smoe-llama-cache
@@ -133,17 +133,13 @@ own_cache_dir() {
   if [ -f "$DIR/$MARKER" ]; then
     return 0
   fi
-  # A cache made before the marker was, or stopped before its first key:
-  # it holds nothing but names this script makes.
-  local entry
+  # Names alone prove nothing (a llama.cpp checkout is called llama.cpp):
+  # without the marker or a key, only an empty directory is taken.
+  local first
   if [ ! -f "$DIR/key" ]; then
-    for entry in "$DIR"/* "$DIR"/.[!.]*; do
-      [ -e "$entry" ] || continue
-      case "$(basename "$entry")" in
-        .lock | "$MARKER" | key | llama_cpp_python-*.tar.gz | extract | llama.cpp | build | build-* | smoe) ;;
-        *) die "$DIR (SMOE_LLAMA_DIR) holds $(basename "$entry"), which this script did not make, and it replaces parts of the cache (llama.cpp/, build/, smoe/): give a new or empty directory" ;;
-      esac
-    done
+    first="$(ls -A "$DIR" | head -n 1)"
+    [ -z "$first" ] ||
+      die "$DIR (SMOE_LLAMA_DIR) holds $first, and this script did not make the directory (it has no $MARKER); it replaces parts of its cache (llama.cpp/, build/, smoe/): give a new or empty directory"
   fi
   echo "the cache of scripts/llama.sh (smoe): its parts are replaced when they are out of date" >"$DIR/$MARKER"
 }
@@ -152,8 +148,8 @@ own_cache_dir() {
 # glue. Takes the cache's lock for the rest of the script.
 prepare_tree() {
   [ -f "$PATCH" ] || die "$PATCH is missing"
-  need_tools
   own_cache_dir
+  need_tools
   exec 9>"$DIR/.lock"
   flock 9
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import os
 import pathlib
 import re
@@ -478,7 +479,7 @@ def from_pretrained(
                 f"{path}: has no config.json (a checkpoint holds one beside its weights; "
                 f"smoe pack copies it into the vault); pass config="
             )
-        plans = _plan(streamer, model_name, experts, getattr(config, "num_hidden_layers", None))
+        plans = _plan(streamer, model_name, experts, _prediction_layers(path, config))
         # Each routed experts parameter loads as an empty meta tensor.
         placeholders = {
             f"{name}.{pname}": _Placeholder(param.shape, param.dtype)
@@ -577,13 +578,13 @@ def _plan(
     streamer: smoe.Streamer,
     model_name: str,
     experts: list[tuple[str, torch.nn.Module]],
-    decoder_layers: int | None,
+    unbuilt: range,
 ) -> list[tuple[str, int, dict[str, _Builder]]]:
     """Each experts module's layer in the checkpoint and the builders of
     its parameters; refuses a checkpoint that does not match the model.
-    Layers from ``decoder_layers`` on (DeepSeek-V3's and GLM-4.5's
-    multi-token prediction layers, which transformers does not build) are
-    left to the streamer."""
+    The layers in ``unbuilt`` (DeepSeek-V3's and GLM-4.5's multi-token
+    prediction layers, which transformers does not build) are left to the
+    streamer."""
     layouts = streamer.metadata.get("layer_blob_layouts", {})
     plans = []
     for name, module in experts:
@@ -599,7 +600,7 @@ def _plan(
         (
             layer
             for layer in set(layouts) - {str(layer) for _, layer, _ in plans}
-            if decoder_layers is None or int(layer) < decoder_layers
+            if int(layer) not in unbuilt
         ),
         key=int,
     )
@@ -609,6 +610,23 @@ def _plan(
             f"has no experts module there"
         )
     return plans
+
+
+def _prediction_layers(path: pathlib.Path, config: Any) -> range:
+    """The multi-token prediction layers the checkpoint at ``path`` may
+    hold after its decoder's: ``num_nextn_predict_layers`` of them from
+    ``num_hidden_layers``, as its own ``config.json`` says (the model's
+    config may have been given other values), else as ``config`` says."""
+    try:
+        saved = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        saved = None
+    if not isinstance(saved, dict):
+        saved = {k: getattr(config, k, None) for k in ("num_hidden_layers", "num_nextn_predict_layers")}
+    layers, extra = saved.get("num_hidden_layers"), saved.get("num_nextn_predict_layers")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (layers, extra)):
+        return range(0)
+    return range(layers, layers + extra)
 
 
 def _experts_in(streamer: smoe.Streamer, layer: int) -> int:

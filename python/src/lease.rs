@@ -167,8 +167,10 @@ impl Drop for Lease {
         if Arc::strong_count(&held) == 1 && Arc::strong_count(&held.core) == 1 {
             // The last lease of a closed streamer: dropping it tears the
             // streamer down (see `drop_core`).
-            // SAFETY: a `#[pyclass]` value is dropped only by its Python
-            // object's deallocation, which CPython runs attached.
+            // SAFETY: every `Lease` is dropped on an attached thread: by its
+            // Python object's deallocation, by PyO3 when making that object
+            // fails, or by `wait()` while attached; none is made inside
+            // `detach`.
             let py = unsafe { Python::assume_attached() };
             py.detach(move || drop(held));
         }

@@ -203,12 +203,11 @@ impl Streamer {
                     }
                     // Signal handlers run only with the GIL, on the main
                     // thread: take it for the moment they need. PyO3
-                    // refuses to attach to an interpreter that is
-                    // finalizing when built for Python 3.13 or later: stop
-                    // waiting then. (Built for the 3.11 stable ABI it
-                    // cannot ask: CPython then stops this thread as it
-                    // stops any daemon thread that takes the GIL at
-                    // shutdown.)
+                    // refuses to attach to an interpreter that is no longer
+                    // initialized (or, built for Python 3.13 or later, one
+                    // that is finalizing): stop waiting then. Earlier in a
+                    // shutdown, CPython stops this thread as it stops any
+                    // daemon thread that takes the GIL then.
                     match Python::try_attach(|py| py.check_signals()) {
                         Some(Ok(())) => true,
                         Some(Err(err)) => {
@@ -488,8 +487,9 @@ impl Drop for Streamer {
             .take()
         {
             core.closed.store(true, Ordering::Release);
-            // SAFETY: a `#[pyclass]` value is dropped only by its Python
-            // object's deallocation, which CPython runs attached.
+            // SAFETY: every `Streamer` is dropped on an attached thread: by
+            // its Python object's deallocation, or by PyO3 when making that
+            // object fails; none is made inside `detach`.
             let py = unsafe { Python::assume_attached() };
             drop_core(core, Some(py));
         }

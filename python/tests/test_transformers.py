@@ -383,3 +383,14 @@ def test_a_multi_token_prediction_layer_is_left_to_the_streamer(checkpoints, pro
             assert torch.equal(model(prompt).logits, want)
     finally:
         model.smoe_streamer.close()
+
+
+def test_a_model_with_fewer_layers_than_the_checkpoint_is_refused(checkpoints):
+    """Layers past the model's are left to the streamer only when the
+    checkpoint's own config.json names them prediction layers: a model
+    built with fewer decoder layers than the checkpoint has (its config
+    still says one prediction layer, transformers' default) is refused,
+    naming the first layer left out."""
+    path = checkpoints[("deepseekv3", "bfloat16")]
+    with pytest.raises(smoe.FormatError, match="the checkpoint's layer 2 has routed experts"):
+        st.from_pretrained(path, num_hidden_layers=2, **QUIET)
