@@ -27,7 +27,7 @@ import os
 import pathlib
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import transformers
@@ -395,17 +395,15 @@ def _checkpoint_files(path: pathlib.Path, streamer: smoe.Streamer) -> list[pathl
     return [path / f for f in source.get("files", [])]
 
 
-def _expert_tensors(streamer: smoe.Streamer, counts: Mapping[int, int]) -> set[str]:
+def _expert_tensors(streamer: smoe.Streamer) -> set[str]:
     """The checkpoint's names of the routed experts' tensors: each layout
     item's ``tensor``, a template with ``{expert}`` for one tensor per
-    expert, or the stacked tensor's name. ``counts`` has the experts of
-    the layers the model builds; a layer it does not build (a multi-token
-    prediction layer) has those the streamer finds."""
+    expert, or the stacked tensor's name. Every layer's experts as the
+    streamer finds them (a layer the model builds was checked to have as
+    many as its module; a multi-token prediction layer has no module)."""
     names = set()
     for layer, items in streamer.metadata["layer_blob_layouts"].items():
-        count = counts.get(int(layer))
-        if count is None:
-            count = _experts_in(streamer, int(layer))
+        count = _experts_in(streamer, int(layer))
         for item in items:
             tensor = item.get("tensor", "")
             if "{expert}" in tensor:
@@ -487,10 +485,7 @@ def from_pretrained(
             for pname, param in module.named_parameters(recurse=False)
             if pname in builders
         }
-        skip = _expert_tensors(
-            streamer,
-            {layer: int(module.num_experts) for (_, module), (_, layer, _) in zip(experts, plans)},
-        )
+        skip = _expert_tensors(streamer)
         del skeleton, experts
         with contextlib.ExitStack() as files:
             # The dense weights, as transformers itself reads them: slices of

@@ -43,14 +43,8 @@ fn wrong_type(value: &Bound<'_, PyAny>, name: &str, expected: &str) -> PyErr {
 /// An integer argument (anything with `__index__`, but not a bool) in
 /// `0..=max`.
 fn unsigned(value: &Bound<'_, PyAny>, name: &str, expected: &str, max: u64) -> PyResult<u64> {
-    // The common case first, without a call into Python: a plain `int`
-    // (a routing loop passes thousands a token).
-    if value.is_exact_instance_of::<PyInt>() {
-        if let Ok(n) = value.extract::<u64>() {
-            if n <= max {
-                return Ok(n);
-            }
-        }
+    if let Some(n) = plain_int(value, max) {
+        return Ok(n);
     }
     let py = value.py();
     if value.is_instance_of::<PyBool>() {
@@ -68,6 +62,16 @@ fn unsigned(value: &Bound<'_, PyAny>, name: &str, expected: &str, max: u64) -> P
             format!("{name} must be in 0..={max}, got {index}"),
         )),
     }
+}
+
+/// The common case, without a call into Python: a plain `int` in
+/// `0..=max` (a routing loop passes thousands a token). `None` for
+/// anything else, which the full check then reads or refuses.
+fn plain_int(value: &Bound<'_, PyAny>, max: u64) -> Option<u64> {
+    if !value.is_exact_instance_of::<PyInt>() {
+        return None;
+    }
+    value.extract::<u64>().ok().filter(|&n| n <= max)
 }
 
 /// A layer's or an expert's number argument (`name`): an int in the
@@ -92,12 +96,10 @@ pub(crate) fn id_list_arg(value: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<
         .map(|(i, item)| {
             let item = item?;
             // The name is made only for an item that needs the full check.
-            if item.is_exact_instance_of::<PyInt>() {
-                if let Ok(n) = item.extract::<u32>() {
-                    return Ok(n);
-                }
+            match plain_int(&item, u64::from(u32::MAX)) {
+                Some(n) => Ok(n as u32),
+                None => id_arg(&item, &format!("{name}[{i}]")),
             }
-            id_arg(&item, &format!("{name}[{i}]"))
         })
         .collect()
 }
