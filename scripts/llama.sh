@@ -237,7 +237,7 @@ install_smoe() {
 build() {
   prepare_tree
   install_smoe
-  configure_and_build "$DIR/build" "llama-simple llama-cli llama-server llama-bench llama-completion ggml-rpc-server" \
+  configure_and_build "$DIR/build" "llama-simple llama-cli llama-server llama-bench llama-completion llama-speculative ggml-rpc-server" \
     -DLLAMA_SMOE=ON -Dsmoe_DIR="$DIR/smoe/lib/cmake/smoe" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DGGML_RPC=ON
 }
 

@@ -346,10 +346,17 @@ static bool smoe_source(const char * model_path, std::string * path, std::string
     return true;
 }
 
-llama_smoe * llama_smoe_from_env(uint32_t n_layer, const char * model_path) {
+llama_smoe * llama_smoe_from_env(uint32_t n_layer, uint32_t n_expert, const char * model_path) {
     std::string vault;
     std::string named;
     if (!smoe_source(model_path, &vault, &named)) {
+        return nullptr;
+    }
+    if (n_expert == 0) {
+        // nothing to stream: a dense model (a draft model beside the streamed one, say) loads
+        // as stock llama.cpp, whatever else the process streams
+        fprintf(stderr, "smoe: %s has no routed experts (a dense model): loaded as stock llama.cpp, not streamed (%s)\n",
+                model_path != nullptr && *model_path != '\0' ? model_path : "the model", named.c_str());
         return nullptr;
     }
     smoe_config cfg;
@@ -388,11 +395,9 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, const char * model_path) {
     const bool copy_ahead = env_u32("SMOE_COPY_AHEAD", 1, 1) == 1;
     const uint32_t squeeze = env_u32("SMOE_TEST_SQUEEZE", 0, UINT32_MAX);
     const uint32_t fail_claims = env_u32("SMOE_TEST_FAIL_CLAIMS", 0, UINT32_MAX);
-    // read again when a context is made, where a bad value would be taken for a refusal
-    // (SMOE_TEST_UBATCH_FAIL) or never seen (SMOE_OP_OFFLOAD without a GPU): checked here,
-    // so that any bad value stops the load
+    // read again when a context is made, where a bad value would be never seen
+    // (SMOE_OP_OFFLOAD without a GPU): checked here, so that any bad value stops the load
     (void) env_u32("SMOE_UBATCH", 0, UINT32_MAX);
-    (void) env_u32("SMOE_TEST_UBATCH_FAIL", 0, 1);
     (void) env_u32("SMOE_OP_OFFLOAD", 1, 1);
     if (std::getenv("SMOE_SPECULATE") != nullptr && *std::getenv("SMOE_SPECULATE") != '\0') {
         throw std::runtime_error("smoe: SMOE_SPECULATE is gone (its guess, the same expert ids one layer on, "
@@ -1030,10 +1035,6 @@ uint32_t llama_smoe_ubatch(llama_smoe * s, uint32_t n_batch, uint32_t n_ubatch, 
 bool llama_smoe_ubatch_fits(llama_smoe * s, uint32_t n_ubatch, uint32_t asked, size_t compute_bytes, size_t base_bytes) {
     if (s == nullptr) {
         return true;
-    }
-    if (env_u32("SMOE_TEST_UBATCH_FAIL", 0, 1) == 1) {
-        // a test aid: the raised size's buffers as if they could not be allocated
-        throw std::runtime_error("SMOE_TEST_UBATCH_FAIL=1: the compute buffers of a raised n_ubatch refused (test aid)");
     }
     const size_t extra = compute_bytes > base_bytes ? compute_bytes - base_bytes : 0;
     const bool fits = extra <= s->ring_bytes / 4;

@@ -19,14 +19,16 @@ struct ggml_context;
 struct ggml_tensor;
 struct llama_smoe;
 
-// Opens what the environment names for a model of n_layer layers loaded from model_path
-// (the file llama.cpp opened: the first part of a split GGUF; nullptr or "" when it was
-// not loaded from a path): SMOE_VAULT when set (a vault directory, its experts.smoe, or
-// a model file smoe_open reads in place), else with SMOE=1 model_path itself. nullptr
-// (stock llama.cpp) when SMOE is unset, empty or 0 and SMOE_VAULT unset or empty, and
-// whenever SMOE=0. Throws std::runtime_error with smoe's message, naming the variable
-// and the file, on any failure.
-llama_smoe * llama_smoe_from_env(uint32_t n_layer, const char * model_path);
+// Opens what the environment names for a model of n_layer layers and n_expert routed
+// experts a layer loaded from model_path (the file llama.cpp opened: the first part of a
+// split GGUF; nullptr or "" when it was not loaded from a path): SMOE_VAULT when set (a
+// vault directory, its experts.smoe, or a model file smoe_open reads in place), else with
+// SMOE=1 model_path itself. nullptr (stock llama.cpp) when SMOE is unset, empty or 0 and
+// SMOE_VAULT unset or empty, whenever SMOE=0, and for a model without routed experts
+// (n_expert 0: a dense draft model beside a streamed one), which says so on stderr.
+// Throws std::runtime_error with smoe's message, naming the variable and the file, on
+// any failure.
+llama_smoe * llama_smoe_from_env(uint32_t n_layer, uint32_t n_expert, const char * model_path);
 
 // Prints one "smoe: ..." line of statistics on stderr and closes the vault.
 void llama_smoe_free(llama_smoe * s);
@@ -69,8 +71,7 @@ uint32_t llama_smoe_ubatch(llama_smoe * s, uint32_t n_batch, uint32_t n_ubatch, 
 // the n_ubatch asked for (llama.cpp's), may be kept: the difference at most a quarter of the
 // ring's bytes (under memory pressure the elastic ring gives the activations that much, for
 // the context's life). When false the context halves its n_ubatch and reserves again, down
-// to the n_ubatch asked for. SMOE_TEST_UBATCH_FAIL=1 (a test aid) throws here, as a failed
-// allocation of the raised size's buffers does.
+// to the n_ubatch asked for, as it does when a size's buffers cannot be allocated.
 bool llama_smoe_ubatch_fits(llama_smoe * s, uint32_t n_ubatch, uint32_t asked, size_t compute_bytes, size_t base_bytes);
 
 // The graph nodes the waves may add to a graph of the model (0 for nullptr): what
@@ -141,7 +142,7 @@ int llama_smoe_last_layer(const llama_smoe * s);
 // defines LLAMA_SMOE when it is on): llama-smoe.cpp and smoe.h are not part of
 // the build, no vault is ever opened, and llama.cpp's calls into the glue are
 // these no-ops, so the patched tree builds and runs as stock llama.cpp.
-inline llama_smoe * llama_smoe_from_env(uint32_t, const char *) { return nullptr; }
+inline llama_smoe * llama_smoe_from_env(uint32_t, uint32_t, const char *) { return nullptr; }
 inline void llama_smoe_free(llama_smoe *) {}
 inline ggml_context * llama_smoe_tensor_ctx(llama_smoe *, const char *, bool) { return nullptr; }
 inline void llama_smoe_bind(llama_smoe *) {}

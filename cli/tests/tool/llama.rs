@@ -159,7 +159,7 @@ fn run_predicting(
         "SMOE_UBATCH",
         "SMOE_SIMPLE_UBATCH",
         "SMOE_SIMPLE_SWA_FULL",
-        "SMOE_TEST_UBATCH_FAIL",
+        "SMOE_TEST_REFUSE_ABOVE",
         "SMOE_TEST_FAIL_CLAIMS",
         "SMOE_POPULATE",
     ] {
@@ -736,25 +736,108 @@ fn a_prompt_in_one_ubatch_reads_each_expert_once() {
     );
 }
 
+/// `cli/tests/tool/c/refuse_big_alloc.c` built into `dir`: an `LD_PRELOAD`
+/// library whose `posix_memalign` refuses requests above
+/// `SMOE_TEST_REFUSE_ABOVE` bytes, as a host at its memory limit does.
+fn refuse_big_alloc(dir: &Path) -> PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tool/c/refuse_big_alloc.c");
+    let lib = dir.join("refuse_big_alloc.so");
+    smoe_test_support::native::run(
+        Command::new(smoe_test_support::native::default_c_compiler())
+            .args(["-shared", "-fPIC", "-O2", "-o"])
+            .arg(&lib)
+            .arg(&source)
+            .arg("-ldl"),
+    );
+    lib
+}
+
 /// A raised `n_ubatch` whose compute buffers cannot be allocated (a GPU's
-/// memory; here the glue's test aid `SMOE_TEST_UBATCH_FAIL=1` makes the
-/// check fail as that allocation would) is given up: the context runs
-/// llama.cpp's `n_ubatch`, says so, and its logits are stock's there.
+/// memory, a host at its limit: here `posix_memalign` refuses them, through
+/// `refuse_big_alloc`) is halved as one too big for the ring is: the
+/// context runs the largest size whose buffers were allocated and fit, or
+/// llama.cpp's `n_ubatch` when none did, says so, and its logits are
+/// stock's at that size. (A failure once gave every raise up at once.)
 #[test]
-fn a_raise_that_cannot_be_allocated_is_given_up() {
+fn a_raise_that_cannot_be_allocated_is_halved() {
     let Some(s) = setup_in_place("qwen3moe-q8_0.gguf") else {
         return;
     };
-    let stock = run_long(&s, "stock-32", 1, &[("SMOE_SIMPLE_UBATCH", "32")]);
-    let env = ubatch_env("16", &[("SMOE_TEST_UBATCH_FAIL", "1")]);
-    let given_up = run_long(&s, "smoe-given-up", 1, &env);
-    let err = String::from_utf8_lossy(&given_up.out.stderr);
+    let lib = refuse_big_alloc(s.tmp.path());
+    let preload = lib.to_str().unwrap();
+    // Through 16 slots the long prompt's 142 tokens are raised to one
+    // ubatch; its compute buffers are 440,256 bytes, 71 tokens' 220 KB and
+    // llama.cpp's 32 tokens' 97 KB (the fixture's sizes at the pinned
+    // llama.cpp).
+    for (refuse_above, expected) in [("300000", 71), ("100000", 32)] {
+        let env = ubatch_env(
+            "16",
+            &[("LD_PRELOAD", preload), ("SMOE_TEST_REFUSE_ABOVE", refuse_above)],
+        );
+        let run = run_long(&s, &format!("smoe-refused-{refuse_above}"), 1, &env);
+        let err = String::from_utf8_lossy(&run.out.stderr);
+        assert!(run.out.status.success(), "{err}");
+        assert!(
+            err.contains("smoe: n_ubatch 142: failed to allocate compute pp buffers: trying 71"),
+            "{err}"
+        );
+        assert_eq!(ubatch_run(&err), expected, "{err}");
+        let stock = run_long(
+            &s,
+            &format!("stock-{expected}"),
+            1,
+            &[("SMOE_SIMPLE_UBATCH", &expected.to_string())],
+        );
+        assert!(same_logits(&run, &stock), "not stock's logits\n{err}");
+    }
+}
+
+/// A dense draft model beside a streamed MoE model (speculative decoding:
+/// `llama-speculative -md`, `llama-server -md`) loads as stock llama.cpp
+/// under `SMOE=1`, saying so, while the MoE model streams: the text is
+/// stock's. (It once failed to load, and llama-speculative crashed on the
+/// missing draft.) The draft is `derived/qwen3-q8_0-dense.gguf`, a dense
+/// Qwen3 with the MoE fixture's vocabulary.
+#[test]
+fn a_dense_draft_model_loads_as_stock() {
+    let Some(s) = setup_in_place("qwen3moe-q8_0.gguf") else {
+        return;
+    };
+    let draft = fixtures().join("derived/qwen3-q8_0-dense.gguf");
+    let run = |env: &[(&str, &str)]| {
+        let mut cmd = Command::new(tool(&s.bin, "llama-speculative"));
+        cmd.arg("-m")
+            .arg(&s.gguf)
+            .arg("-md")
+            .arg(&draft)
+            .args(["-p", "Hello world", "-n", "16", "--temp", "0", "-t", "1"])
+            .env_remove("SMOE")
+            .env_remove("SMOE_VAULT")
+            .env("SMOE_CACHE_DIR", s.tmp.path().join("cache"));
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    };
+    let stock = run(&[]);
+    assert!(stock.status.success(), "{}", String::from_utf8_lossy(&stock.stderr));
+    let streamed = run(&[("SMOE", "1"), ("SMOE_RING_SLOTS", "8"), ("SMOE_PREWARM", "0")]);
+    let err = String::from_utf8_lossy(&streamed.stderr);
+    assert!(streamed.status.success(), "{err}");
     assert!(
-        err.contains("SMOE_TEST_UBATCH_FAIL=1") && err.contains(": n_ubatch 32 instead"),
+        err.contains(&format!(
+            "smoe: {} has no routed experts (a dense model): loaded as stock llama.cpp",
+            draft.display()
+        )),
         "{err}"
     );
-    assert_eq!(ubatch_run(&err), 32, "{err}");
-    assert!(same_logits(&given_up, &stock), "not stock's logits\n{err}");
+    assert!(evictions(&err) > 0, "the MoE model streamed through 8 slots: {err}");
+    assert!(!stock.stdout.is_empty());
+    assert_eq!(
+        String::from_utf8_lossy(&streamed.stdout),
+        String::from_utf8_lossy(&stock.stdout),
+        "{err}"
+    );
 }
 
 /// The ring's pages are committed at open by default (the library's
