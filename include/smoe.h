@@ -421,6 +421,42 @@ typedef struct smoe_stats {
    * one offset modulo the I/O block); 0 for a vault.
    */
   uint64_t bytes_moved;
+  /**
+   * Added in wave 5: bytes read by speculative reads (bets no claim
+   * waited for while they were read).
+   */
+  uint64_t bytes_speculative;
+  /**
+   * Added in wave 5: of `bytes_speculative`, the bytes of loads no claim
+   * has taken yet (evicted unclaimed, or still waiting in the ring).
+   */
+  uint64_t bytes_speculative_unclaimed;
+  /**
+   * Added in wave 5: members of demand working sets of layers that had
+   * a bet outstanding (speculative prefetches since the layer's last
+   * demand set).
+   */
+  uint64_t prediction_routed;
+  /**
+   * Added in wave 5: of `prediction_routed`, the members the bet named
+   * (the prediction's recall is `prediction_hits / prediction_routed`).
+   */
+  uint64_t prediction_hits;
+  /**
+   * Added in wave 5: speculative reads dropped before they began, their
+   * layer's demand set having arrived without them.
+   */
+  uint64_t speculative_dropped;
+  /**
+   * Added in wave 5: nanoseconds the engine was busy (between
+   * `smoe_prewarm_pause(s, true)` and `smoe_prewarm_pause(s, false)`).
+   */
+  uint64_t busy_ns;
+  /**
+   * Added in wave 5: of `busy_ns`, the nanoseconds no read was in
+   * progress.
+   */
+  uint64_t drive_idle_ns;
 } smoe_stats;
 
 #ifdef __cplusplus

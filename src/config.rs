@@ -249,6 +249,29 @@ macro_rules! stats_schema {
             /// opened in place whose experts of one layer do not all sit at
             /// the same offset modulo the I/O block (SPEC §6). 0 for a vault.
             bytes_moved,
+            /// Bytes read by speculative reads: bets, read before any claim
+            /// waited for them (a bet a claim waited for counts as demand).
+            bytes_speculative,
+            /// Of `bytes_speculative`, the bytes of loads no claim has taken
+            /// yet: evicted unclaimed, or still waiting in the ring. Wasted
+            /// reads, unless a later claim takes them.
+            bytes_speculative_unclaimed,
+            /// Members of demand working sets (`prefetch_set`) of layers
+            /// that had a bet outstanding (speculative prefetches since the
+            /// layer's last demand set): the prediction's denominator.
+            prediction_routed,
+            /// Of `prediction_routed`, the members the bet named: the
+            /// prediction's recall is `prediction_hits / prediction_routed`.
+            prediction_hits,
+            /// Speculative reads dropped before they began because their
+            /// layer's demand set arrived without them (stale bets).
+            speculative_dropped,
+            /// Nanoseconds the engine was busy: between
+            /// `prewarm_pause(true)` and `prewarm_pause(false)`.
+            busy_ns,
+            /// Of `busy_ns`, the nanoseconds no read was in progress: time
+            /// a read ahead could have used.
+            drive_idle_ns,
         }
     };
 }

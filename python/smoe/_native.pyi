@@ -50,6 +50,13 @@ class Stats(TypedDict):
     slots_held: int
     evicted_unclaimed: int
     bytes_moved: int
+    bytes_speculative: int
+    bytes_speculative_unclaimed: int
+    prediction_routed: int
+    prediction_hits: int
+    speculative_dropped: int
+    busy_ns: int
+    drive_idle_ns: int
 
 class ExpertInfo(TypedDict):
     """``Streamer.expert_info()``: where an expert lives."""

@@ -381,4 +381,11 @@ stats_fields!(
     slots_held,
     evicted_unclaimed,
     bytes_moved,
+    bytes_speculative,
+    bytes_speculative_unclaimed,
+    prediction_routed,
+    prediction_hits,
+    speculative_dropped,
+    busy_ns,
+    drive_idle_ns,
 );

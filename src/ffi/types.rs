@@ -220,6 +220,28 @@ pub struct smoe_stats {
     /// (a model opened in place whose experts of one layer do not share
     /// one offset modulo the I/O block); 0 for a vault.
     pub bytes_moved: u64,
+    /// Added in wave 5: bytes read by speculative reads (bets no claim
+    /// waited for while they were read).
+    pub bytes_speculative: u64,
+    /// Added in wave 5: of `bytes_speculative`, the bytes of loads no claim
+    /// has taken yet (evicted unclaimed, or still waiting in the ring).
+    pub bytes_speculative_unclaimed: u64,
+    /// Added in wave 5: members of demand working sets of layers that had
+    /// a bet outstanding (speculative prefetches since the layer's last
+    /// demand set).
+    pub prediction_routed: u64,
+    /// Added in wave 5: of `prediction_routed`, the members the bet named
+    /// (the prediction's recall is `prediction_hits / prediction_routed`).
+    pub prediction_hits: u64,
+    /// Added in wave 5: speculative reads dropped before they began, their
+    /// layer's demand set having arrived without them.
+    pub speculative_dropped: u64,
+    /// Added in wave 5: nanoseconds the engine was busy (between
+    /// `smoe_prewarm_pause(s, true)` and `smoe_prewarm_pause(s, false)`).
+    pub busy_ns: u64,
+    /// Added in wave 5: of `busy_ns`, the nanoseconds no read was in
+    /// progress.
+    pub drive_idle_ns: u64,
 }
 
 /// An open streamer (opaque). Made by `smoe_open`, freed by `smoe_close`;

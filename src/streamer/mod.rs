@@ -8,6 +8,10 @@
 #[cfg(not(loom))]
 pub(crate) mod elastic;
 #[cfg(not(loom))]
+mod drive;
+#[cfg(not(loom))]
+mod predict;
+#[cfg(not(loom))]
 mod prewarm;
 mod ring;
 pub(crate) mod slots;
@@ -33,7 +37,9 @@ mod imp {
 
     use crossbeam_utils::CachePadded;
 
+    use super::drive::DriveClock;
     use super::elastic::{self, ElasticState};
+    use super::predict::Predictions;
     use super::prewarm;
     use super::ring::Ring;
     use super::slots::{Claimed, Origin, Prefetched, SetClaim, Shape, SlotTable, Spare};
@@ -95,6 +101,15 @@ mod imp {
         pub(crate) io_errors: CachePadded<AtomicU64>,
         pub(crate) checksum_errors: CachePadded<AtomicU64>,
         pub(crate) bytes_moved: CachePadded<AtomicU64>,
+        /// Bytes of speculative reads (no claim waited for them).
+        pub(crate) bytes_speculative: CachePadded<AtomicU64>,
+        /// Members of demand sets whose layer had a bet outstanding.
+        pub(crate) prediction_routed: CachePadded<AtomicU64>,
+        /// Of those, the members the bet named.
+        pub(crate) prediction_hits: CachePadded<AtomicU64>,
+        /// Speculative reads dropped before they began: their layer's set
+        /// arrived without them.
+        pub(crate) speculative_dropped: CachePadded<AtomicU64>,
     }
 
     /// What the streamer's threads share.
@@ -131,6 +146,11 @@ mod imp {
         /// The ring's pages promised to the sizing and not committed yet
         /// (a ring committed at open): the populate loop settles them.
         pub(crate) promise: crate::budget::Promise,
+        /// The bets outstanding on each layer's routing (speculative
+        /// prefetches), settled by the layer's next demand set.
+        pub(crate) predictions: Predictions,
+        /// The engine's busy time and the drive's idle time within it.
+        pub(crate) drive: DriveClock,
     }
 
     /// Streams expert blobs from a vault into a ring of slots. See the module
@@ -329,6 +349,8 @@ mod imp {
                 landed: worker::Landed::new(),
                 reader,
                 promise,
+                predictions: Predictions::new(ids),
+                drive: DriveClock::default(),
                 vault,
             });
             // A locked ring is committed already; a pinned one is about to
@@ -464,7 +486,10 @@ mod imp {
             let (id, _, _) = self.id_of(layer, expert)?;
             let origin = match priority {
                 Priority::Demand => Origin::Demand,
-                Priority::Speculative => Origin::Speculative,
+                Priority::Speculative => {
+                    self.shared.predictions.bet(id);
+                    Origin::Speculative
+                }
             };
             match self.shared.table.prefetch(id, origin) {
                 Prefetched::Queued { .. } => {
@@ -817,6 +842,16 @@ mod imp {
             };
             let t = &self.shared.table;
             let n_experts = self.shared.vault.n_experts();
+            match priority {
+                // The layer's real set: settle its bet first, so that the
+                // slots of dropped bets are free for the set's reads.
+                Priority::Demand => self.settle(layer, base, experts),
+                Priority::Speculative => {
+                    for &expert in experts {
+                        self.shared.predictions.bet(base + expert);
+                    }
+                }
+            }
             // Built at the first member that needs a slot (a set of
             // residents costs no bitmap).
             let mut bits = None;
@@ -854,6 +889,33 @@ mod imp {
                 }
             }
             Ok(present)
+        }
+
+        /// Settles the bet outstanding on `layer` (dense ids from `base`)
+        /// against its routed set: counts the prediction's hits and drops
+        /// the predicted reads the set does not name that have not begun.
+        fn settle(&self, layer: u32, base: u32, routed: &[u32]) {
+            let _ = layer;
+            let shared = &self.shared;
+            let n = shared.vault.n_experts();
+            let settled = shared
+                .predictions
+                .settle(base, n, routed, |id| shared.table.drop_speculative(id));
+            if settled.routed == 0 && settled.dropped == 0 {
+                return;
+            }
+            let c = &shared.counters;
+            c.prediction_routed
+                .fetch_add(settled.routed, Ordering::Relaxed);
+            c.prediction_hits
+                .fetch_add(settled.predicted, Ordering::Relaxed);
+            if settled.dropped > 0 {
+                c.speculative_dropped
+                    .fetch_add(settled.dropped, Ordering::Relaxed);
+                // A claim waiting on a dropped read would wait for a landing
+                // that never comes: it looks again (and queues its own).
+                shared.landed.notify();
+            }
         }
 
         /// Claims one member of a layer's working set (docs/c-api.md
@@ -1090,6 +1152,7 @@ mod imp {
             let c = &self.shared.counters;
             let r = |a: &CachePadded<AtomicU64>| a.load(Ordering::Relaxed);
             let trace = self.shared.trace.as_ref();
+            let drive = self.shared.drive.times();
             let claims = self
                 .shared
                 .histogram
@@ -1123,6 +1186,14 @@ mod imp {
                 slots_held: u64::from(self.shared.table.occupancy().held),
                 evicted_unclaimed: self.shared.table.evicted_unclaimed(),
                 bytes_moved: r(&c.bytes_moved),
+                bytes_speculative: r(&c.bytes_speculative),
+                bytes_speculative_unclaimed: r(&c.bytes_speculative)
+                    .saturating_sub(self.shared.table.speculative_claimed_bytes()),
+                prediction_routed: r(&c.prediction_routed),
+                prediction_hits: r(&c.prediction_hits),
+                speculative_dropped: r(&c.speculative_dropped),
+                busy_ns: drive.busy_ns,
+                drive_idle_ns: drive.idle_ns,
             }
         }
 
@@ -1131,6 +1202,7 @@ mod imp {
         /// (`false`: it resumes, re-warming what was evicted meanwhile).
         pub fn prewarm_pause(&self, busy: bool) {
             self.shared.prewarm.pause(busy);
+            self.shared.drive.set_busy(busy);
         }
 
         /// Passes the pre-warm thread has made over its targets: for tests.

@@ -250,6 +250,7 @@ fn read_job(shared: &Shared, files: &[File], job: ReadJob, scratch: &mut Scratch
     let c = &shared.counters;
     let path = shared.vault.path();
 
+    shared.drive.read_began();
     let read = match shared.vault.model() {
         None => shared
             .reader
@@ -258,6 +259,7 @@ fn read_job(shared: &Shared, files: &[File], job: ReadJob, scratch: &mut Scratch
             .map_err(|e| Error::read(path, &e)),
         Some(model) => read_model(shared, model, files, &entry, buf, scratch),
     };
+    shared.drive.read_ended();
     let bytes = match read {
         Ok(bytes) => bytes,
         Err(e) => {
@@ -267,12 +269,6 @@ fn read_job(shared: &Shared, files: &[File], job: ReadJob, scratch: &mut Scratch
         }
     };
     c.bytes_read.fetch_add(bytes, Ordering::Relaxed);
-    match job.origin {
-        Origin::Demand => &c.reads_demand,
-        Origin::Speculative => &c.reads_speculative,
-        Origin::Prewarm => &c.reads_prewarm,
-    }
-    .fetch_add(1, Ordering::Relaxed);
     if shared.verify && shared.vault.header().has_checksums() {
         let sum = xxh3_64(&buf[..entry.size as usize]);
         if sum != entry.xxh3 {
@@ -284,7 +280,17 @@ fn read_job(shared: &Shared, files: &[File], job: ReadJob, scratch: &mut Scratch
             return;
         }
     }
-    shared.table.finish_ok(job);
+    // Counted by who the load was for in the end: a claim that waited for
+    // a bet while it was read made it demand.
+    match shared.table.finish_loaded(job, bytes) {
+        Origin::Demand => &c.reads_demand,
+        Origin::Speculative => {
+            c.bytes_speculative.fetch_add(bytes, Ordering::Relaxed);
+            &c.reads_speculative
+        }
+        Origin::Prewarm => &c.reads_prewarm,
+    }
+    .fetch_add(1, Ordering::Relaxed);
     shared.landed.notify();
 }
 

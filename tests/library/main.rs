@@ -18,6 +18,7 @@ mod hardening_input;
 mod header;
 mod in_place;
 mod install;
+mod lookahead;
 mod popularity;
 mod prewarm;
 mod python;

@@ -571,3 +571,59 @@ fn claim_set_races_a_release_that_frees_its_slot() {
         }
     });
 }
+
+/// A stale bet dropped (`drop_speculative`) while a worker may begin its
+/// read and a claim may wait for it: either the drop wins (the read never
+/// starts; the claim, or the one after, queues its own) or the read goes
+/// on. Either way the expert is read exactly once, and a claim sees its own
+/// bytes.
+#[test]
+fn dropping_a_bet_races_a_worker_and_a_claim() {
+    loom::model(|| {
+        let m = Model::new(2, 3);
+        assert!(matches!(
+            m.table.prefetch(1, Origin::Speculative),
+            Prefetched::Queued { .. }
+        ));
+        let m2 = m.clone();
+        let worker = thread::spawn(move || m2.work());
+        let m3 = m.clone();
+        let claimant = thread::spawn(move || m3.table.claim(1));
+        let dropped = m.table.drop_speculative(1);
+        let mut reads = usize::from(worker.join().unwrap());
+        let claimed = claimant.join().unwrap();
+        if let Claimed::Ready { ticket, .. } = claimed {
+            m.table.release(ticket).unwrap();
+        }
+        // A claim now queues a demand read if the drop left none.
+        if let Claimed::Ready { ticket, .. } = m.table.claim(1) {
+            m.table.release(ticket).unwrap();
+        }
+        while m.work() {
+            reads += 1;
+        }
+        assert_eq!(reads, 1, "dropped {dropped}, claim {claimed:?}");
+        assert!(m.claim_check_release(1), "expert 1 is resident in the end");
+    });
+}
+
+/// A demand prefetch promoting a bet races its drop: the read is either
+/// promoted (and never dropped) or dropped and queued again as demand; the
+/// expert is loaded exactly once either way.
+#[test]
+fn dropping_a_bet_races_its_promotion() {
+    loom::model(|| {
+        let m = Model::new(2, 3);
+        m.table.prefetch(1, Origin::Speculative);
+        let m2 = m.clone();
+        let promoter = thread::spawn(move || m2.table.prefetch(1, Origin::Demand));
+        let dropped = m.table.drop_speculative(1);
+        let promoted = promoter.join().unwrap();
+        let mut reads = 0;
+        while m.work() {
+            reads += 1;
+        }
+        assert_eq!(reads, 1, "dropped {dropped}, promoted {promoted:?}");
+        assert!(m.claim_check_release(1));
+    });
+}

@@ -181,6 +181,11 @@ struct Cell {
     /// with a plain load and store (a lost increment only blurs a hint);
     /// on this line, which the claim's compare-exchange owns already.
     count: AtomicU32,
+    /// The bytes the worker read for the current load, stored before its
+    /// READY (Relaxed: that Release publishes it with the slot's bytes);
+    /// the load's first claim adds it to `speculative_claimed_bytes` when
+    /// the load was a bet (a statistic).
+    bytes: AtomicU64,
 }
 
 impl Cell {
@@ -191,6 +196,7 @@ impl Cell {
             id: AtomicU32::new(0),
             layer: AtomicU32::new(0),
             count: AtomicU32::new(0),
+            bytes: AtomicU64::new(0),
         }
     }
 }
@@ -220,6 +226,10 @@ pub(crate) struct SlotTable {
     /// Evictions of loads no claim ever took (READY): reads wasted, most
     /// often speculation that did not come true (a statistic).
     evicted_unclaimed: CachePadded<AtomicU64>,
+    /// Bytes of speculative loads (neither demand nor pre-warm when they
+    /// landed) whose first claim has come: the rest of the speculative
+    /// bytes read were never claimed (a statistic).
+    speculative_claimed_bytes: CachePadded<AtomicU64>,
     /// Loaded experts the elastic ring took offline with their slot (the
     /// pre-warm thread's cue, with `evictions`, that something left the
     /// ring).
@@ -279,6 +289,7 @@ impl SlotTable {
             speculative: Queue::with_capacity(cap),
             evictions: CachePadded::new(AtomicU64::new(0)),
             evicted_unclaimed: CachePadded::new(AtomicU64::new(0)),
+            speculative_claimed_bytes: CachePadded::new(AtomicU64::new(0)),
             retired: CachePadded::new(AtomicU64::new(0)),
             shape: Shape {
                 policy: Policy::Lru,
@@ -330,6 +341,11 @@ impl SlotTable {
     /// Evictions of loads no claim had taken.
     pub(crate) fn evicted_unclaimed(&self) -> u64 {
         self.evicted_unclaimed.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of speculative loads that a claim has taken so far.
+    pub(crate) fn speculative_claimed_bytes(&self) -> u64 {
+        self.speculative_claimed_bytes.load(Ordering::Relaxed)
     }
 
     /// What the ring's slots are doing now, by one pass over their words
@@ -548,6 +564,49 @@ impl SlotTable {
         }
     }
 
+    /// Drops `id`'s read when it still waits in a queue as a bet (QUEUED,
+    /// neither demand nor pre-warm: no claim waits for it), so that it
+    /// never starts: the slot goes back to EMPTY (its generation kept, so
+    /// the queue's entry is stale and the worker that pops it skips it) and
+    /// the map entry is cleared, as if the bet had never been queued. A
+    /// claim or a demand prefetch racing with it either marks the read
+    /// demand first (then nothing is dropped) or finds the slot EMPTY and
+    /// queues a read of its own. Returns whether a read was dropped.
+    pub(crate) fn drop_speculative(&self, id: u32) -> bool {
+        let entry = &self.map[id as usize];
+        // Acquire: as in `prefetch_sparing`.
+        let m = entry.load(Ordering::Acquire);
+        if m == NONE || m == RESERVED {
+            return false;
+        }
+        let (slot, generation) = split_ticket(m);
+        let cell = &self.cells[slot as usize].word;
+        // Acquire: the word's latest transition (a promotion, a worker's
+        // begin) before deciding.
+        let w = cell.load(Ordering::Acquire);
+        if w.state() != QUEUED || w.generation() != generation || w.origin() != Origin::Speculative
+        {
+            return false;
+        }
+        // AcqRel: Acquire as above; Release makes the slot free again for
+        // whoever takes it next. Losing to a promotion or a worker's begin
+        // (the word changed) drops nothing.
+        if cell
+            .compare_exchange(
+                w,
+                w.with_state(EMPTY).without_origin(),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return false;
+        }
+        // AcqRel: as every map clearing; the ticket is this load's alone.
+        let _ = entry.compare_exchange(m, NONE, Ordering::AcqRel, Ordering::Relaxed);
+        true
+    }
+
     /// Takes a slot for `id`: a fresh one if any is left, else the least
     /// recently used idle one. Returns (slot, new generation, evicted).
     fn take_slot(&self, id: u32, origin: Origin, spare: Spare<'_>) -> Option<(u32, u64, bool)> {
@@ -684,21 +743,31 @@ impl SlotTable {
     }
 
     /// Publishes a finished read: READY, with a fresh tick.
+    #[cfg(any(test, loom))]
     pub(crate) fn finish_ok(&self, job: ReadJob) {
+        self.finish_loaded(job, 0);
+    }
+
+    /// Publishes a finished read of `bytes` bytes: READY, with a fresh
+    /// tick. Returns who the load was for in the end: a claim that waited
+    /// for it while it was read made it demand.
+    pub(crate) fn finish_loaded(&self, job: ReadJob, bytes: u64) -> Origin {
         self.touch(job.slot);
-        let cell = &self.cells[job.slot as usize].word;
+        let slot = &self.cells[job.slot as usize];
+        slot.bytes.store(bytes, Ordering::Relaxed);
+        let cell = &slot.word;
         let mut w = cell.load(Ordering::Relaxed);
         loop {
             debug_assert!(w.state() == READING && w.generation() == job.generation);
-            // Release: publishes the bytes the worker wrote into the slot to
-            // every claim that Acquires this word.
+            // Release: publishes the bytes the worker wrote into the slot
+            // (and `bytes`) to every claim that Acquires this word.
             match cell.compare_exchange(
                 w,
                 w.with_state(READY),
                 Ordering::Release,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return,
+                Ok(_) => return w.origin(),
                 Err(now) => w = now, // a claim set D meanwhile
             }
         }
@@ -860,6 +929,15 @@ impl SlotTable {
                                 // its line once per claim, not three times.
                                 if w.refs() == 0 {
                                     self.touch_claimed(slot);
+                                }
+                                if w.state() == READY && w.origin() == Origin::Speculative {
+                                    // The first claim of a bet that came
+                                    // true (its bytes were stored before
+                                    // the READY we acquired).
+                                    let bytes =
+                                        self.cells[slot as usize].bytes.load(Ordering::Relaxed);
+                                    self.speculative_claimed_bytes
+                                        .fetch_add(bytes, Ordering::Relaxed);
                                 }
                                 let hit = !(w.state() == READY && w.demand());
                                 return Claimed::Ready {

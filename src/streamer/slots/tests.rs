@@ -274,3 +274,36 @@ fn stale_and_foreign_tickets() {
     load_all(&t);
     assert_eq!(t.release(ticket(0, 1)), Err(Stale), "loaded, not claimed");
 }
+
+/// A bet is dropped only while it waits in a queue unclaimed: then its
+/// read never starts and its slot is free; once a worker has begun it, or
+/// a claim or a demand prefetch wants it, nothing is dropped.
+#[test]
+fn a_bet_is_dropped_only_while_queued_unwanted() {
+    let t = SlotTable::new(8, 8);
+    // Queued and unwanted: dropped; the worker skips the stale entry.
+    assert!(matches!(t.prefetch(1, Origin::Speculative), Prefetched::Queued { .. }));
+    assert!(t.drop_speculative(1));
+    assert!(!t.present(1), "the bet's map entry is gone");
+    assert_eq!(t.next_job(), None, "the dropped read never starts");
+    assert!(!t.drop_speculative(1), "nothing left to drop");
+    // Being read: kept.
+    assert!(matches!(t.prefetch(2, Origin::Speculative), Prefetched::Queued { .. }));
+    let job = t.next_job().unwrap();
+    assert!(!t.drop_speculative(2), "a read in progress is never dropped");
+    t.finish_ok(job);
+    assert!(!t.drop_speculative(2), "a loaded bet stays, for a later claim");
+    assert!(matches!(t.claim(2), Claimed::Ready { hit: true, .. }));
+    // Wanted by a claim, by a demand prefetch, or queued as demand or
+    // pre-warm: kept.
+    assert!(matches!(t.prefetch(3, Origin::Speculative), Prefetched::Queued { .. }));
+    assert!(matches!(t.claim(3), Claimed::Pending { queued: false }));
+    assert!(!t.drop_speculative(3), "a claim waits for it");
+    assert!(matches!(t.prefetch(4, Origin::Speculative), Prefetched::Queued { .. }));
+    assert!(t.refresh(4, Origin::Demand));
+    assert!(!t.drop_speculative(4), "a demand prefetch promoted it");
+    t.prefetch(5, Origin::Demand);
+    t.prefetch(6, Origin::Prewarm);
+    assert!(!t.drop_speculative(5) && !t.drop_speculative(6));
+    assert_eq!(load_all(&t).len(), 4, "3, 4, 5 and 6 are read");
+}
