@@ -40,6 +40,9 @@ constexpr int MAX_WAVES = 16;
 // Graph nodes one wave can add: the claim, the three matmuls (or the merged gate_up and
 // its two views), biases, scales, the activation's ops, the release and the sum.
 constexpr uint32_t NODES_PER_WAVE = 24;
+// Graph nodes a guessed layer adds to the layer before it (llama_smoe_predict): its norm's
+// multiply, its router, a bias's two ops, the concatenation; and the norm, the sort and its view.
+constexpr uint32_t NODES_PER_GUESS = 6;
 // Graphs built again in a row (each after the ring shrank under the last one's waves)
 // before the claim gives up with a message: a ring that keeps shrinking faster than a
 // graph computes.
@@ -77,6 +80,12 @@ struct layer_claims {
     std::vector<uint32_t> wave_of;   // expert -> 1 + the wave that claimed it, this batch
     uint32_t generation = 0;
     int waves = 1;                   // this batch's waves (the graph's)
+    // lookahead: what guesses this layer's experts (llama_smoe_router), and the layers the
+    // guess built in this layer's graph is for (llama_smoe_predict)
+    ggml_tensor * norm = nullptr;    // its FFN norm's weight
+    ggml_tensor * router = nullptr;  // its router, [n_embd, n_expert]
+    ggml_tensor * probs_b = nullptr; // the router's selection bias (DeepSeek-V3's), if any
+    std::vector<int> guess_for;      // the layers the guess tensor's rows are for, in order
     bool dev_next = false;           // the graph being built computes this layer on the GPU
     bool dev_held = false;           // `held` are claims of a batch computed on the GPU
 };
@@ -124,6 +133,27 @@ struct llama_smoe {
     uint32_t layer_ahead = UINT32_MAX;
     bool copy_ahead = true;             // SMOE_COPY_AHEAD: ggml_backend_sched_weights.copy_ahead
     std::vector<uint32_t> all_experts;  // 0, 1, ... max_experts - 1
+    // SMOE_LOOKAHEAD: in decode (a batch that routes to at most half a layer's experts), while
+    // layer L computes, guess the experts of the next `lookahead` layers with experts by
+    // applying their routers (and FFN norms) to L's state, and queue them as speculation;
+    // each layer's real set settles its guess (smoe drops the stale reads). 0: off. Width:
+    // SMOE_LOOKAHEAD_WIDTH experts a token (0: the model's top-k)
+    uint32_t lookahead = 1;
+    uint32_t lookahead_width = 0;
+    std::vector<uint32_t> guess;        // scratch: a layer's guessed experts, ranks first
+    std::vector<uint32_t> guess_seen;   // expert -> guess_generation that last took it
+    uint32_t guess_generation = 0;
+    uint64_t guess_sets = 0;            // guesses queued
+    // decode: the counters over the ubatches whose first layer's batch was narrow
+    bool ub_narrow = false;             // this ubatch's first layer routed to at most half
+    smoe_stats ub_start = {};           // the counters when this ubatch's first layer began
+    uint64_t decode_tokens = 0;
+    double decode_s = 0;
+    std::chrono::steady_clock::time_point ub_t0;
+    uint64_t d_bytes_read = 0, d_bytes_spec = 0;
+    uint64_t d_routed = 0, d_hits = 0, d_dropped = 0, d_busy_ns = 0, d_idle_ns = 0, d_demand = 0;
+    int64_t d_unclaimed_net = 0;        // speculative bytes never claimed: their growth over decode
+    int64_t ub_tokens = 0;              // this ubatch's tokens
     uint64_t layer_ahead_sets = 0;
     uint32_t layer_ahead_deepest = 0;   // the most layers with experts read ahead of one layer
     int ahead_batch_layer = INT32_MAX;  // the layer whose batch last started: a new pass when not below
@@ -133,6 +163,13 @@ struct llama_smoe {
     uint64_t waves_run = 0;          // waves that claimed at least one expert
     uint64_t layer_batches = 0;      // (layer, batch) pairs: waves_run / this = waves per layer
     std::vector<layer_claims> layers;
+    // per layer, what llama_smoe_router gave (before bind sizes `layers`)
+    struct router_tensors {
+        ggml_tensor * norm = nullptr;
+        ggml_tensor * router = nullptr;
+        ggml_tensor * probs_b = nullptr;
+    };
+    std::vector<router_tensors> routers;
     std::vector<std::vector<std::unique_ptr<wave_op>>> wave_ops;  // per layer, per wave
     std::vector<std::unique_ptr<wave_op>> dev_ops;                 // per layer: its GPU batch's claim
     // Op offload (llama_smoe_devices): the GPU a big batch's experts are computed on, the
@@ -259,6 +296,38 @@ struct llama_smoe {
         smoe_stats stats = {};
         stats.struct_size = sizeof(stats);
         return seen(smoe_get_stats(st, &stats) == SMOE_OK ? stats.slots_active : slots);
+    }
+
+    // The library's counters now (zeros when it cannot say, which it always can once open).
+    smoe_stats stats_now() const {
+        smoe_stats stats = {};
+        stats.struct_size = sizeof(stats);
+        if (smoe_get_stats(st, &stats) != SMOE_OK) {
+            stats = {};
+        }
+        return stats;
+    }
+
+    // A ubatch ended: when its first layer's batch was narrow (decode), its share of the
+    // counters goes into the decode figures of the statistics line.
+    void ubatch_end() {
+        if (!ub_narrow) {
+            return;
+        }
+        ub_narrow = false;
+        const smoe_stats now = stats_now();
+        const smoe_stats & was = ub_start;
+        decode_tokens += (uint64_t) ub_tokens;
+        decode_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - ub_t0).count();
+        d_bytes_read += now.bytes_read - was.bytes_read;
+        d_bytes_spec += now.bytes_speculative - was.bytes_speculative;
+        d_unclaimed_net += (int64_t) now.bytes_speculative_unclaimed - (int64_t) was.bytes_speculative_unclaimed;
+        d_routed += now.prediction_routed - was.prediction_routed;
+        d_hits += now.prediction_hits - was.prediction_hits;
+        d_dropped += now.speculative_dropped - was.speculative_dropped;
+        d_busy_ns += now.busy_ns - was.busy_ns;
+        d_idle_ns += now.drive_idle_ns - was.drive_idle_ns;
+        d_demand += now.reads_demand - was.reads_demand;
     }
 
     // Active slots as the glue sees them: SMOE_TEST_SQUEEZE's cap once it has begun.
@@ -390,6 +459,8 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, uint32_t n_expert, const char
     }
     cfg.pinned     = env_u32("SMOE_PIN", can_register ? 1 : 0, 1);
     const uint32_t layer_ahead = env_u32("SMOE_LAYER_AHEAD", UINT32_MAX, UINT32_MAX);
+    const uint32_t lookahead = env_u32("SMOE_LOOKAHEAD", 1, 8);
+    const uint32_t lookahead_width = env_u32("SMOE_LOOKAHEAD_WIDTH", 0, 1u << 20);
     // op offload: a layer's next expert weight (up, gate, down: the same ids) copied to the
     // GPU on a stream of its own while the weight before it computes; 0 copies in order
     const bool copy_ahead = env_u32("SMOE_COPY_AHEAD", 1, 1) == 1;
@@ -407,6 +478,8 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, uint32_t n_expert, const char
     std::unique_ptr<llama_smoe> s(new llama_smoe);
     s->vault = vault;
     s->layer_ahead = layer_ahead;
+    s->lookahead = lookahead;
+    s->lookahead_width = lookahead_width;
     s->copy_ahead = copy_ahead;
     s->squeeze = squeeze;
     s->fail_claims = fail_claims;
@@ -506,6 +579,22 @@ void llama_smoe_free(llama_smoe * s) {
     } else {
         fprintf(stderr, "%s\n", smoe_error("smoe_get_stats", r).c_str());
     }
+    if (s->decode_tokens > 0) {
+        // net speculative bytes never claimed over decode: what it read as bets, less the bets
+        // (of any time) that decode's claims took
+        const double mib = 1048576.0;
+        const uint64_t unclaimed = s->d_unclaimed_net > 0 ? (uint64_t) s->d_unclaimed_net : 0;
+        fprintf(stderr,
+            "smoe: decode: %llu tokens in %.3f s (%.2f tokens/s); lookahead %u layers x %s experts: recall %.1f%% (%llu of %llu routed "
+            "experts guessed), %llu guesses, %llu stale reads dropped; read %.2f MiB (%llu demand reads), %.2f MiB of it speculative, "
+            "%.2f MiB never claimed (%.1f%% of the bytes read); the drive idle %.3f s of %.3f s busy\n",
+            (unsigned long long) s->decode_tokens, s->decode_s, s->decode_s > 0 ? (double) s->decode_tokens / s->decode_s : 0.0,
+            s->lookahead, s->lookahead_width ? std::to_string(s->lookahead_width).c_str() : "top-k",
+            s->d_routed ? 100.0 * (double) s->d_hits / (double) s->d_routed : 0.0, (unsigned long long) s->d_hits,
+            (unsigned long long) s->d_routed, (unsigned long long) s->guess_sets, (unsigned long long) s->d_dropped,
+            s->d_bytes_read / mib, (unsigned long long) s->d_demand, s->d_bytes_spec / mib, unclaimed / mib,
+            s->d_bytes_read ? 100.0 * (double) unclaimed / (double) s->d_bytes_read : 0.0, s->d_idle_ns / 1e9, s->d_busy_ns / 1e9);
+    }
     if (s->gpu_dev != nullptr) {
         fprintf(stderr, "smoe: op offload: %llu layer batches of %llu tokens computed on %s, %.2f MiB of experts copied there "
                         "(%.3f MiB a token), %.2f MiB of them ahead (while the weight before computed)\n",
@@ -558,6 +647,16 @@ ggml_context * llama_smoe_tensor_ctx(llama_smoe * s, const char * name, bool ski
         throw std::runtime_error(missing_layer(s, layer, name));
     }
     return s->ctx;
+}
+
+void llama_smoe_router(llama_smoe * s, int il, ggml_tensor * norm, ggml_tensor * router, ggml_tensor * probs_b) {
+    if (s == nullptr || il < 0) {
+        return;
+    }
+    if ((size_t) il >= s->routers.size()) {
+        s->routers.resize((size_t) il + 1);
+    }
+    s->routers[(size_t) il] = {norm, router, probs_b};
 }
 
 void llama_smoe_bind(llama_smoe * s) {
@@ -695,8 +794,19 @@ void llama_smoe_bind(llama_smoe * s) {
         l.slot_of.assign(l.n_expert, UINT32_MAX);
         l.seen.assign(l.n_expert, 0);
         l.wave_of.assign(l.n_expert, 0);
+        if ((size_t) il < s->routers.size() && l.n_expert > 0) {
+            const auto & r = s->routers[(size_t) il];
+            // a router that scores this layer's experts (else the layer is never guessed)
+            if (r.router != nullptr && r.router->ne[1] == (int64_t) l.n_expert) {
+                l.norm = r.norm;
+                l.router = r.router;
+                l.probs_b = r.probs_b != nullptr && r.probs_b->ne[0] == (int64_t) l.n_expert ? r.probs_b : nullptr;
+            }
+        }
         s->entries += l.n_expert;
     }
+    s->guess_seen.assign(s->max_experts, 0);
+    s->guess.reserve(s->max_experts);
     for (uint32_t e = 0; e < s->max_experts; e++) {
         s->all_experts.push_back(e);
     }
@@ -705,6 +815,11 @@ void llama_smoe_bind(llama_smoe * s) {
             s->layer_ahead == 0          ? ""
             : s->layer_ahead == UINT32_MAX ? ", prefill reads as many layers ahead as the ring holds"
                                            : (", prefill reads up to " + std::to_string(s->layer_ahead) + " layers ahead").c_str());
+    if (s->lookahead > 0 && s->slots < s->entries) {
+        fprintf(stderr, "smoe: lookahead: in decode, each layer guesses the experts of the next %u layers with experts (%s a token) "
+                        "from its state and queues them as speculation (SMOE_LOOKAHEAD=0: off)\n",
+                s->lookahead, s->lookahead_width ? (std::to_string(s->lookahead_width) + " experts").c_str() : "the model's top-k");
+    }
     fprintf(stderr, "smoe: opened in %.2f s%s\n", s->open_s,
             s->populated ? ", the ring's pages committed (SMOE_POPULATE=0: as slots are first loaded)" : "");
 }
@@ -809,6 +924,51 @@ static bool start_batch(layer_claims * l, const ggml_tensor * a) {
     return true;
 }
 
+// Lookahead: queues as speculation the experts that `guess` (llama_smoe_predict's tensor:
+// [width, n_tokens x layers] expert ids, each token's best first) names for the layers after
+// l, one set a layer, each in rank order (every token's first choice, then its second...).
+static void queue_guess(layer_claims * l, const ggml_tensor * guess) {
+    llama_smoe * s = l->s;
+    const size_t d = l->guess_for.size();
+    const int64_t width = guess->ne[0];
+    const int64_t rows = guess->ne[1];
+    if (d == 0 || rows % (int64_t) d != 0) {
+        return;
+    }
+    const int64_t n_tokens = rows / (int64_t) d;
+    for (size_t j = 0; j < d; j++) {
+        const int m = l->guess_for[j];
+        const uint32_t n_expert = s->layers[(size_t) m].n_expert;
+        if (++s->guess_generation == 0) {
+            std::fill(s->guess_seen.begin(), s->guess_seen.end(), 0);
+            s->guess_generation = 1;
+        }
+        s->guess.clear();
+        for (int64_t r = 0; r < width; r++) {
+            for (int64_t t = 0; t < n_tokens; t++) {
+                const int32_t e =
+                    *(const int32_t *) ((const char *) guess->data + r * guess->nb[0] + (t + (int64_t) j * n_tokens) * guess->nb[1]);
+                if (e >= 0 && (uint32_t) e < n_expert && s->guess_seen[e] != s->guess_generation) {
+                    s->guess_seen[e] = s->guess_generation;
+                    s->guess.push_back((uint32_t) e);
+                }
+            }
+        }
+        if (s->guess.empty()) {
+            continue;
+        }
+        const smoe_status r = smoe_prefetch_set(s->st, (uint32_t) m, s->guess.data(), (uint32_t) s->guess.size(), true, nullptr);
+        if (r == SMOE_ERR_RING_FULL) {
+            break;  // every slot held or loading: no room for bets now
+        }
+        if (r != SMOE_OK) {
+            s->fail(smoe_error("smoe_prefetch_set", r) + " (lookahead, layer " + std::to_string(m) + ")");
+            return;
+        }
+        s->guess_sets++;
+    }
+}
+
 // Claims one member of the layer's left set for wave `wave` (waiting up to timeout_ns):
 // SMOE_OK (claimed), SMOE_PENDING, or an error (reported: the op stops).
 static smoe_status claim_one(layer_claims * l, int wave, uint64_t timeout_ns) {
@@ -826,11 +986,9 @@ static smoe_status claim_one(layer_claims * l, int wave, uint64_t timeout_ns) {
     return r;
 }
 
-static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int nth, void * userdata) {
-    (void) nth;
-    if (ith != 0) {
-        return;
-    }
+// A wave's claim (the graph's op, run by one thread): `guess`, for the first wave, the
+// lookahead's guess of the next layers' experts (nullptr: none).
+static void claim_wave(ggml_tensor * dst, const ggml_tensor * a, const ggml_tensor * guess, const void * userdata) {
     const auto * op = (const wave_op *) userdata;
     layer_claims * l = op->l;
     const int wave = op->wave;
@@ -860,6 +1018,9 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
     if (wave == 0) {
         if (l->il == s->first_layer) {
             smoe_prewarm_pause(s->st, true);  // busy until the last layer's release
+            s->ub_start = s->stats_now();
+            s->ub_t0 = std::chrono::steady_clock::now();
+            s->ub_tokens = n_tokens;
             if (s->fail_claims > 0) {
                 s->fail_claims--;
                 s->fail("smoe: SMOE_TEST_FAIL_CLAIMS: layer " + std::to_string(l->il) + "'s claim failed (test aid)");
@@ -868,6 +1029,9 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
         }
         if (!start_batch(l, a)) {
             return;
+        }
+        if (l->il == s->first_layer) {
+            s->ub_narrow = 2 * l->experts.size() <= l->n_expert;  // decode: its figures are counted
         }
         if (s->squeeze != 0 && !s->squeezed && n_tokens >= 2 && l->il > s->first_layer) {
             s->squeezed = true;  // from here on: at most `squeeze` active slots (tests)
@@ -895,6 +1059,11 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
     uint64_t got = 0;
     while (got < cap && !l->left.empty() && claim_one(l, wave, 0) == SMOE_OK) {
         got++;
+    }
+    // the next layers' guessed experts, read behind this layer's demand reads (after its
+    // resident experts are claimed: a bet never evicts them) while this layer computes
+    if (guess != nullptr && wave == 0 && 2 * l->experts.size() <= l->n_expert && !s->stopped()) {
+        queue_guess(l, guess);
     }
     const uint64_t must = std::max<uint64_t>(need, got == 0 && !l->left.empty() ? 1 : 0);
     // the wave fails when nothing arrives for 600 s (a slow source that delivers keeps it going)
@@ -968,11 +1137,28 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
     s->claim_ops++;
 }
 
-// A wave op with two sources (the ids, and the previous waves' sum it must follow):
-// the same op.
+static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int nth, void * userdata) {
+    (void) nth;
+    if (ith == 0) {
+        claim_wave(dst, a, nullptr, userdata);
+    }
+}
+
+// A wave op with two sources: the ids and the previous waves' sum it must follow (a later
+// wave), or the ids and the lookahead's guess (a first wave).
 static void smoe_claim_after_op(ggml_tensor * dst, const ggml_tensor * a, const ggml_tensor * after, int ith, int nth, void * userdata) {
     (void) after;
-    smoe_claim_op(dst, a, ith, nth, userdata);
+    (void) nth;
+    if (ith == 0) {
+        claim_wave(dst, a, nullptr, userdata);
+    }
+}
+
+static void smoe_claim_guess_op(ggml_tensor * dst, const ggml_tensor * a, const ggml_tensor * guess, int ith, int nth, void * userdata) {
+    (void) nth;
+    if (ith == 0) {
+        claim_wave(dst, a, guess, userdata);
+    }
 }
 
 static void smoe_release_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int nth, void * userdata) {
@@ -986,6 +1172,7 @@ static void smoe_release_op(ggml_tensor * dst, const ggml_tensor * a, int ith, i
         if (l->il == l->s->last_layer && op->wave == l->waves - 1) {
             smoe_prewarm_pause(l->s->st, false);  // idle between graphs: pre-warm may read
             l->s->rebuilds_in_row = 0;            // a graph completed
+            l->s->ubatch_end();
         }
     }
 }
@@ -1055,21 +1242,75 @@ uint32_t llama_smoe_graph_nodes(const llama_smoe * s) {
     for (const layer_claims & l : s->layers) {
         if (l.n_expert > 0) {
             nodes += (uint32_t) std::min<uint64_t>(MAX_WAVES, (uint64_t) l.n_expert + 1) * NODES_PER_WAVE;
+            nodes += NODES_PER_GUESS * (s->lookahead + 1);  // the norm, a router per layer ahead, the top-k
         }
     }
     return nodes;
 }
 
-ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * after, int il,
+ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * second, int il,
                                int wave, int waves) {
     GGML_ASSERT(il >= 0 && il < (int) s->layers.size() && wave >= 0 && wave < waves && waves == s->layers[il].waves);
     layer_claims & l = s->layers[il];
     void * op = l.dev_next ? (void *) s->dev_ops[il].get() : (void *) s->wave_ops[il][wave].get();
     l.dev_next = false;
-    if (after == nullptr) {
+    if (second == nullptr) {
         return ggml_map_custom1(ctx, selected_experts, smoe_claim_op, 1, op);
     }
-    return ggml_map_custom2(ctx, selected_experts, after, smoe_claim_after_op, 1, op);
+    if (wave == 0) {
+        return ggml_map_custom2(ctx, selected_experts, second, smoe_claim_guess_op, 1, op);
+    }
+    return ggml_map_custom2(ctx, selected_experts, second, smoe_claim_after_op, 1, op);
+}
+
+ggml_tensor * llama_smoe_predict(llama_smoe * s, ggml_context * ctx, ggml_tensor * ffn_inp, ggml_tensor * cur, int il,
+                                 int64_t n_expert_used, float rms_eps) {
+    GGML_ASSERT(il >= 0 && il < (int) s->layers.size());
+    layer_claims & l = s->layers[il];
+    l.guess_for.clear();
+    // nothing to read ahead through a ring that holds the model; a batch that routes to more
+    // than half the layer's experts (a prompt) reads the next layers whole (layer-ahead)
+    const int64_t n_tokens = cur->ne[1];
+    if (s->lookahead == 0 || s->slots >= s->entries || l.n_expert == 0 ||
+        2 * (uint64_t) n_tokens * (uint64_t) std::max<int64_t>(1, n_expert_used) > l.n_expert) {
+        return nullptr;
+    }
+    // the next `lookahead` layers with experts and a router, of one width (their logits are
+    // concatenated)
+    uint32_t n_expert = 0;
+    for (size_t m = (size_t) il + 1; m < s->layers.size() && l.guess_for.size() < s->lookahead; m++) {
+        const layer_claims & ml = s->layers[m];
+        if (ml.n_expert == 0) {
+            continue;  // a dense layer
+        }
+        if (ml.router == nullptr || ml.router->ne[0] != cur->ne[0] || (n_expert != 0 && ml.n_expert != n_expert)) {
+            break;
+        }
+        n_expert = ml.n_expert;
+        l.guess_for.push_back((int) m);
+    }
+    if (l.guess_for.empty()) {
+        return nullptr;
+    }
+    const int64_t width = std::min<int64_t>(s->lookahead_width ? (int64_t) s->lookahead_width : n_expert_used, n_expert);
+    // the layer's residual (pre-norm) when the model's graph named it, normalized as each
+    // layer's FFN norm does; else the layer's own normalized input
+    const bool raw = ffn_inp != nullptr && ffn_inp->ne[0] == cur->ne[0] && ffn_inp->ne[1] == cur->ne[1] &&
+                     ffn_inp->type == GGML_TYPE_F32;
+    ggml_tensor * x = raw ? ggml_rms_norm(ctx, ffn_inp, rms_eps) : cur;
+    ggml_tensor * logits = nullptr;
+    for (int m : l.guess_for) {
+        const layer_claims & ml = s->layers[(size_t) m];
+        ggml_tensor * xm = raw && ml.norm != nullptr && ml.norm->ne[0] == x->ne[0] ? ggml_mul(ctx, x, ml.norm) : x;
+        ggml_tensor * lg = ggml_mul_mat(ctx, ml.router, xm);  // [n_expert, n_tokens]
+        if (ml.probs_b != nullptr) {
+            lg = ggml_add(ctx, ggml_sigmoid(ctx, lg), ml.probs_b);  // what DeepSeek-V3 selects by
+        }
+        logits = logits == nullptr ? lg : ggml_concat(ctx, logits, lg, 1);
+    }
+    ggml_tensor * guess = ggml_argsort_top_k(ctx, logits, (int) width);  // [width, n_tokens x layers]
+    ggml_format_name(guess, "smoe_guess-%d", il);
+    return guess;
 }
 
 ggml_tensor * llama_smoe_release(llama_smoe * s, ggml_context * ctx, ggml_tensor * experts, int il, int wave) {

@@ -45,6 +45,11 @@ using llama_smoe_ptr = std::unique_ptr<llama_smoe, llama_smoe_deleter>;
 // Throws std::runtime_error, naming the tensor, when the vault lacks its layer.
 ggml_context * llama_smoe_tensor_ctx(llama_smoe * s, const char * name, bool skipped);
 
+// Before llama_smoe_bind, for each layer: its FFN norm's weight, its router ([n_embd,
+// n_expert]) and the router's selection bias (DeepSeek-V3's exp_probs_b), any of them
+// nullptr: what lookahead applies to guess the layer's experts.
+void llama_smoe_router(llama_smoe * s, int il, ggml_tensor * norm, ggml_tensor * router, ggml_tensor * probs_b);
+
 // After the model's tensors are created: checks each expert tensor against the
 // vault's layout and turns it into a view over the ring. Throws std::runtime_error.
 void llama_smoe_bind(llama_smoe * s);
@@ -78,9 +83,20 @@ bool llama_smoe_ubatch_fits(llama_smoe * s, uint32_t n_ubatch, uint32_t asked, s
 // llama_context::graph_max_nodes adds to its budget.
 uint32_t llama_smoe_graph_nodes(const llama_smoe * s);
 
-// Graph ops, run by one thread. claim: wave `wave` of `waves` of layer il, after
-// `after` (the previous waves' sum, so it runs once they are computed and released;
-// nullptr for the first): the first wave hands the batch's working set
+// Lookahead (SMOE_LOOKAHEAD, decode only): a tensor guessing the experts of the next layers
+// with experts after il ([width, n_tokens x layers] ids, each token's best first), from
+// layer il's residual `ffn_inp` (the tensor the model's graph names "ffn_inp" for il, or
+// nullptr) normalized as each of those layers' FFN norm does, or from `cur` (il's normalized
+// FFN input) when there is none; for llama_smoe_claim's first wave. nullptr when lookahead
+// is off, the ring holds the model, the batch is wide (a prompt: layer-ahead reads the next
+// layers whole) or no later layer has a router.
+ggml_tensor * llama_smoe_predict(llama_smoe * s, ggml_context * ctx, ggml_tensor * ffn_inp, ggml_tensor * cur, int il,
+                                 int64_t n_expert_used, float rms_eps);
+
+// Graph ops, run by one thread. claim: wave `wave` of `waves` of layer il; `second` is, for
+// the first wave, llama_smoe_predict's guess (queued as speculation once the layer's resident
+// experts are claimed; nullptr: none), and for a later wave the previous waves' sum (so it
+// runs once they are computed and released): the first wave hands the batch's working set
 // (`selected_experts`, [n_expert_used, n_tokens], I32) to smoe; each wave claims
 // what it can hold (resident experts first) and returns their slot indices (same
 // shape), -1 for pairs of the other waves, for ggml_mul_mat_id. release: returns
@@ -145,7 +161,11 @@ int llama_smoe_last_layer(const llama_smoe * s);
 inline llama_smoe * llama_smoe_from_env(uint32_t, uint32_t, const char *) { return nullptr; }
 inline void llama_smoe_free(llama_smoe *) {}
 inline ggml_context * llama_smoe_tensor_ctx(llama_smoe *, const char *, bool) { return nullptr; }
+inline void llama_smoe_router(llama_smoe *, int, ggml_tensor *, ggml_tensor *, ggml_tensor *) {}
 inline void llama_smoe_bind(llama_smoe *) {}
+inline ggml_tensor * llama_smoe_predict(llama_smoe *, ggml_context *, ggml_tensor *, ggml_tensor *, int, int64_t, float) {
+    return nullptr;
+}
 inline int llama_smoe_waves(llama_smoe *, int, int64_t, int64_t) { return 1; }
 inline uint32_t llama_smoe_graph_nodes(const llama_smoe *) { return 0; }
 inline uint32_t llama_smoe_ubatch(llama_smoe *, uint32_t, uint32_t n_ubatch, bool, bool * raised) { *raised = false; return n_ubatch; }
