@@ -117,6 +117,9 @@ pub struct Model {
     pub block_count: Option<u64>,
     /// The source's expert count, when it says.
     pub expert_count: Option<u64>,
+    /// Where `block_count` and `expert_count` came from, for errors: "the
+    /// key qwen3moe.expert_count", "num_experts in /m/config.json".
+    pub counts_from: (Option<String>, Option<String>),
     /// A GGUF source's parts, parsed (empty for safetensors).
     pub gguf: Vec<gguf::Gguf>,
     /// A safetensors source's `__metadata__` (its first file's), in file
@@ -235,6 +238,11 @@ fn open_gguf(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
         arch_key("block_count"),
         arch_key("expert_count"),
     );
+    let from = |n: Option<u64>, k: &str| n.and(arch.as_ref()).map(|a| format!("the key {a}.{k}"));
+    let counts_from = (
+        from(block_count, "block_count"),
+        from(expert_count, "expert_count"),
+    );
     let experts = tensors
         .iter()
         .enumerate()
@@ -257,6 +265,7 @@ fn open_gguf(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
         top_k,
         block_count,
         expert_count,
+        counts_from,
         inputs,
         gguf: files,
         safetensors_metadata: Vec::new(),
@@ -354,10 +363,17 @@ fn open_safetensors(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
     let ckpt = safetensors::Checkpoint::open(source, cancel)?;
     let tensors = ckpt.tensors;
     let config = ckpt.config.as_ref();
-    let cfg_u64 = |keys: &[&str]| {
-        keys.iter()
-            .find_map(|k| config.and_then(|c| c.get(k)).and_then(json::Value::as_u64))
+    // The first of `keys` that config.json holds as an integer, and which.
+    let cfg_key = |keys: &[&'static str]| {
+        keys.iter().find_map(|&k| {
+            config
+                .and_then(|c| c.get(k))
+                .and_then(json::Value::as_u64)
+                .map(|n| (n, k))
+        })
     };
+    let cfg_u64 = |keys: &[&'static str]| cfg_key(keys).map(|(n, _)| n);
+    let config_path = ckpt.config_path.display();
     let experts: Vec<ExpertTensor> = tensors
         .iter()
         .enumerate()
@@ -370,6 +386,7 @@ fn open_safetensors(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
             })
         })
         .collect();
+    let expert_count = cfg_key(&["num_local_experts", "num_experts", "n_routed_experts"]);
     let block_count = block_count(
         cfg_u64(&["num_hidden_layers"]),
         cfg_u64(&["num_nextn_predict_layers"]),
@@ -387,7 +404,16 @@ fn open_safetensors(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
             .map(str::to_owned),
         top_k: cfg_u64(&["num_experts_per_tok", "moe_topk", "top_k"]),
         block_count,
-        expert_count: cfg_u64(&["num_local_experts", "num_experts", "n_routed_experts"]),
+        expert_count: expert_count.map(|(n, _)| n),
+        counts_from: (
+            block_count.map(|n| match cfg_u64(&["num_hidden_layers"]) {
+                Some(hidden) if hidden != n => {
+                    format!("num_hidden_layers and num_nextn_predict_layers in {config_path}")
+                }
+                _ => format!("num_hidden_layers in {config_path}"),
+            }),
+            expert_count.map(|(_, k)| format!("{k} in {config_path}")),
+        ),
         gguf: Vec::new(),
         inputs: ckpt.inputs,
         safetensors_metadata: ckpt.metadata,

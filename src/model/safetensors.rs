@@ -171,6 +171,8 @@ pub struct Checkpoint {
     /// `config.json` beside the files, if present (for `model_type`,
     /// `num_hidden_layers`, `num_experts_per_tok`, ...).
     pub config: Option<Value>,
+    /// Where `config.json` is (or would be).
+    pub config_path: PathBuf,
     /// The first file's `__metadata__`.
     pub metadata: Vec<(String, String)>,
     /// The files' handles, in the order of `files`.
@@ -317,6 +319,7 @@ impl Checkpoint {
             files,
             tensors,
             config,
+            config_path,
             metadata,
             handles,
             inputs,
