@@ -15,7 +15,9 @@
 //! - the temporary files' names, `.<target>.tmp-<pid>-<n>`
 //!   ([`is_temp_file_name`]), and removing those a killed writer left
 //!   ([`remove_leftover_temp_files`]);
-//! - a file's identity ([`file_id`], [`same_file`]).
+//! - a file's identity ([`file_id`], [`same_file`]);
+//! - naming a symbolic link that leads nowhere ([`dangling_link`]), which
+//!   a model's cache leaves when its blob is removed.
 //!
 //! What it must never do: open anything but a regular file (a FIFO would
 //! block the open forever, a device may act on being opened: files are
@@ -29,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::sys::{self, FileKind, OpenRegularError};
 
 /// Prefix of the temporary files [`save_checked`] writes next to the target:
@@ -377,6 +379,33 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
         Some(std::fs::canonicalize(dir).ok()?.join(p.file_name()?))
     };
     matches!((canonical(a), canonical(b)), (Some(x), Some(y)) if x == y)
+}
+
+/// When `path` is a symbolic link that leads nowhere (its target, or a
+/// link on the way, does not exist), the error that says so, naming the
+/// link and its target: a Hugging Face cache whose blob was removed
+/// leaves `snapshots/<rev>/model.safetensors -> ../../blobs/<sha>`, and
+/// "no such file" alone would name a file the user can see. `None` for
+/// anything else (the caller's own error then stands).
+pub fn dangling_link(path: &Path) -> Option<Error> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    if !meta.file_type().is_symlink() {
+        return None;
+    }
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == IoErrorKind::NotFound => {
+            let target = std::fs::read_link(path).ok()?;
+            Some(Error::path_is(
+                ErrorKind::Io,
+                path,
+                format!(
+                    "is a broken symbolic link: its target {} does not exist (a model cache whose blob was removed?)",
+                    target.display()
+                ),
+            ))
+        }
+        _ => None,
+    }
 }
 
 #[cfg(test)]

@@ -620,13 +620,16 @@ pub fn gguf_parts(path: &Path) -> Result<Vec<(PathBuf, File)>> {
             match sys::open_regular(&p) {
                 Ok((file, _)) => Ok((p, file)),
                 Err(OpenRegularError::Os(e)) if e.kind() == std::io::ErrorKind::NotFound => {
-                    Err(Error::new(
-                        ErrorKind::NotFound,
-                        format!(
-                            "{}: part {i} of {count} of the split model is missing",
-                            p.display()
+                    Err(match crate::fs_safe::dangling_link(&p) {
+                        Some(e) => e.context(format!("part {i} of {count} of the split model")),
+                        None => Error::new(
+                            ErrorKind::NotFound,
+                            format!(
+                                "{}: part {i} of {count} of the split model is missing",
+                                p.display()
+                            ),
                         ),
-                    ))
+                    })
                 }
                 Err(OpenRegularError::Os(e)) => Err(Error::io("cannot open", &p, &e)),
                 Err(OpenRegularError::NotRegular(kind)) => Err(Error::path_is(

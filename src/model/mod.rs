@@ -149,7 +149,9 @@ fn first_duplicate<'a>(names: impl Iterator<Item = &'a str>) -> Option<&'a str> 
 /// for a writer): it must be a regular file, else an error naming it.
 fn open_input(path: &Path) -> Result<(File, std::fs::Metadata)> {
     sys::open_regular(path).map_err(|e| match e {
-        OpenRegularError::Os(e) => Error::io("cannot open", path, &e),
+        OpenRegularError::Os(e) => {
+            files::dangling_link(path).unwrap_or_else(|| Error::io("cannot open", path, &e))
+        }
         OpenRegularError::NotRegular(kind) => Error::path_is(
             ErrorKind::Argument,
             path,

@@ -366,10 +366,13 @@ fn shard_files(v: &Value, index: &Path, dir: &Path) -> Result<Shards> {
             match sys::open_regular(&p) {
                 Ok((file, _)) => Ok((p, file)),
                 Err(OpenRegularError::Os(e)) if e.kind() == std::io::ErrorKind::NotFound => {
-                    Err(bad(format!(
-                        "shard {n} is missing (expected at {})",
-                        p.display()
-                    )))
+                    Err(match files::dangling_link(&p) {
+                        Some(e) => e.context(format!("{}: shard {n}", index.display())),
+                        None => bad(format!(
+                            "shard {n} is missing (expected at {})",
+                            p.display()
+                        )),
+                    })
                 }
                 Err(OpenRegularError::Os(e)) => Err(Error::io("cannot open", &p, &e)),
                 Err(OpenRegularError::NotRegular(kind)) => Err(bad(format!(

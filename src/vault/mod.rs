@@ -417,16 +417,23 @@ fn dense(h: &Header, layer: u32, expert: u32) -> usize {
 /// vault's magic. Only `stat` and, for a regular file, an open without
 /// blocking and an 8-byte read.
 fn is_model(path: &Path) -> Result<bool> {
-    let meta = std::fs::metadata(path).map_err(|e| Error::io("cannot open", path, &e))?;
+    let meta = std::fs::metadata(path).map_err(|e| {
+        crate::fs_safe::dangling_link(path).unwrap_or_else(|| Error::io("cannot open", path, &e))
+    })?;
     if meta.is_dir() {
         if path.join(EXPERTS_FILE).exists() {
             return Ok(false);
         }
-        if ["model.safetensors", "model.safetensors.index.json"]
-            .iter()
-            .any(|n| path.join(n).exists())
-        {
+        let names = ["model.safetensors", "model.safetensors.index.json"];
+        if names.iter().any(|n| path.join(n).exists()) {
             return Ok(true);
+        }
+        // A link there whose target is gone: named, not "holds neither".
+        if let Some(e) = [EXPERTS_FILE, names[0], names[1]]
+            .iter()
+            .find_map(|n| crate::fs_safe::dangling_link(&path.join(n)))
+        {
+            return Err(e);
         }
         return Err(Error::path_is(
             ErrorKind::Io,

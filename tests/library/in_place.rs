@@ -791,3 +791,42 @@ fn a_model_replaced_before_the_streamer_starts_is_refused() {
     assert_eq!(e.kind(), smoe::ErrorKind::Io, "{e}");
     assert!(e.to_string().contains("was replaced"), "{e}");
 }
+
+/// A Hugging Face cache whose blob is gone leaves a dangling link where
+/// the model was (`snapshots/<rev>/model.safetensors -> ../../blobs/<sha>`):
+/// the error names the link and the target it lacks, whether the link is
+/// the checkpoint's file, its index, or a shard the index names; and
+/// whether the directory or the link itself is given.
+#[test]
+fn a_dangling_model_link_is_named_with_its_missing_target() {
+    let mut wrong = Vec::new();
+    for (link, with_index) in [
+        ("model.safetensors", false),
+        ("model.safetensors.index.json", false),
+        ("model-00001-of-00002.safetensors", true),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let target = "../../blobs/0123456789abcdef";
+        std::os::unix::fs::symlink(target, dir.path().join(link)).unwrap();
+        if with_index {
+            std::fs::write(
+                dir.path().join("model.safetensors.index.json"),
+                format!(
+                    r#"{{"weight_map":{{"model.layers.0.mlp.experts.0.up_proj.weight":"{link}"}}}}"#
+                ),
+            )
+            .unwrap();
+        }
+        let given = [dir.path().to_path_buf(), dir.path().join(link)];
+        for path in &given[..if with_index { 1 } else { 2 }] {
+            let e = open_err(path);
+            if !(e.contains(link) && e.contains(target) && e.contains("broken symbolic link")) {
+                wrong.push(format!("{}: {e}", path.display()));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "the link and its target not named: {wrong:#?}"
+    );
+}
