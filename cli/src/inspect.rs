@@ -41,9 +41,9 @@ fn kind_name(model: &InPlace) -> &'static str {
 }
 
 /// Where the library keeps a model's histogram (never beside the model),
-/// `None` without a cache directory.
-fn histogram_path(vault: &Vault) -> Option<std::path::PathBuf> {
-    vault.histogram_dir().map(|d| d.join(FREQ_FILE))
+/// or why there is none (no cache directory).
+fn histogram_path(vault: &Vault) -> Result<std::path::PathBuf, String> {
+    vault.histogram_dir().map(|(d, _)| d.join(FREQ_FILE))
 }
 
 /// One layer of a model: its slot bytes, the bytes a claim spans and the
@@ -124,7 +124,7 @@ fn model_json(vault: &Vault, model: &InPlace, layouts: Option<&BlobLayouts>) -> 
             "kind": model.kind().name(),
             "files": files,
             "dense_bytes": model.dense_bytes(),
-            "histogram": histogram_path(vault).map(|p| p.display().to_string()),
+            "histogram": histogram_path(vault).ok().map(|p| p.display().to_string()),
             "layers": layers,
         },
         "n_layers": h.n_layers,
@@ -178,7 +178,7 @@ fn model_summary(vault: &Vault, model: &InPlace, layouts: Option<&BlobLayouts>) 
     line(
         "histogram",
         histogram_path(vault).map_or_else(
-            || "none (no cache directory: set SMOE_CACHE_DIR)".to_owned(),
+            |why| format!("none ({why}: set SMOE_CACHE_DIR to an absolute path)"),
             |p| p.display().to_string(),
         ),
     );

@@ -187,11 +187,13 @@ impl Vault {
 
     /// The directory of this vault's histogram when the config names
     /// none: the vault directory, or a model's cache directory (SPEC §6:
-    /// nothing is written beside a model), `None` when a model has none
-    /// (no home directory).
-    pub fn histogram_dir(&self) -> Option<PathBuf> {
+    /// nothing is written beside a model), with a note when the
+    /// environment held something that was passed over (a relative
+    /// `SMOE_CACHE_DIR`); an error saying why when a model has none (no
+    /// absolute home directory).
+    pub fn histogram_dir(&self) -> std::result::Result<(PathBuf, Option<String>), String> {
         match &self.model {
-            None => Some(self.dir.clone()),
+            None => Ok((self.dir.clone(), None)),
             Some(_) => {
                 crate::model::identity::cache_dir(&self.header.vault_id, |k| std::env::var_os(k))
             }

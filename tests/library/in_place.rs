@@ -830,3 +830,122 @@ fn a_dangling_model_link_is_named_with_its_missing_target() {
         "the link and its target not named: {wrong:#?}"
     );
 }
+
+/// The environment variable that makes [`cache_dir_child`] open a model
+/// with the histogram in its cache directory and print the warnings.
+const CACHE_CHILD: &str = "SMOE_TEST_CACHE_DIR_CHILD";
+
+/// Runs in a child process of
+/// [`the_cache_directory_warnings_say_what_the_environment_holds`] (the
+/// environment is the process's): opens the model `$CACHE_CHILD` names
+/// and prints each warning on a line of its own.
+#[test]
+fn cache_dir_child() {
+    let Some(model) = std::env::var_os(CACHE_CHILD) else {
+        return;
+    };
+    let s = Streamer::open(
+        Path::new(&model),
+        Config {
+            freq_path: None,
+            ..config()
+        },
+    )
+    .unwrap();
+    // After the harness's "test ... " (no newline before the output).
+    println!();
+    for w in s.warnings() {
+        println!("WARNING {w}");
+    }
+    println!("CHILD DONE");
+}
+
+/// A relative SMOE_CACHE_DIR is not used (the histogram would land
+/// wherever the process runs), and the streamer says so, naming the
+/// variable and its value; without HOME, the warning says which variable
+/// was missing or relative, never that SMOE_CACHE_DIR is unset when it is
+/// set.
+#[test]
+fn the_cache_directory_warnings_say_what_the_environment_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = copy_fixture("qwen3moe-q8_0.gguf", dir.path());
+    let home = dir.path().join("home");
+    let cwd = dir.path().join("cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let home_s = home.to_str().unwrap();
+    // (SMOE_CACHE_DIR, HOME, what a warning must say, what none may say)
+    let cases: [(Option<&str>, Option<&str>, &[&str], &[&str]); 4] = [
+        (
+            Some("rel"),
+            Some(home_s),
+            &["SMOE_CACHE_DIR", "\"rel\"", "is relative; ignored"],
+            &["will not be kept"],
+        ),
+        (
+            Some("rel"),
+            None,
+            &[
+                "will not be kept",
+                "SMOE_CACHE_DIR",
+                "\"rel\"",
+                "relative",
+                "HOME is not set",
+            ],
+            &["neither SMOE_CACHE_DIR nor HOME is set"],
+        ),
+        (
+            None,
+            Some("relative-home"),
+            &["will not be kept", "HOME", "\"relative-home\"", "relative"],
+            &["neither SMOE_CACHE_DIR nor HOME is set"],
+        ),
+        (
+            None,
+            None,
+            &["will not be kept", "neither SMOE_CACHE_DIR nor HOME is set"],
+            &[],
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (cache, home, must, must_not) in cases {
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args([
+            "--exact",
+            "in_place::cache_dir_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .current_dir(&cwd)
+        .env(CACHE_CHILD, &model)
+        .env_remove("SMOE_CACHE_DIR")
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("HOME");
+        if let Some(c) = cache {
+            cmd.env("SMOE_CACHE_DIR", c);
+        }
+        if let Some(h) = home {
+            cmd.env("HOME", h);
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("CHILD DONE"),
+            "child: {}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let warnings: Vec<&str> = stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("WARNING "))
+            .collect();
+        let said = |n: &&str| warnings.iter().any(|w| w.contains(n));
+        if !must.iter().all(|n| said(&n)) || must_not.iter().any(|n| said(&n)) {
+            wrong.push(format!(
+                "SMOE_CACHE_DIR {cache:?}, HOME {home:?}: {warnings:?}"
+            ));
+        }
+    }
+    // Nothing was made where the process ran.
+    assert_eq!(std::fs::read_dir(&cwd).unwrap().count(), 0);
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
