@@ -17,7 +17,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use super::format::{Entry, Header, DEFAULT_ALIGNMENT, VERSION};
+use super::format::{Entry, Header, DEFAULT_ALIGNMENT, MAX_META_BYTES, VERSION};
 use crate::error::{Error, ErrorKind, Result};
 use crate::fs_safe::{file_id, FileId};
 use crate::model::meta::{metadata_json, MetaWriter};
@@ -125,6 +125,55 @@ pub(super) struct Opened {
     pub source: InPlace,
 }
 
+/// Longest string the metadata takes from a model's headers (its
+/// architecture, a tensor's name or role): the GGUF specification's limit
+/// on a key. Real ones are a few dozen bytes; the metadata is held for the
+/// streamer's life and handed to C, and may not pass [`MAX_META_BYTES`]
+/// as a whole either.
+const MAX_META_STRING_BYTES: usize = 65_535;
+
+/// At most the first 64 characters of `s`, and "…" when there are more:
+/// a name too long to print whole.
+fn start_of(s: &str) -> String {
+    match s.char_indices().nth(64) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s.to_owned(),
+    }
+}
+
+/// Refuses a string the metadata would take from `model`'s headers that
+/// is longer than [`MAX_META_STRING_BYTES`], naming its key or tensor.
+fn check_meta_strings(model: &Model, plans: &[LayerPlan]) -> Result<()> {
+    let too_long = |what: String, n: usize| {
+        Error::format(format!(
+            "{}: {what} is {n} bytes, above the limit of {MAX_META_STRING_BYTES} bytes on a string the metadata takes from a model",
+            model.files[0].display()
+        ))
+    };
+    if let Some(arch) = model
+        .arch
+        .as_deref()
+        .filter(|a| a.len() > MAX_META_STRING_BYTES)
+    {
+        let key = match model.kind {
+            SourceKind::Gguf => "general.architecture".to_owned(),
+            SourceKind::Safetensors => "model_type in config.json".to_owned(),
+        };
+        return Err(too_long(key, arch.len()));
+    }
+    for item in plans.iter().flat_map(|p| &p.items) {
+        for (what, s) in [("tensor", &item.tensor), ("the role of tensor", &item.role)] {
+            if s.len() > MAX_META_STRING_BYTES {
+                return Err(too_long(
+                    format!("{what} {}", start_of(&item.tensor)),
+                    s.len(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Opens the model at `path` (SPEC §6): its headers, the plan of every
 /// layer (SPEC §5's rules, [`model::plan`]), the windows of every layer,
 /// the table and the metadata. Reads no tensor data.
@@ -132,6 +181,7 @@ pub(super) fn open(path: &Path) -> Result<Opened> {
     let model = model::open_model(path, &|| false)?;
     model::check_no_overlap(&model)?;
     let (n_layers, n_experts, plans) = model::plan(&model)?;
+    check_meta_strings(&model, &plans)?;
     let id = model::identity::identity(&model)?;
     let mut files = Vec::with_capacity(model.files.len());
     for (p, f) in model.files.iter().zip(&model.handles) {
@@ -195,6 +245,16 @@ pub(super) fn open(path: &Path) -> Result<Opened> {
             configs: &[],
         },
     );
+    // As a vault's header may not claim more (format::Header::parse).
+    if meta.len() as u64 > MAX_META_BYTES {
+        return Err(Error::format(format!(
+            "{}: its metadata would be {} bytes, above the limit of {MAX_META_BYTES} bytes (64 MiB) on metadata ({} layers of layouts)",
+            model.files[0].display(),
+            meta.len(),
+            layouts.len()
+        ))
+        .with_field("meta"));
+    }
     let dense_bytes = dense_bytes(&model);
     let header = synthetic_header(n_layers, n_experts, entries.len(), id, &files);
     Ok(Opened {

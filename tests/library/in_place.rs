@@ -949,3 +949,84 @@ fn the_cache_directory_warnings_say_what_the_environment_holds() {
     assert_eq!(std::fs::read_dir(&cwd).unwrap().count(), 0);
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
+
+/// A safetensors file holding `tensors` (name, F32 shape), data a hole.
+fn write_safetensors(path: &Path, tensors: &[(String, Vec<u64>)]) {
+    let mut at = 0u64;
+    let entries: Vec<String> = tensors
+        .iter()
+        .map(|(name, shape)| {
+            let bytes = 4 * shape.iter().product::<u64>();
+            let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
+            let e = format!(
+                r#""{name}":{{"dtype":"F32","shape":[{}],"data_offsets":[{at},{}]}}"#,
+                dims.join(","),
+                at + bytes
+            );
+            at += bytes;
+            e
+        })
+        .collect();
+    let header = format!("{{{}}}", entries.join(","));
+    let mut b = (header.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(header.as_bytes());
+    std::fs::write(path, &b).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.set_len(b.len() as u64 + at).unwrap();
+}
+
+/// The 64 MiB cap on metadata holds for a model's as for a vault's: a 70
+/// MiB `general.architecture`, a 40 MiB stacked tensor name (its role
+/// and its name both go into the layout) and 600 layers of 60,000-byte
+/// names (each under the cap on one string, 72 MB together) are refused,
+/// naming the key or tensor, the size and the cap, not kept in memory
+/// for the streamer's life and handed to C.
+#[test]
+fn a_model_whose_metadata_passes_64_mib_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut wrong = Vec::new();
+    let mut check = |path: &Path, needles: &[&str]| match Vault::open(path) {
+        Ok(v) => wrong.push(format!(
+            "{}: opened, {} bytes of metadata",
+            path.display(),
+            v.meta().len()
+        )),
+        Err(e) => {
+            let text = e.to_string();
+            if !needles.iter().all(|n| text.contains(n)) || text.len() > 1000 {
+                wrong.push(format!(
+                    "{}: {}",
+                    path.display(),
+                    &text[..text.len().min(1000)]
+                ));
+            }
+        }
+    };
+    let arch = dir.path().join("arch.gguf");
+    write_gguf(
+        &arch,
+        &"a".repeat(70 << 20),
+        &[],
+        &[GgufTensor::new("blk.0.ffn_up_exps.weight", &[32, 2, 2], 0)],
+        GgufData::Hole,
+    );
+    check(&arch, &["general.architecture", "73400320 bytes"]);
+
+    let long = dir.path().join("long.safetensors");
+    let name = format!("model.layers.0.mlp.experts.{}", "x".repeat(40 << 20));
+    write_safetensors(&long, &[(name, vec![2, 2])]);
+    check(&long, &["model.layers.0.mlp.experts.xxx", "41943067 bytes"]);
+
+    let many = dir.path().join("many.safetensors");
+    let tensors: Vec<(String, Vec<u64>)> = (0..600)
+        .map(|l| {
+            (
+                format!("model.layers.{l}.mlp.experts.{}", "y".repeat(60_000)),
+                vec![2, 2],
+            )
+        })
+        .collect();
+    write_safetensors(&many, &tensors);
+    check(&many, &["67108864"]);
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
