@@ -109,8 +109,10 @@ struct LayerSource {
 pub struct InPlace {
     kind: SourceKind,
     files: Vec<ModelFile>,
-    /// By layer; `None` for a layer without experts.
-    layers: Vec<Option<LayerSource>>,
+    /// The layers that have experts, ascending by layer (a binary search
+    /// finds one): sized by those layers, not by the block count, which a
+    /// model at the id cap may set to 2^20 with one layer of experts.
+    layers: Vec<LayerSource>,
     /// Bytes of every tensor that is not an expert's.
     dense_bytes: u64,
     /// Experts per layer.
@@ -193,7 +195,7 @@ pub(super) fn open(path: &Path) -> Result<Opened> {
             id: file_id(&meta),
         });
     }
-    let mut layers: Vec<Option<LayerSource>> = vec![None; n_layers as usize];
+    let mut layers: Vec<LayerSource> = Vec::with_capacity(plans.len());
     let mut entries = Vec::with_capacity(plans.len() * n_experts as usize);
     let mut layouts: Vec<(u32, Vec<LayoutItem>)> = Vec::with_capacity(plans.len());
     for plan in plans {
@@ -229,8 +231,8 @@ pub(super) fn open(path: &Path) -> Result<Opened> {
             });
         }
         layouts.push((plan.layer, items));
-        let layer = plan.layer as usize;
-        layers[layer] = Some(LayerSource { plan, windows });
+        // `plan` returns the layers ascending.
+        layers.push(LayerSource { plan, windows });
     }
     let views: Vec<(u32, &[LayoutItem])> =
         layouts.iter().map(|(l, i)| (*l, i.as_slice())).collect();
@@ -450,6 +452,9 @@ impl InPlace {
     }
 
     fn layer(&self, layer: u32) -> Option<&LayerSource> {
-        self.layers.get(layer as usize).and_then(Option::as_ref)
+        self.layers
+            .binary_search_by_key(&layer, |l| l.plan.layer)
+            .ok()
+            .map(|i| &self.layers[i])
     }
 }
