@@ -127,6 +127,18 @@ pub mod internals {
             LayoutItem, Model, Slice, SourceKind, Tensor, ITEM_ALIGNMENT,
         };
         pub use crate::model::{gguf, identity, meta, names, window};
+
+        /// [`crate::vault::Vault::open`] of the model at `path` (a GGUF or
+        /// safetensors model, opened in place), calling `after_headers`
+        /// once every header is read and planned, before the model's files
+        /// are recorded: the tests' seam for a file changed while it is
+        /// being opened.
+        pub fn open_in_place_observed(
+            path: &std::path::Path,
+            after_headers: &dyn Fn(),
+        ) -> crate::Result<crate::vault::Vault> {
+            crate::vault::Vault::open_model_observed(path, after_headers)
+        }
     }
 
     /// The synthetic router of `smoe demo`/`smoe bench`, and (also under

@@ -37,6 +37,7 @@ use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 
 use super::{open_input, Cancel};
 use crate::error::{Error, Result as SmoeResult};
+use crate::fs_safe::FileState;
 
 /// Deepest nesting of arrays and objects the parser accepts.
 pub const MAX_DEPTH: usize = 64;
@@ -276,11 +277,24 @@ pub fn read_json_text(path: &Path) -> SmoeResult<(String, std::fs::Metadata)> {
     }
     // Bounded even if the file grows meanwhile.
     let mut bytes = Vec::with_capacity(meta.len() as usize);
-    file.take(MAX_JSON_BYTES + 1)
+    (&file)
+        .take(MAX_JSON_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| Error::io("cannot read", path, &e))?;
     if bytes.len() as u64 > MAX_JSON_BYTES {
         return Err(too_big(bytes.len() as u64));
+    }
+    // Read whole, so a writer racing the read would leave a mix of two
+    // files: it must be as it was when opened.
+    let after = file
+        .metadata()
+        .map_err(|e| Error::io("cannot stat", path, &e))?;
+    if let Some(how) = FileState::of(&meta).differs(&FileState::of(&after)) {
+        return Err(Error::path_is(
+            crate::error::ErrorKind::Io,
+            path,
+            format!("changed while it was being read: {how}"),
+        ));
     }
     let text = String::from_utf8(bytes).map_err(|e| {
         Error::format(format!(

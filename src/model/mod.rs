@@ -128,6 +128,11 @@ pub struct Model {
     /// The identity of every file read: parts or shards, the index and
     /// `config.json`.
     pub inputs: Vec<FileId>,
+    /// Each of `files` as it was before its header was read (an `fstat`
+    /// of its handle): an in-place open compares it with the file once
+    /// every header is read, so that a file rewritten meanwhile is
+    /// refused.
+    pub opened_as: Vec<std::fs::Metadata>,
 }
 
 /// Asked between steps whether to stop (a pack's cancel flag).
@@ -192,15 +197,18 @@ fn open_gguf(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
     let (parts, handles): (Vec<PathBuf>, Vec<File>) = gguf::gguf_parts(source)?.into_iter().unzip();
     let mut files = Vec::with_capacity(parts.len());
     let mut inputs = Vec::with_capacity(parts.len());
+    let mut opened_as = Vec::with_capacity(parts.len());
     for (path, file) in parts.iter().zip(&handles) {
         if cancel() {
             return Err(interrupted());
         }
-        files.push(gguf::Gguf::read(file, path, cancel)?);
-        let meta = file
+        // Before the header is read: what the file must still be after.
+        let before = file
             .metadata()
             .map_err(|e| Error::io("cannot stat", path, &e))?;
-        inputs.push(files::file_id(&meta));
+        files.push(gguf::Gguf::read(file, path, cancel)?);
+        inputs.push(files::file_id(&before));
+        opened_as.push(before);
     }
     check_split(&parts, &files)?;
     let mut tensors = Vec::new();
@@ -269,6 +277,7 @@ fn open_gguf(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
         expert_count,
         counts_from,
         inputs,
+        opened_as,
         gguf: files,
         safetensors_metadata: Vec::new(),
     })
@@ -418,6 +427,7 @@ fn open_safetensors(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
         ),
         gguf: Vec::new(),
         inputs: ckpt.inputs,
+        opened_as: ckpt.opened_as,
         safetensors_metadata: ckpt.metadata,
     })
 }

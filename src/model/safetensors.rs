@@ -180,6 +180,8 @@ pub struct Checkpoint {
     /// The identity of every file read: the index, the shards,
     /// `config.json`.
     pub inputs: Vec<FileId>,
+    /// Each of `files` as it was before its header was read.
+    pub opened_as: Vec<std::fs::Metadata>,
 }
 
 /// Where a checkpoint's list of files comes from.
@@ -237,15 +239,18 @@ impl Checkpoint {
         let mut files = Vec::new();
         let mut handles = Vec::new();
         let mut tensors = Vec::new();
+        let mut opened_as = Vec::new();
         for (i, (path, file)) in shards.into_iter().enumerate() {
             if cancel() {
                 return Err(interrupted());
             }
-            let mut h = read_header(&file, &path, cancel)?;
-            let meta = file
+            // Before the header is read: what the file must still be after.
+            let before = file
                 .metadata()
                 .map_err(|e| Error::io("cannot stat", &path, &e))?;
-            inputs.push(files::file_id(&meta));
+            let mut h = read_header(&file, &path, cancel)?;
+            inputs.push(files::file_id(&before));
+            opened_as.push(before);
             // Moved, not copied: the checkpoint keeps only each file's path
             // and metadata.
             let list = std::mem::take(&mut h.tensors);
@@ -323,6 +328,7 @@ impl Checkpoint {
             metadata,
             handles,
             inputs,
+            opened_as,
         })
     }
 }

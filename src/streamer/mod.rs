@@ -1411,7 +1411,7 @@ mod imp {
                     })?;
                 known
                     .check_metadata(&meta)
-                    .map_err(|why| Error::new(ErrorKind::Io, why).with_path(&known.path))?;
+                    .map_err(|why| Error::path_is(ErrorKind::Io, &known.path, why))?;
                 opened.push(file);
             }
             Ok(opened)

@@ -19,63 +19,80 @@ use std::time::SystemTime;
 
 use super::format::{Entry, Header, DEFAULT_ALIGNMENT, MAX_META_BYTES, VERSION};
 use crate::error::{Error, ErrorKind, Result};
-use crate::fs_safe::{file_id, FileId};
+use crate::fs_safe::{FileId, FileState};
 use crate::model::meta::{metadata_json, MetaWriter};
 use crate::model::window::{LayerWindows, Move, Read};
 use crate::model::{self, LayerPlan, LayoutItem, Model, Slice, SourceKind};
 use crate::sys::ReadError;
 
-/// One of a model's files, as it was when the model was opened: a read
+/// One of a model's files, as it was when its header was read: a read
 /// checks that it still is (SPEC §6: a file changed while open fails its
 /// reads rather than hand out other bytes).
 #[derive(Clone, Debug)]
 pub struct ModelFile {
     /// Its path.
     pub path: PathBuf,
-    /// Its length at open.
+    /// Its length when its header was read.
     pub len: u64,
-    /// Its modification time at open, where the filesystem keeps one.
+    /// Its modification time then, where the filesystem keeps one.
     pub modified: Option<SystemTime>,
-    /// Its device and inode: which file the path named at open.
+    /// Its device and inode: which file the path named then.
     pub id: FileId,
+    /// Its status-change time then (`st_ctime`: seconds, nanoseconds),
+    /// which every write moves and no call sets back.
+    pub changed: (i64, i64),
 }
 
 impl ModelFile {
-    /// Whether `file` (a descriptor of this file) is still the file that
-    /// was opened (device and inode) with the length and modification time
-    /// it had then; else a sentence saying what changed. The modification
-    /// time is the kernel's (best effort: a write through a shared mapping
-    /// may not move it at once); the length and the identity are exact.
+    /// The file at `path` in the state `metadata` describes.
+    pub fn new(path: PathBuf, metadata: &std::fs::Metadata) -> ModelFile {
+        let state = FileState::of(metadata);
+        ModelFile {
+            path,
+            len: state.len,
+            modified: state.modified,
+            id: state.id,
+            changed: state.changed,
+        }
+    }
+
+    fn state(&self) -> FileState {
+        FileState {
+            id: self.id,
+            len: self.len,
+            modified: self.modified,
+            changed: self.changed,
+        }
+    }
+
+    /// Whether `file` (a descriptor of this file) is still the file whose
+    /// header was read (device and inode) with the length, modification
+    /// time and status-change time it had then; else a sentence, without
+    /// the path, saying what changed. The length and the identity are
+    /// exact; the times are the kernel's (best effort: a write through a
+    /// shared mapping may not move them at once).
     pub fn check_unchanged(&self, file: &File) -> std::result::Result<(), String> {
         let meta = file
             .metadata()
-            .map_err(|e| format!("cannot stat {}: {e}", self.path.display()))?;
+            .map_err(|e| format!("cannot be stat'ed: {e}"))?;
         self.check_metadata(&meta)
     }
 
     /// [`ModelFile::check_unchanged`] on metadata already taken.
     pub fn check_metadata(&self, meta: &std::fs::Metadata) -> std::result::Result<(), String> {
-        if file_id(meta) != self.id {
-            return Err(format!(
-                "{} was replaced since the model was opened: the path names another file",
-                self.path.display()
-            ));
+        self.compare(meta, "while open")
+    }
+
+    /// `meta` against the recorded state; `when` says when a change was
+    /// seen ("while open").
+    fn compare(&self, meta: &std::fs::Metadata, when: &str) -> std::result::Result<(), String> {
+        match self.state().differs(&FileState::of(meta)) {
+            None => Ok(()),
+            Some(how) if FileState::of(meta).id != self.id => {
+                Err(format!("was replaced {when}: {how}"))
+            }
+            Some(how) => Err(format!("changed {when}: {how}")),
         }
-        if meta.len() != self.len {
-            return Err(format!(
-                "{} changed while open: it was {} bytes, it is {}",
-                self.path.display(),
-                self.len,
-                meta.len()
-            ));
-        }
-        if meta.modified().ok() != self.modified {
-            return Err(format!(
-                "{} changed while open: its modification time is not the one it had at open",
-                self.path.display()
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -178,22 +195,28 @@ fn check_meta_strings(model: &Model, plans: &[LayerPlan]) -> Result<()> {
 
 /// Opens the model at `path` (SPEC §6): its headers, the plan of every
 /// layer (SPEC §5's rules, [`model::plan`]), the windows of every layer,
-/// the table and the metadata. Reads no tensor data.
-pub(super) fn open(path: &Path) -> Result<Opened> {
+/// the table and the metadata. Reads no tensor data. `after_headers` is
+/// called once every header has been read and planned, before the files
+/// are recorded (a test's seam: what happens to a file there is what a
+/// writer racing the open does).
+pub(super) fn open(path: &Path, after_headers: &dyn Fn()) -> Result<Opened> {
     let model = model::open_model(path, &|| false)?;
     model::check_no_overlap(&model)?;
     let (n_layers, n_experts, plans) = model::plan(&model)?;
     check_meta_strings(&model, &plans)?;
+    after_headers();
     let id = model::identity::identity(&model)?;
+    // Each file as it was before its header was read, checked against
+    // the file now that every header is read: a file rewritten meanwhile
+    // would give the table of one file and the bytes of another.
     let mut files = Vec::with_capacity(model.files.len());
-    for (p, f) in model.files.iter().zip(&model.handles) {
-        let meta = f.metadata().map_err(|e| Error::io("cannot stat", p, &e))?;
-        files.push(ModelFile {
-            path: p.clone(),
-            len: meta.len(),
-            modified: meta.modified().ok(),
-            id: file_id(&meta),
-        });
+    for ((p, f), before) in model.files.iter().zip(&model.handles).zip(&model.opened_as) {
+        let known = ModelFile::new(p.clone(), before);
+        let now = f.metadata().map_err(|e| Error::io("cannot stat", p, &e))?;
+        known
+            .compare(&now, "while it was being opened")
+            .map_err(|why| Error::path_is(ErrorKind::Io, p, why))?;
+        files.push(known);
     }
     let mut layers: Vec<LayerSource> = Vec::with_capacity(plans.len());
     let mut entries = Vec::with_capacity(plans.len() * n_experts as usize);
@@ -373,7 +396,7 @@ impl InPlace {
     /// the model's file from `files`, in order; the window; the file
     /// offset), then the moves that put its payload at the layer's offsets
     /// (SPEC §6). After each read the file is checked to be the one opened
-    /// (length and modification time): a model changed while open fails
+    /// (length, modification and status-change times): a model changed while open fails
     /// the load rather than hand out other bytes. The one read path of a
     /// model: the streamer's workers and the tool's `verify` and `bench`
     /// call it.
@@ -414,7 +437,7 @@ impl InPlace {
             let changed = || {
                 known
                     .check_unchanged(file)
-                    .map_err(|why| Error::new(ErrorKind::Io, why).with_path(&known.path))
+                    .map_err(|why| Error::path_is(ErrorKind::Io, &known.path, why))
             };
             let window = buf
                 .get_mut(r.slot as usize..(r.slot + r.len) as usize)

@@ -144,7 +144,15 @@ impl Vault {
 
     /// Opens the model at `path` in place (SPEC §6).
     fn open_model(path: &Path) -> Result<Vault> {
-        let opened = in_place::open(path)?;
+        Self::open_model_observed(path, &|| {})
+    }
+
+    /// [`Vault::open`] of the model at `path`, calling `after_headers`
+    /// once its headers are read and planned, before its files are
+    /// recorded: a test's seam (`smoe::internals::model`), to change a
+    /// file where a writer racing the open would.
+    pub(crate) fn open_model_observed(path: &Path, after_headers: &dyn Fn()) -> Result<Vault> {
+        let opened = in_place::open(path, after_headers)?;
         let mut header = opened.header;
         header.meta_bytes = opened.meta.len() as u64;
         header.meta_xxh3 = xxhash_rust::xxh3::xxh3_64(opened.meta.as_bytes());

@@ -1030,3 +1030,102 @@ fn a_model_whose_metadata_passes_64_mib_is_refused() {
     check(&many, &["67108864"]);
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
+
+/// Rewrites the data of `path` in place (same inode, same length: the
+/// last 4096 bytes inverted), then sets its modification time back to
+/// `mtime`: a writer that hides its change from a check of the length
+/// and the modification time. The status-change time (ctime) still
+/// moves; it cannot be set back.
+fn rewrite_in_place(path: &Path, mtime: std::time::SystemTime) {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let len = f.metadata().unwrap().len();
+    let mut tail = vec![0u8; 4096];
+    f.read_exact_at(&mut tail, len - 4096).unwrap();
+    for b in &mut tail {
+        *b = !*b;
+    }
+    f.write_all_at(&tail, len - 4096).unwrap();
+    f.set_modified(mtime).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), len);
+}
+
+/// A model file rewritten while `smoe_open` reads its headers (here,
+/// through the open's seam, right after the headers are read) is refused,
+/// naming the file: its table would come from one file and its bytes from
+/// another. Whether the rewrite changes the length or only the bytes,
+/// with the modification time set back.
+#[test]
+fn a_model_rewritten_while_it_is_opened_is_refused() {
+    let mut wrong = Vec::new();
+    for how in ["append", "same size, mtime set back"] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = copy_fixture("qwen3moe-q8_0.gguf", dir.path());
+        // The kernel's clock for file times moves in ticks: let one pass
+        // since the copy, so a rewrite gets another status-change time.
+        std::thread::sleep(Duration::from_millis(50));
+        let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+        let rewrite = || match how {
+            "append" => {
+                let f = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&path)
+                    .unwrap();
+                f.write_all_at(&[0u8; 10], 0).unwrap();
+            }
+            _ => rewrite_in_place(&path, mtime),
+        };
+        match smoe::internals::model::open_in_place_observed(&path, &rewrite) {
+            Ok(vault) => {
+                let s = Streamer::with_vault(vault, config());
+                wrong.push(format!(
+                    "{how}: opened (a streamer on it: {})",
+                    match s {
+                        Ok(_) => "SMOE_OK".to_owned(),
+                        Err(e) => e.to_string(),
+                    }
+                ));
+            }
+            Err(e) => {
+                let text = e.to_string();
+                if e.kind() != smoe::ErrorKind::Io
+                    || !text.contains("qwen3moe-q8_0.gguf")
+                    || !text.contains("changed while it was being opened")
+                {
+                    wrong.push(format!("{how}: {:?} {text}", e.kind()));
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// A model file rewritten in place while open, with the same length and
+/// its modification time set back, fails the reads after the change: its
+/// status-change time (ctime) moved. Before the change, the expert read
+/// is the model's.
+#[test]
+fn a_same_size_rewrite_with_its_mtime_set_back_fails_the_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = copy_fixture("qwen3moe-q8_0.gguf", dir.path());
+    std::thread::sleep(Duration::from_millis(50));
+    let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+    let s = Streamer::open(&path, config()).unwrap();
+    drop(s.claim_wait(0, 0, WAIT).unwrap().unwrap());
+    rewrite_in_place(&path, mtime);
+    let claimed = s.claim_wait(1, 3, WAIT).map(|c| c.map_or(0, |c| c.len()));
+    match claimed {
+        Ok(n) => panic!("claimed {n} bytes of a file rewritten while open (SMOE_OK)"),
+        Err(e) => {
+            assert_eq!(e.kind(), smoe::ErrorKind::Io, "{e}");
+            let text = e.to_string();
+            assert!(
+                text.contains("qwen3moe-q8_0.gguf") && text.contains("changed while open"),
+                "{text}"
+            );
+        }
+    }
+}
