@@ -52,6 +52,7 @@ mod error;
 mod fs_safe;
 mod model;
 mod popularity;
+mod printable;
 mod queue;
 mod router;
 mod sync;
@@ -139,6 +140,13 @@ pub mod internals {
         ) -> crate::Result<crate::vault::Vault> {
             crate::vault::Vault::open_model_observed(path, after_headers)
         }
+    }
+
+    /// Text from files made safe to print (`src/printable.rs`): the
+    /// tool's error and warning lines and `smoe inspect` show names from a
+    /// model through it.
+    pub mod printable {
+        pub use crate::printable::{escape, escape_json_text, Printable, PrintablePath};
     }
 
     /// The synthetic router of `smoe demo`/`smoe bench`, and (also under

@@ -1327,7 +1327,13 @@ mod imp {
                 trace,
                 probe,
                 promise,
-                warnings,
+                // Paths and names in them are escaped: one warning stays
+                // one line (`smoe_warnings` joins them with newlines), and
+                // no byte of a name reaches a terminal raw.
+                warnings: warnings
+                    .iter()
+                    .map(|w| crate::printable::escape(w).into_owned())
+                    .collect(),
             })
         }
     }

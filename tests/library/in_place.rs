@@ -1129,3 +1129,55 @@ fn a_same_size_rewrite_with_its_mtime_set_back_fails_the_reads() {
         }
     }
 }
+
+/// Bytes a terminal acts on: C0 controls (ESC, BEL, NUL, VT, FF, newline
+/// among them), DEL and the C1 controls (U+0080 to U+009F; CSI is U+009B).
+fn raw_controls(text: &str) -> Vec<char> {
+    text.chars().filter(|&c| c.is_control()).collect()
+}
+
+/// Names from a model reach an error line, `smoe_last_error()` and every
+/// message escaped: a tensor name holding ESC, BEL, NUL, VT, FF, DEL, CSI
+/// and a newline that forges a `slot layout` line is shown as `\x1b`,
+/// `\x07`, `\x00`, `\x0b`, `\x0c`, `\x7f`, `\u{9b}`, `\x0a`, never as the
+/// bytes a terminal would act on.
+#[test]
+fn names_from_a_model_are_escaped_in_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("evil.gguf");
+    let name = "t\u{1b}[2J\u{7}\u{0}\u{b}\u{c}\u{7f}\u{9b}1m\nslot layout   x";
+    assert!(name.len() <= 64, "a GGUF tensor name is at most 64 bytes");
+    write_gguf(
+        &path,
+        "qwen3moe",
+        &[],
+        // GGML type 99 does not exist: the error names the tensor.
+        &[GgufTensor {
+            name: name.to_owned(),
+            ne: vec![32],
+            ggml_type: 99,
+            bytes: 0,
+        }],
+        GgufData::Hole,
+    );
+    let e = open_err(&path);
+    let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    let mut s: *mut smoe::ffi::smoe_streamer = std::ptr::null_mut();
+    // SAFETY: a valid C string, NULL config (defaults) and a writable out.
+    let st = unsafe { smoe::ffi::smoe_open(c_path.as_ptr(), std::ptr::null(), &mut s) };
+    assert_ne!(st, smoe::ffi::smoe_status::SMOE_OK);
+    // SAFETY: NUL-terminated, valid until this thread's next call.
+    let last = unsafe { std::ffi::CStr::from_ptr(smoe::ffi::smoe_last_error()) }
+        .to_string_lossy()
+        .into_owned();
+    let mut wrong = Vec::new();
+    for (what, text) in [("Error", &e), ("smoe_last_error()", &last)] {
+        let escaped = [
+            "\\x1b[2J", "\\x07", "\\x00", "\\x0b", "\\x0c", "\\x7f", "\\u{9b}", "\\x0a",
+        ];
+        if !raw_controls(text).is_empty() || !escaped.iter().all(|x| text.contains(x)) {
+            wrong.push(format!("{what}: {text:?}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
