@@ -220,14 +220,20 @@ pub fn plan(model: &Model) -> Result<(u32, u32, Vec<LayerPlan>)> {
                 }
             }
         };
-        let layers_from = match (&model.counts_from.0, from_tensor) {
-            (Some(key), false) => key.clone(),
-            _ => format!("tensor {} (layer {max_layer})", top_tensor.name),
-        };
-        return Err(Error::format(format!(
-            "{}: {n_layers} layers × {n_experts} experts = {ids} expert ids, above the limit of {max_ids} ids (the expert count is from {experts_from}, the layer count from {layers_from})",
-            model.files[if from_tensor { top_tensor.file } else { 0 }].display(),
-        )));
+        let ids_text = format!(
+            "{n_layers} layers × {n_experts} experts = {ids} expert ids, above the limit of {max_ids} ids"
+        );
+        return Err(Error::format(match (&model.counts_from.0, from_tensor) {
+            (Some(key), false) => format!(
+                "{}: {ids_text} (the expert count is from {experts_from}, the layer count from {key})",
+                model.files[0].display()
+            ),
+            _ => format!(
+                "{}: tensor {} is in layer {max_layer}, so the model would have {ids_text} (the expert count is from {experts_from})",
+                model.files[top_tensor.file].display(),
+                top_tensor.name
+            ),
+        }));
     }
     // Their product is at most MAX_EXPERT_IDS, so both fit.
     let n_experts = u32::try_from(n_experts).map_err(|_| bad(format!("{n_experts} experts")))?;
