@@ -58,6 +58,7 @@ mod router;
 mod sync;
 mod sys;
 mod trace;
+mod try_alloc;
 
 pub use budget::{PlanSources, RingPlan, SlotClamp};
 pub use error::{Error, ErrorKind, Result};

@@ -43,6 +43,13 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::fs_safe::{self as files, FileId};
 use crate::sys::{self, OpenRegularError};
 
+/// Most tensors a model may have, all its files together. Each costs a
+/// few hundred bytes in memory (its name, type and shape, in the reader's
+/// list and the model's), so the headers' byte caps alone let a crafted
+/// header of tiny entries claim gigabytes; the largest real checkpoints
+/// (one tensor per expert) have about 150,000.
+pub const MAX_TENSORS: usize = 1 << 20;
+
 /// The kind of model file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SourceKind {
@@ -211,11 +218,22 @@ fn open_gguf(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
         opened_as.push(before);
     }
     check_split(&parts, &files)?;
+    let total: usize = files.iter().map(|g| g.tensors.len()).sum();
+    if total > MAX_TENSORS {
+        return Err(Error::format(format!(
+            "{}: the {} parts hold {total} tensors, above this reader's cap of {MAX_TENSORS}",
+            source.display(),
+            parts.len()
+        )));
+    }
+    let no_memory =
+        || crate::try_alloc::no_memory(format_args!("the {total} tensors of {}", source.display()));
     let mut tensors = Vec::new();
+    tensors.try_reserve_exact(total).map_err(|_| no_memory())?;
     for (i, g) in files.iter().enumerate() {
         for (entry, t) in g.tensors.iter().enumerate() {
             tensors.push(Tensor {
-                name: t.name.clone(),
+                name: crate::try_alloc::string(&t.name).ok_or_else(no_memory)?,
                 file: i,
                 entry,
                 offset: g.data_offset + t.offset,

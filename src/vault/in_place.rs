@@ -219,7 +219,14 @@ pub(super) fn open(path: &Path, after_headers: &dyn Fn()) -> Result<Opened> {
         files.push(known);
     }
     let mut layers: Vec<LayerSource> = Vec::with_capacity(plans.len());
-    let mut entries = Vec::with_capacity(plans.len() * n_experts as usize);
+    let mut entries = Vec::new();
+    let n_entries = plans.len() * n_experts as usize;
+    crate::try_alloc::reserve(&mut entries, n_entries, || {
+        crate::try_alloc::no_memory(format_args!(
+            "the {n_entries} table entries of {}",
+            model.files[0].display()
+        ))
+    })?;
     let mut layouts: Vec<(u32, Vec<LayoutItem>)> = Vec::with_capacity(plans.len());
     for plan in plans {
         let slices: Vec<Vec<Slice>> = (0..n_experts)

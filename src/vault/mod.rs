@@ -156,7 +156,16 @@ impl Vault {
         let mut header = opened.header;
         header.meta_bytes = opened.meta.len() as u64;
         header.meta_xxh3 = xxhash_rust::xxh3::xxh3_64(opened.meta.as_bytes());
-        let mut index = vec![NO_ENTRY; header.expert_ids() as usize];
+        // At most MAX_EXPERT_IDS ids (`plan` checked), 4 bytes each.
+        let ids = header.expert_ids() as usize;
+        let mut index = Vec::new();
+        crate::try_alloc::reserve(&mut index, ids, || {
+            crate::try_alloc::no_memory(format_args!(
+                "the index of {ids} expert ids of {}",
+                path.display()
+            ))
+        })?;
+        index.resize(ids, NO_ENTRY);
         for (i, e) in opened.entries.iter().enumerate() {
             index[dense(&header, e.layer, e.expert)] = i as u32;
         }

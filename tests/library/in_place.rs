@@ -1181,3 +1181,90 @@ fn names_from_a_model_are_escaped_in_errors() {
     }
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
+
+/// The environment variable that makes [`no_memory_child`] open a model
+/// under an address-space limit.
+const NO_MEMORY_CHILD: &str = "SMOE_TEST_NO_MEMORY_CHILD";
+
+/// Runs in a child process of
+/// [`smoe_open_under_a_memory_limit_fails_with_no_memory`]: limits its
+/// own address space to what it uses plus 96 MiB, then `smoe_open`s the
+/// model `$NO_MEMORY_CHILD` names and prints the status and the error.
+#[test]
+fn no_memory_child() {
+    let Some(model) = std::env::var_os(NO_MEMORY_CHILD) else {
+        return;
+    };
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let vm_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap();
+    let limit = (vm_kib << 10) + (96 << 20);
+    let rl = libc::rlimit {
+        rlim_cur: limit,
+        rlim_max: limit,
+    };
+    // SAFETY: a plain struct, read by the call.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &rl) }, 0);
+    let c_path = std::ffi::CString::new(model.into_encoded_bytes()).unwrap();
+    let mut s: *mut smoe::ffi::smoe_streamer = std::ptr::null_mut();
+    // SAFETY: a valid C string, NULL config (defaults) and a writable out.
+    let st = unsafe { smoe::ffi::smoe_open(c_path.as_ptr(), std::ptr::null(), &mut s) };
+    // SAFETY: NUL-terminated, valid until this thread's next call.
+    let last = unsafe { std::ffi::CStr::from_ptr(smoe::ffi::smoe_last_error()) }
+        .to_string_lossy()
+        .into_owned();
+    println!();
+    println!("CHILD {st:?} {last}");
+}
+
+/// `smoe_open` of a header that needs more memory than the process may
+/// have (a 200 MiB GGUF string value, under a limit 96 MiB above what it
+/// uses) returns `SMOE_ERR_NO_MEMORY` naming the file: a failed
+/// allocation must not abort the host.
+#[test]
+fn smoe_open_under_a_memory_limit_fails_with_no_memory() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big-string.gguf");
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b.extend_from_slice(&1u64.to_le_bytes());
+    b.extend_from_slice(&12u64.to_le_bytes());
+    b.extend_from_slice(b"general.name");
+    b.extend_from_slice(&8u32.to_le_bytes());
+    b.extend_from_slice(&(200u64 << 20).to_le_bytes());
+    std::fs::write(&path, &b).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(b.len() as u64 + (200 << 20)).unwrap();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "in_place::no_memory_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(NO_MEMORY_CHILD, &path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let said = stdout
+        .lines()
+        .find(|l| l.starts_with("CHILD "))
+        .unwrap_or_default();
+    assert!(
+        out.status.signal().is_none()
+            && said.contains("SMOE_ERR_NO_MEMORY")
+            && said.contains("big-string.gguf"),
+        "child: {} {said:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}

@@ -930,3 +930,90 @@ fn inspect_escapes_names_from_a_model() {
     }
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
+
+/// Writes the hostile headers of issue 47 item 11 into `dir`: a sparse
+/// GGUF of one 200 MiB string value, a sparse 256 MiB GGUF of 20.6
+/// million empty keys, and a safetensors file of a 95 MB header (1.58
+/// million tensors).
+fn write_amplifying_headers(dir: &Path) -> Vec<PathBuf> {
+    use std::io::Write;
+    let string = dir.join("big-string.gguf");
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b.extend_from_slice(&1u64.to_le_bytes());
+    b.extend_from_slice(&12u64.to_le_bytes());
+    b.extend_from_slice(b"general.name");
+    b.extend_from_slice(&8u32.to_le_bytes());
+    b.extend_from_slice(&(200u64 << 20).to_le_bytes());
+    std::fs::write(&string, &b).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&string)
+        .unwrap();
+    f.set_len(b.len() as u64 + (200 << 20)).unwrap();
+
+    let keys = dir.join("empty-keys.gguf");
+    let n = ((256u64 << 20) - 24) / 13;
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b.extend_from_slice(&n.to_le_bytes());
+    std::fs::write(&keys, &b).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&keys).unwrap();
+    f.set_len(24 + 13 * n).unwrap();
+
+    let st = dir.join("big-header.safetensors");
+    let mut header = String::with_capacity(96_000_000);
+    header.push('{');
+    let mut i = 0;
+    while header.len() < 95_000_000 {
+        header.push_str(&format!(
+            "\"t.{i}\":{{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}},"
+        ));
+        i += 1;
+    }
+    header.pop();
+    header.push('}');
+    let mut w = std::io::BufWriter::new(std::fs::File::create(&st).unwrap());
+    w.write_all(&(header.len() as u64).to_le_bytes()).unwrap();
+    w.write_all(header.as_bytes()).unwrap();
+    w.flush().unwrap();
+    vec![string, keys, st]
+}
+
+/// Under a 128 MiB address-space limit (`ulimit -v`), `smoe inspect` of a
+/// header that would need more (a 200 MiB string value, 20.6 million
+/// keys, a 95 MB safetensors header) is one `smoe:` line naming the file
+/// and exit 1: an allocation that fails is an error, never an abort
+/// (SIGABRT).
+#[test]
+fn a_header_larger_than_memory_is_one_line_not_an_abort() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let mut wrong = Vec::new();
+    for path in write_amplifying_headers(dir.path()) {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -v 131072 && exec \"$0\" inspect \"$1\"")
+            .arg(env!("CARGO_BIN_EXE_smoe"))
+            .arg(&path)
+            .env("SMOE_CACHE_DIR", cache.path())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = text(&out.stderr);
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if out.status.signal().is_some()
+            || out.status.code() != Some(1)
+            || stderr.lines().count() != 1
+            || !stderr.starts_with("smoe: ")
+            || !stderr.contains(&name)
+        {
+            let first: String = stderr.lines().take(2).collect::<Vec<_>>().join(" | ");
+            wrong.push(format!("{name}: {} {first}", out.status));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
