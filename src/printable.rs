@@ -186,7 +186,8 @@ mod tests {
         let p = Path::new(OsStr::from_bytes(b"/m/\xff\xfe\x1bx.gguf"));
         assert_eq!(PrintablePath(p).to_string(), "/m/\\xff\\xfe\\x1bx.gguf");
         let mut out = String::new();
-        write!(Escaping(&mut out), "a{}b", "\n").unwrap();
+        let newline = '\n';
+        write!(Escaping(&mut out), "a{newline}b").unwrap();
         assert_eq!(out, "a\\x0ab");
     }
 }

@@ -201,7 +201,7 @@ fn a_one_expert_model_at_the_cap_costs_what_its_vault_does() {
                 .unwrap(),
         );
         let rss = common::rss_bytes().saturating_sub(rss0);
-        let ring = s.ring_region().1 as u64;
+        let ring = s.ring_region().1;
         (rss, ring)
     };
     let (model, model_ring) = cost(&gguf);

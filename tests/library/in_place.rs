@@ -874,7 +874,13 @@ fn the_cache_directory_warnings_say_what_the_environment_holds() {
     std::fs::create_dir_all(&cwd).unwrap();
     let home_s = home.to_str().unwrap();
     // (SMOE_CACHE_DIR, HOME, what a warning must say, what none may say)
-    let cases: [(Option<&str>, Option<&str>, &[&str], &[&str]); 4] = [
+    type Case<'a> = (
+        Option<&'a str>,
+        Option<&'a str>,
+        &'a [&'a str],
+        &'a [&'a str],
+    );
+    let cases: [Case; 4] = [
         (
             Some("rel"),
             Some(home_s),
@@ -939,7 +945,7 @@ fn the_cache_directory_warnings_say_what_the_environment_holds() {
             .filter_map(|l| l.strip_prefix("WARNING "))
             .collect();
         let said = |n: &&str| warnings.iter().any(|w| w.contains(n));
-        if !must.iter().all(|n| said(&n)) || must_not.iter().any(|n| said(&n)) {
+        if !must.iter().all(said) || must_not.iter().any(said) {
             wrong.push(format!(
                 "SMOE_CACHE_DIR {cache:?}, HOME {home:?}: {warnings:?}"
             ));
