@@ -11,10 +11,11 @@
 //! end of file". The `ffi` layer maps the kind to a `smoe_status` and the
 //! sentence to `smoe_last_error()`; nothing here knows about C.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::io;
 use std::path::{Path, PathBuf};
 
+use crate::printable::{Escaping, PrintablePath};
 use crate::sys::ReadError;
 
 /// What class of failure an [`Error`] is. Each kind maps to one C status.
@@ -394,12 +395,16 @@ impl Error {
 }
 
 impl fmt::Display for Error {
+    /// The sentence, every piece of it escaped ([`crate::printable`]): a
+    /// name from a file (a tensor's, a path) holding a control character
+    /// or a newline shows as `\x1b`, `\x0a`, never as itself.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let e = &*self.inner;
+        let f = &mut Escaping(f);
         f.write_str(&e.context)?;
         // Constructors set the facts their form names; "" and 0 stand in
         // for one a caller could not have removed anyway.
-        let path = e.path.as_deref().unwrap_or(Path::new("")).display();
+        let path = PrintablePath(e.path.as_deref().unwrap_or(Path::new("")));
         let (layer, expert) = e.expert.unwrap_or_default();
         if e.path.is_some() && !e.form.names_path() {
             write!(f, "{path}: ")?;

@@ -15,7 +15,10 @@
 //! - the temporary files' names, `.<target>.tmp-<pid>-<n>`
 //!   ([`is_temp_file_name`]), and removing those a killed writer left
 //!   ([`remove_leftover_temp_files`]);
-//! - a file's identity ([`file_id`], [`same_file`]).
+//! - a file's identity ([`file_id`], [`same_file`]) and its state, to
+//!   tell a file changed under a reader ([`FileState`]);
+//! - naming a symbolic link that leads nowhere ([`dangling_link`]), which
+//!   a model's cache leaves when its blob is removed.
 //!
 //! What it must never do: open anything but a regular file (a FIFO would
 //! block the open forever, a device may act on being opened: files are
@@ -29,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::sys::{self, FileKind, OpenRegularError};
 
 /// Prefix of the temporary files [`save_checked`] writes next to the target:
@@ -46,6 +49,58 @@ pub type FileId = (u64, u64);
 /// The identity of the file `metadata` describes.
 pub fn file_id(metadata: &std::fs::Metadata) -> FileId {
     (metadata.dev(), metadata.ino())
+}
+
+/// What a reader of a file it does not own checks to know the file is
+/// still the one it read: which file (device and inode), its length, its
+/// modification time, and its status-change time (`st_ctime`), which the
+/// kernel moves on every write and on every change of the file's times,
+/// and which no call sets back: a rewrite that restores the length and
+/// the modification time still shows there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileState {
+    /// Device and inode.
+    pub id: FileId,
+    /// Length in bytes.
+    pub len: u64,
+    /// Modification time, where the filesystem keeps one.
+    pub modified: Option<SystemTime>,
+    /// Status-change time: seconds and nanoseconds.
+    pub changed: (i64, i64),
+}
+
+impl FileState {
+    /// The state `metadata` (an `fstat` or `stat`) describes.
+    pub fn of(metadata: &std::fs::Metadata) -> FileState {
+        FileState {
+            id: file_id(metadata),
+            len: metadata.len(),
+            modified: metadata.modified().ok(),
+            changed: (metadata.ctime(), metadata.ctime_nsec()),
+        }
+    }
+
+    /// How `now` differs from this state, as a clause ("it was 10 bytes,
+    /// it is 20"); `None` when it is the same file, unchanged. The length
+    /// and the identity are exact; the times are the kernel's, moved at
+    /// its clock's resolution (a write through a shared mapping may not
+    /// move them at once).
+    pub fn differs(&self, now: &FileState) -> Option<String> {
+        if now.id != self.id {
+            Some("the path names another file (replaced by a rename?)".to_owned())
+        } else if now.len != self.len {
+            Some(format!("it was {} bytes, it is {}", self.len, now.len))
+        } else if now.modified != self.modified {
+            Some("its modification time moved".to_owned())
+        } else if now.changed != self.changed {
+            Some(
+                "its status-change time (ctime) moved: it was written, or its times or permissions were set"
+                    .to_owned(),
+            )
+        } else {
+            None
+        }
+    }
 }
 
 /// Writes the file at `path` atomically: a temporary file in the same
@@ -377,6 +432,33 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
         Some(std::fs::canonicalize(dir).ok()?.join(p.file_name()?))
     };
     matches!((canonical(a), canonical(b)), (Some(x), Some(y)) if x == y)
+}
+
+/// When `path` is a symbolic link that leads nowhere (its target, or a
+/// link on the way, does not exist), the error that says so, naming the
+/// link and its target: a Hugging Face cache whose blob was removed
+/// leaves `snapshots/<rev>/model.safetensors -> ../../blobs/<sha>`, and
+/// "no such file" alone would name a file the user can see. `None` for
+/// anything else (the caller's own error then stands).
+pub fn dangling_link(path: &Path) -> Option<Error> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    if !meta.file_type().is_symlink() {
+        return None;
+    }
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == IoErrorKind::NotFound => {
+            let target = std::fs::read_link(path).ok()?;
+            Some(Error::path_is(
+                ErrorKind::Io,
+                path,
+                format!(
+                    "is a broken symbolic link: its target {} does not exist (a model cache whose blob was removed?)",
+                    target.display()
+                ),
+            ))
+        }
+        _ => None,
+    }
 }
 
 #[cfg(test)]

@@ -52,11 +52,13 @@ mod error;
 mod fs_safe;
 mod model;
 mod popularity;
+mod printable;
 mod queue;
 mod router;
 mod sync;
 mod sys;
 mod trace;
+mod try_alloc;
 
 pub use budget::{PlanSources, RingPlan, SlotClamp};
 pub use error::{Error, ErrorKind, Result};
@@ -127,6 +129,25 @@ pub mod internals {
             LayoutItem, Model, Slice, SourceKind, Tensor, ITEM_ALIGNMENT,
         };
         pub use crate::model::{gguf, identity, meta, names, window};
+
+        /// [`crate::vault::Vault::open`] of the model at `path` (a GGUF or
+        /// safetensors model, opened in place), calling `after_headers`
+        /// once every header is read and planned, before the model's files
+        /// are recorded: the tests' seam for a file changed while it is
+        /// being opened.
+        pub fn open_in_place_observed(
+            path: &std::path::Path,
+            after_headers: &dyn Fn(),
+        ) -> crate::Result<crate::vault::Vault> {
+            crate::vault::Vault::open_model_observed(path, after_headers)
+        }
+    }
+
+    /// Text from files made safe to print (`src/printable.rs`): the
+    /// tool's error and warning lines and `smoe inspect` show names from a
+    /// model through it.
+    pub mod printable {
+        pub use crate::printable::{escape, escape_json_text, Printable, PrintablePath};
     }
 
     /// The synthetic router of `smoe demo`/`smoe bench`, and (also under

@@ -661,26 +661,30 @@ impl Histogram {
         }
         // A model opened in place: nothing is written beside it (SPEC §6);
         // its histogram lives in its cache directory, made here.
-        let dir = vault.histogram_dir().ok_or_else(|| {
-            "there is no user cache directory (neither SMOE_CACHE_DIR nor HOME is set)".to_owned()
-        });
-        let dir = dir.and_then(|d| match std::fs::create_dir_all(&d) {
+        let dir = vault.histogram_dir();
+        // A variable passed over on the way (a relative SMOE_CACHE_DIR).
+        let note = dir.as_ref().ok().and_then(|(_, note)| note.clone());
+        let dir = dir.and_then(|(d, _)| match std::fs::create_dir_all(&d) {
             Ok(()) => Ok(d),
             Err(e) => Err(format!("cannot create {}: {e}", d.display())),
         });
-        match dir {
+        let (mut h, mut warnings) = match dir {
             Ok(d) => Self::open_with_key(key, Some(counted), &d, None),
             Err(why) => {
-                let (mut h, mut warnings) =
+                let (h, mut warnings) =
                     Self::open_with_key(key, Some(counted), vault.dir(), Some(Path::new("")));
                 warnings.push(format!(
                     "the histogram of {} will not be kept: {why}",
                     vault.path().display()
                 ));
-                h.warnings = warnings.clone();
                 (h, warnings)
             }
+        };
+        if let Some(note) = note {
+            warnings.insert(0, note);
         }
+        h.warnings = warnings.clone();
+        (h, warnings)
     }
 
     fn open_with_key(

@@ -50,10 +50,30 @@ impl Mapping {
     fn bytes(&self) -> &[u8] {
         // SAFETY: `ptr` maps `len` readable bytes for the life of `self`
         // (unmapped only in drop). The vault is opened read-only and nothing
-        // in this process writes it; like any mmap reader (llama.cpp's too),
-        // a concurrent truncation by another process would fault, which the
-        // bench documents rather than guards.
+        // in this process writes it. A page past the file's end faults
+        // (SIGBUS) when touched: every reader of these bytes first checks
+        // the file still has them ([`Mapping::check_len`], or the model's
+        // `check_unchanged`); a truncation in the moment between that
+        // check and the touch is not guarded against.
         unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.len) }
+    }
+
+    /// Whether `file`, the file mapped, still holds every mapped byte (an
+    /// `fstat`): a touch of a page past its end would kill the process
+    /// with SIGBUS. Else the message naming `path` and both lengths.
+    fn check_len(&self, file: &File, path: &Path) -> Result<(), Failure> {
+        let now = file
+            .metadata()
+            .map_err(|e| Failure::from(smoe::Error::io("cannot stat", path, &e)))?
+            .len();
+        if now < self.len as u64 {
+            return Err(Failure::Message(format!(
+                "{} changed while the mmap side read it: it was {} bytes, it is {now}",
+                path.display(),
+                self.len
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -106,7 +126,7 @@ pub fn mmap_replay(
         return model_replay(vault, model, tokens, on_token);
     }
     let path = vault.path();
-    let (_file, map) = open_mapped(path, "a vault file")?;
+    let (file, map) = open_mapped(path, "a vault file")?;
     let bytes = map.bytes();
     let mut waits = Vec::with_capacity(tokens.len());
     let start = Instant::now();
@@ -129,6 +149,7 @@ pub fn mmap_replay(
                             path.display()
                         ))
                     })?;
+                map.check_len(&file, path)?;
                 let t0 = Instant::now();
                 std::hint::black_box(sum_bytes(blob));
                 wait += t0.elapsed();
@@ -191,6 +212,17 @@ fn model_replay(
                 let t0 = Instant::now();
                 model.load(&files, entry, slot, &mut scratch, |file, window, offset| {
                     let at = files.iter().position(|f| std::ptr::eq(f, file));
+                    // Before the mapping is touched: a file truncated (or
+                    // otherwise changed) since it was mapped fails the
+                    // read, and `load` names it, instead of a SIGBUS.
+                    if let Some(Err(why)) = at.map(|i| model.files()[i].check_unchanged(file)) {
+                        return Err(ReadError {
+                            done: 0,
+                            wanted: window.len(),
+                            offset,
+                            error: std::io::Error::other(why),
+                        });
+                    }
                     let bytes = at.map_or(&[][..], |i| maps[i].bytes());
                     let from = usize::try_from(offset)
                         .unwrap_or(usize::MAX)
@@ -423,6 +455,101 @@ pub fn drop_page_cache() -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The environment variable that makes [`truncate_child`] replay a
+    /// model (`gguf`) or a vault (`vault`) and truncate it in between.
+    const TRUNCATE_CHILD: &str = "SMOE_TEST_TRUNCATE_CHILD";
+
+    /// Runs in a child process of
+    /// [`a_model_or_vault_truncated_during_the_mmap_side_is_an_error`]:
+    /// replays two tokens on the mmap side, truncating the file (to its
+    /// first 4096 bytes) after the first; prints what the replay returned.
+    /// A fault on the mapping would kill the process with SIGBUS.
+    #[test]
+    fn truncate_child() {
+        let Ok(which) = std::env::var(TRUNCATE_CHILD) else {
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let (path, tokens): (PathBuf, TraceTokens) = if which == "gguf" {
+            let to = dir.path().join("m.gguf");
+            std::fs::copy(
+                Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../tests/fixtures/models/qwen3moe-q8_0.gguf"),
+                &to,
+            )
+            .unwrap();
+            (to, vec![vec![(0, vec![0])], vec![(1, vec![3])]])
+        } else {
+            let spec = smoe::vault::synth::SynthSpec {
+                n_layers: 1,
+                n_experts: 4,
+                blob_bytes: 1 << 20,
+                dense_layers: vec![],
+                seed: 1,
+                top_k: 1,
+            };
+            spec.write(dir.path(), &mut |_| {}).unwrap();
+            (
+                dir.path().to_path_buf(),
+                vec![vec![(0, vec![0])], vec![(0, vec![3])]],
+            )
+        };
+        let vault = Vault::open(&path).unwrap();
+        let file = vault.data_files()[0].clone();
+        let result = mmap_replay(&vault, &tokens, &mut |t| {
+            if t == 0 {
+                let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+                f.set_len(4096).unwrap();
+            }
+        });
+        // After the harness's "test ... " (no newline before the output).
+        println!();
+        match result {
+            Ok(_) => println!("CHILD REPLAYED"),
+            Err(Failure::Message(m)) => println!("CHILD REFUSED {m}"),
+            Err(other) => println!("CHILD FAILED {other:?}"),
+        }
+    }
+
+    /// `smoe bench --baseline mmap` on a model (or a vault) truncated while
+    /// its mmap side runs: an error naming the file, never SIGBUS (a touch
+    /// of the mapping past the file's new end).
+    #[test]
+    fn a_model_or_vault_truncated_during_the_mmap_side_is_an_error() {
+        use std::os::unix::process::ExitStatusExt;
+        let mut wrong = Vec::new();
+        for which in ["gguf", "vault"] {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "baseline::tests::truncate_child",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(TRUNCATE_CHILD, which)
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let said = stdout
+                .lines()
+                .find(|l| l.starts_with("CHILD "))
+                .unwrap_or_default();
+            let named = if which == "gguf" {
+                "m.gguf"
+            } else {
+                "experts.smoe"
+            };
+            if out.status.signal().is_some()
+                || !said.starts_with("CHILD REFUSED")
+                || !said.contains(named)
+                || !said.contains("changed")
+            {
+                wrong.push(format!("{which}: {} {said:?}", out.status));
+            }
+        }
+        assert!(wrong.is_empty(), "{wrong:#?}");
+    }
 
     #[test]
     fn a_fifo_put_in_place_of_the_vault_is_refused_at_once() {

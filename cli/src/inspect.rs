@@ -6,6 +6,7 @@
 use std::path::Path;
 
 use serde_json::{json, Value};
+use smoe::internals::printable::{escape, escape_json_text};
 use smoe::vault::{InPlace, Vault, FREQ_FILE};
 use smoe_pack::layout::{BlobLayouts, LayoutItem};
 
@@ -23,7 +24,8 @@ pub fn run(path: &Path, as_json: bool) -> Result<(), Failure> {
         };
         let text = serde_json::to_string_pretty(&summary)
             .map_err(|e| Failure::Message(format!("cannot encode the summary as JSON: {e}")))?;
-        out(&(text + "\n"))
+        // serde_json leaves DEL and the C1 controls of a name raw.
+        out(&(escape_json_text(&text).into_owned() + "\n"))
     } else {
         match vault.model() {
             Some(model) => out(&model_summary(&vault, model, layouts.as_ref())),
@@ -41,9 +43,9 @@ fn kind_name(model: &InPlace) -> &'static str {
 }
 
 /// Where the library keeps a model's histogram (never beside the model),
-/// `None` without a cache directory.
-fn histogram_path(vault: &Vault) -> Option<std::path::PathBuf> {
-    vault.histogram_dir().map(|d| d.join(FREQ_FILE))
+/// or why there is none (no cache directory).
+fn histogram_path(vault: &Vault) -> Result<std::path::PathBuf, String> {
+    vault.histogram_dir().map(|(d, _)| d.join(FREQ_FILE))
 }
 
 /// One layer of a model: its slot bytes, the bytes a claim spans and the
@@ -124,7 +126,7 @@ fn model_json(vault: &Vault, model: &InPlace, layouts: Option<&BlobLayouts>) -> 
             "kind": model.kind().name(),
             "files": files,
             "dense_bytes": model.dense_bytes(),
-            "histogram": histogram_path(vault).map(|p| p.display().to_string()),
+            "histogram": histogram_path(vault).ok().map(|p| p.display().to_string()),
             "layers": layers,
         },
         "n_layers": h.n_layers,
@@ -144,9 +146,7 @@ fn model_summary(vault: &Vault, model: &InPlace, layouts: Option<&BlobLayouts>) 
     layers_with_experts.dedup();
     let files = model.files();
     let mut s = String::new();
-    let mut line = |key: &str, value: String| {
-        s.push_str(&format!("{key:<14}{value}\n"));
-    };
+    let mut line = |key: &str, value: String| push_line(&mut s, &format!("{key:<14}{value}"));
     line("path", vault.path().display().to_string());
     line(
         "kind",
@@ -178,7 +178,7 @@ fn model_summary(vault: &Vault, model: &InPlace, layouts: Option<&BlobLayouts>) 
     line(
         "histogram",
         histogram_path(vault).map_or_else(
-            || "none (no cache directory: set SMOE_CACHE_DIR)".to_owned(),
+            |why| format!("none ({why}: set SMOE_CACHE_DIR to an absolute path)"),
             |p| p.display().to_string(),
         ),
     );
@@ -243,7 +243,7 @@ fn model_summary(vault: &Vault, model: &InPlace, layouts: Option<&BlobLayouts>) 
     let mut meta_lines = meta.lines();
     line("metadata", meta_lines.next().unwrap_or_default().to_owned());
     for rest in meta_lines {
-        s.push_str(&format!("{:<14}{rest}\n", ""));
+        push_line(&mut s, &format!("{:<14}{rest}", ""));
     }
     if let Some(layouts) = layouts {
         s.push_str(&layout_lines(layouts, "slot layout", &|layer| {
@@ -321,9 +321,7 @@ fn human_summary(vault: &Vault, layouts: Option<&BlobLayouts>) -> String {
         value => serde_json::to_string_pretty(&value).unwrap_or_else(|_| vault.meta().to_owned()),
     };
     let mut s = String::new();
-    let mut line = |key: &str, value: String| {
-        s.push_str(&format!("{key:<14}{value}\n"));
-    };
+    let mut line = |key: &str, value: String| push_line(&mut s, &format!("{key:<14}{value}"));
     line("path", vault.path().display().to_string());
     line("vault_id", h.vault_id_hex());
     line("version", h.version.to_string());
@@ -374,7 +372,7 @@ fn human_summary(vault: &Vault, layouts: Option<&BlobLayouts>) -> String {
     let mut meta_lines = meta.lines();
     line("metadata", meta_lines.next().unwrap_or_default().to_owned());
     for rest in meta_lines {
-        s.push_str(&format!("{:<14}{rest}\n", ""));
+        push_line(&mut s, &format!("{:<14}{rest}", ""));
     }
     if let Some(layouts) = layouts {
         s.push_str(&layout_lines(layouts, "layout", &|_| String::new()));
@@ -426,16 +424,31 @@ fn layout_lines(layouts: &BlobLayouts, label: &str, about: &dyn Fn(u32) -> Strin
         } else {
             text.clone()
         };
-        s.push_str(&format!("{label:<14}{which} {} ({what})\n", ranges(layers)));
+        push_line(
+            &mut s,
+            &format!("{label:<14}{which} {} ({what})", ranges(layers)),
+        );
         for item in *items {
             let shape = item.shape_text();
-            s.push_str(&format!(
-                "{:<16}{:<13} {:<8} {:<16} {:>10} bytes at {}\n",
-                "", item.role, item.dtype, shape, item.bytes, item.offset
-            ));
+            push_line(
+                &mut s,
+                &format!(
+                    "{:<16}{:<13} {:<8} {:<16} {:>10} bytes at {}",
+                    "", item.role, item.dtype, shape, item.bytes, item.offset
+                ),
+            );
         }
     }
     s
+}
+
+/// Appends `text` and a newline to `s`, every control character of it
+/// escaped: a name from a model (a path, a role, the architecture) holding
+/// ESC or a newline is shown as `\x1b` or `\x0a`, and cannot forge a
+/// line of the summary.
+fn push_line(s: &mut String, text: &str) {
+    s.push_str(&escape(text));
+    s.push('\n');
 }
 
 /// Sorted ids as compact ranges: "1-3, 5, 7-9".

@@ -4,6 +4,8 @@
 
 use std::io::{self, Write};
 
+use smoe::internals::printable::escape;
+
 /// Why a command failed.
 #[derive(Debug)]
 pub enum Failure {
@@ -35,12 +37,11 @@ pub fn out(text: &str) -> Result<(), Failure> {
         })
 }
 
-/// Writes `smoe: <message>` on stderr as exactly one line.
+/// Writes `smoe: <message>` on stderr as exactly one line: every control
+/// character of it (a newline, an ESC from a name in a file) escaped, as
+/// the library escapes its errors (`\x0a`, `\x1b`).
 pub fn error_line(message: &str) {
-    let one_line: String = message
-        .chars()
-        .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
-        .collect();
+    let one_line = escape(message);
     // Nothing useful can be done if stderr itself is gone.
     let _ = writeln!(io::stderr().lock(), "smoe: {one_line}");
 }

@@ -104,7 +104,9 @@ pub unsafe extern "C" fn smoe_config_init(cfg: *mut smoe_config) {
 ///   directory); it is never opened, so `smoe_open` does not block on it.
 /// - `SMOE_ERR_IO`: the vault could not be opened or read.
 /// - `SMOE_ERR_FORMAT`: the vault is invalid.
-/// - `SMOE_ERR_NO_MEMORY`: the ring could not be allocated.
+/// - `SMOE_ERR_NO_MEMORY`: the ring could not be allocated, or (a model
+///   opened in place) its headers need more memory than the process may
+///   have; the message names the file.
 /// - `SMOE_ERR_UNSUPPORTED`: `direct_io` is 1 (require) and the filesystem
 ///   refuses direct I/O.
 /// - `SMOE_ERR_INTERNAL`: a bug (a caught panic), or a worker could not start.

@@ -304,7 +304,7 @@ pub(crate) fn ffi_guard<R: PanicValue>(function: &'static str, body: impl FnOnce
         Err(payload) => {
             set_last_error_message(&format!(
                 "internal error: panic in {function}: {}",
-                panic_message(payload.as_ref())
+                crate::printable::Printable(panic_message(payload.as_ref()))
             ));
             R::panic_value()
         }
@@ -717,7 +717,12 @@ mod tests {
     #[test]
     fn interior_nul_in_a_message_is_replaced() {
         std::thread::spawn(|| {
+            // An error's text escapes it, as every control character.
             set_last_error(&Error::format("bad\0name"));
+            // SAFETY: used before the next smoe call.
+            assert_eq!(text(unsafe { smoe_last_error() }), "bad\\x00name");
+            // Any other message has it replaced.
+            set_last_error_message("bad\0name");
             // SAFETY: used before the next smoe call.
             assert_eq!(text(unsafe { smoe_last_error() }), "bad?name");
         })

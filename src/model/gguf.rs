@@ -13,7 +13,10 @@
 //! Every count and length is checked against the bytes the file has before
 //! anything is allocated for it, and lists grow with the entries really
 //! read, so what the reader allocates follows the file, not the header's
-//! claims. The header itself (everything before the data section) may not
+//! claims. The counts are capped too ([`MAX_KEY_VALUES`],
+//! [`super::MAX_TENSORS`]), since an entry costs far more in memory than
+//! in the file, and what grows is allocated fallibly: a process short of
+//! memory gets an error, not an abort. The header itself (everything before the data section) may not
 //! pass [`MAX_HEADER_BYTES`]: a length field of a sparse or huge file could
 //! otherwise ask for as much memory as the file is long. Keys and tensor
 //! names keep to the GGUF specification's limits ([`MAX_KEY_BYTES`],
@@ -27,6 +30,7 @@ use std::path::{Path, PathBuf};
 use super::{first_duplicate, interrupted, open_input, Cancel};
 use crate::error::{Error, ErrorKind, Result};
 use crate::sys::{self, OpenRegularError};
+use crate::try_alloc;
 
 /// The four bytes every GGUF file starts with.
 pub const MAGIC: [u8; 4] = *b"GGUF";
@@ -43,6 +47,11 @@ pub const MAX_HEADER_BYTES: u64 = 256 << 20;
 pub const MAX_KEY_BYTES: u64 = 65_535;
 /// Longest tensor name: the GGUF specification's 64 bytes.
 pub const MAX_NAME_BYTES: u64 = 64;
+/// Most key/values a header may hold. Each costs tens of bytes in memory
+/// however few it takes in the file (13 bytes: an empty key and a u8), so
+/// the header's byte cap alone let a sparse file claim 20 million; a real
+/// model has a few dozen (its vocabulary is one array).
+pub const MAX_KEY_VALUES: u64 = 1 << 16;
 
 /// One GGML element type: its name, elements per block and bytes per block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -282,11 +291,26 @@ impl Gguf {
         }
         let n_tensors = r.u64()?;
         let n_kvs = r.u64()?;
-        // Each key/value takes at least 8 + 4 + 1 bytes, each tensor info
-        // 8 + 4 + 4 + 8: counts beyond what the file could hold are lies.
-        if n_kvs > file_bytes / 13 || n_tensors > file_bytes / 24 {
+        // Entries cost far more in memory than in the file: their number
+        // is capped, not only their bytes, before one is read.
+        let max_tensors = super::MAX_TENSORS as u64;
+        if n_kvs > MAX_KEY_VALUES || n_tensors > max_tensors {
             return Err(bad(format!(
-                "header claims {n_tensors} tensors and {n_kvs} key/values, more than a {file_bytes}-byte file can hold (truncated?)"
+                "header claims {n_tensors} tensors and {n_kvs} key/values, above this reader's caps of {max_tensors} tensors and {MAX_KEY_VALUES} key/values (a real model has a few thousand tensors and a few dozen key/values)"
+            )));
+        }
+        // Each key/value takes at least 8 + 4 + 1 bytes, each tensor info
+        // 8 + 4 + 8 + 4 + 8: counts beyond what the file, or a header
+        // within MAX_HEADER_BYTES, could hold are lies.
+        let least = 24 + 13 * n_kvs + 32 * n_tensors;
+        if least > file_bytes.min(MAX_HEADER_BYTES) {
+            return Err(bad(format!(
+                "header claims {n_tensors} tensors and {n_kvs} key/values, at least {least} bytes, more than a {file_bytes}-byte file{} can hold (truncated?)",
+                if file_bytes > MAX_HEADER_BYTES {
+                    format!("'s header of at most {MAX_HEADER_BYTES} bytes")
+                } else {
+                    String::new()
+                }
             )));
         }
         // Capacity grows with what is really read, not with the header's
@@ -299,11 +323,12 @@ impl Gguf {
             let mut raw = Vec::new();
             r.value(value_type, &mut raw, 0)
                 .map_err(|e| e.context(format!("key/value {key:?}")))?;
-            kvs.push(KeyValue {
+            let kv = KeyValue {
                 key,
                 value_type,
                 raw,
-            });
+            };
+            try_alloc::push(&mut kvs, kv, || r.no_memory("the key/values"))?;
         }
         if let Some(key) = first_duplicate(kvs.iter().map(|kv| kv.key.as_str())) {
             return Err(bad(format!("key {key} appears twice")));
@@ -346,13 +371,14 @@ impl Gguf {
                     ggml_type.name, ggml_type.block
                 ))
             })?;
-            tensors.push(TensorInfo {
+            let info = TensorInfo {
                 name,
                 ne,
                 ggml_type,
                 offset,
                 bytes,
-            });
+            };
+            try_alloc::push(&mut tensors, info, || r.no_memory("the tensor infos"))?;
         }
         let data_offset = r.at.next_multiple_of(alignment);
         for t in &tensors {
@@ -435,6 +461,16 @@ impl Reader<'_> {
         Ok(())
     }
 
+    /// The error of an allocation for `what` that failed, at this
+    /// reader's offset in its file.
+    fn no_memory(&self, what: &str) -> Error {
+        try_alloc::no_memory(format_args!(
+            "{what} of {} (at offset {} of its header)",
+            self.path.display(),
+            self.at
+        ))
+    }
+
     fn truncated(&self, want: u64) -> Error {
         Error::format(format!(
             "{}: truncated: needs {want} more bytes at offset {}, the file has {}",
@@ -482,7 +518,7 @@ impl Reader<'_> {
             )));
         }
         self.room_for(n)?;
-        let mut b = vec![0u8; n as usize];
+        let mut b = try_alloc::zeroed(n as usize, || self.no_memory(&format!("a {n}-byte name")))?;
         self.bytes(&mut b)?;
         String::from_utf8(b).map_err(|_| {
             Error::format(format!(
@@ -500,6 +536,10 @@ impl Reader<'_> {
             value_type::STRING => {
                 let n = self.u64()?;
                 self.room_for(n)?;
+                // Within MAX_HEADER_BYTES, so it fits a usize.
+                try_alloc::reserve(out, 8 + n as usize, || {
+                    self.no_memory(&format!("a {n}-byte string"))
+                })?;
                 out.extend_from_slice(&n.to_le_bytes());
                 let start = out.len();
                 out.resize(start + n as usize, 0);
@@ -517,6 +557,7 @@ impl Reader<'_> {
                 let n = self.u64()?;
                 // Every item takes at least one byte.
                 self.room_for(n)?;
+                try_alloc::reserve(out, 12, || self.no_memory("an array"))?;
                 out.extend_from_slice(&item_type.to_le_bytes());
                 out.extend_from_slice(&n.to_le_bytes());
                 for _ in 0..n {
@@ -533,6 +574,7 @@ impl Reader<'_> {
                 )))
             }
         };
+        try_alloc::reserve(out, fixed, || self.no_memory("a value"))?;
         let start = out.len();
         out.resize(start + fixed, 0);
         self.bytes(&mut out[start..])
@@ -620,13 +662,16 @@ pub fn gguf_parts(path: &Path) -> Result<Vec<(PathBuf, File)>> {
             match sys::open_regular(&p) {
                 Ok((file, _)) => Ok((p, file)),
                 Err(OpenRegularError::Os(e)) if e.kind() == std::io::ErrorKind::NotFound => {
-                    Err(Error::new(
-                        ErrorKind::NotFound,
-                        format!(
-                            "{}: part {i} of {count} of the split model is missing",
-                            p.display()
+                    Err(match crate::fs_safe::dangling_link(&p) {
+                        Some(e) => e.context(format!("part {i} of {count} of the split model")),
+                        None => Error::new(
+                            ErrorKind::NotFound,
+                            format!(
+                                "{}: part {i} of {count} of the split model is missing",
+                                p.display()
+                            ),
                         ),
-                    ))
+                    })
                 }
                 Err(OpenRegularError::Os(e)) => Err(Error::io("cannot open", &p, &e)),
                 Err(OpenRegularError::NotRegular(kind)) => Err(Error::path_is(
@@ -737,6 +782,30 @@ mod tests {
         let e = read_err(&name, 4096);
         assert!(
             e.contains("a 65-byte name") && e.contains("tensor info 0"),
+            "{e}"
+        );
+    }
+
+    /// Counts a header claims beyond this reader's caps on entries are
+    /// refused before a single entry is read, naming the count and the
+    /// cap: a sparse 256 MiB file of 20.6 million empty keys (13 zero
+    /// bytes each) was parsed whole, 2.1 GB and seconds, and then refused
+    /// for a repeated key.
+    #[test]
+    fn counts_beyond_the_entry_caps_are_refused_at_once() {
+        let start = std::time::Instant::now();
+        let n = (MAX_HEADER_BYTES - 24) / 13;
+        let e = read_err(&head(0, n), 24 + 13 * n);
+        assert!(
+            e.contains(&format!("{n} key/values")) && e.contains("65536"),
+            "{e}"
+        );
+        let took = start.elapsed();
+        assert!(took < std::time::Duration::from_secs(1), "took {took:?}");
+        let n = (1 << 20) + 1;
+        let e = read_err(&head(n, 0), 24 + 32 * n);
+        assert!(
+            e.contains(&format!("{n} tensors")) && e.contains("1048576"),
             "{e}"
         );
     }

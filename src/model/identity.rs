@@ -10,7 +10,7 @@
 //! This module computes; it creates no directory.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use xxhash_rust::xxh3::Xxh3;
 
@@ -63,20 +63,45 @@ pub fn identity(model: &Model) -> Result<[u8; 16]> {
     Ok(h.digest128().to_le_bytes())
 }
 
+/// Where a model's own files go ([`cache_dir`]): the directory and, when
+/// the environment held something that was passed over on the way (a
+/// relative `SMOE_CACHE_DIR`), a sentence saying so; or why there is no
+/// such directory.
+pub type CacheDir = std::result::Result<(PathBuf, Option<String>), String>;
+
 /// The directory of a model's own files (its histogram):
 /// `<base>/smoe/<identity in hex>`, where `<base>` is `$SMOE_CACHE_DIR`
-/// if set to an absolute path (a relative one would put the histogram
-/// wherever the process happens to run, perhaps beside the model: it
-/// counts as unset, as a relative `XDG_CACHE_HOME` does), else the platform's user cache directory
-/// ([`crate::sys::user_cache_home`]). `env` reads a variable (the process's
-/// environment, or a test's). `None` when there is no such directory (no
-/// `HOME`): the caller then keeps no histogram, and says so.
-pub fn cache_dir(identity: &[u8; 16], env: impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
-    let base = env(CACHE_DIR_VAR)
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .or_else(|| crate::sys::user_cache_home(&env))?;
-    Some(base.join("smoe").join(crate::vault::hex(identity)))
+/// if set to an absolute path, else the platform's user cache directory
+/// ([`crate::sys::user_cache_home`]). A relative `SMOE_CACHE_DIR` would
+/// put the histogram wherever the process happens to run, perhaps beside
+/// the model: it is passed over, as a relative `XDG_CACHE_HOME` is, and
+/// the result says so (a note, or part of the reason). `env` reads a
+/// variable (the process's environment, or a test's). An error, saying
+/// which variable is missing or relative, when there is no such directory
+/// (no absolute `HOME`): the caller then keeps no histogram, and says
+/// why.
+pub fn cache_dir(identity: &[u8; 16], env: impl Fn(&str) -> Option<OsString>) -> CacheDir {
+    let leaf = |base: PathBuf| base.join("smoe").join(crate::vault::hex(identity));
+    let set = |name: &str| env(name).filter(|v| !v.is_empty());
+    let ignored = match set(CACHE_DIR_VAR) {
+        Some(v) if Path::new(&v).is_absolute() => return Ok((leaf(PathBuf::from(v)), None)),
+        Some(v) => Some(format!("{CACHE_DIR_VAR} ({v:?}) is relative; ignored")),
+        None => None,
+    };
+    if let Some(base) = crate::sys::user_cache_home(&env) {
+        return Ok((leaf(base), ignored));
+    }
+    let home = match set("HOME") {
+        Some(h) => format!("HOME ({h:?}) is relative"),
+        None => "HOME is not set".to_owned(),
+    };
+    Err(match ignored {
+        Some(why) => format!("there is no user cache directory: {why}, and {home}"),
+        None if set("HOME").is_none() => {
+            "there is no user cache directory (neither SMOE_CACHE_DIR nor HOME is set)".to_owned()
+        }
+        None => format!("there is no user cache directory: {CACHE_DIR_VAR} is not set and {home}"),
+    })
 }
 
 #[cfg(test)]
@@ -127,33 +152,53 @@ mod tests {
                 .collect();
             move |k: &str| vars.get(k).cloned()
         };
+        let dir = |vars: &[(&str, &str)]| cache_dir(&id, env(vars)).map(|(d, _)| d).ok();
         assert_eq!(
             cache_dir(&id, env(&[("SMOE_CACHE_DIR", "/c"), ("HOME", "/h")])),
-            Some(PathBuf::from(format!("/c/smoe/{hex}")))
+            Ok((PathBuf::from(format!("/c/smoe/{hex}")), None))
         );
-        // Empty is unset, and so is a relative path.
-        let home = cache_dir(&id, env(&[("SMOE_CACHE_DIR", ""), ("HOME", "/h")])).unwrap();
+        // Empty is unset, and a relative path is passed over, saying so.
+        let (home, note) = cache_dir(&id, env(&[("SMOE_CACHE_DIR", ""), ("HOME", "/h")])).unwrap();
+        assert_eq!(note, None);
         assert_eq!(
             cache_dir(&id, env(&[("SMOE_CACHE_DIR", "rel"), ("HOME", "/h")])),
-            Some(home.clone())
+            Ok((
+                home.clone(),
+                Some("SMOE_CACHE_DIR (\"rel\") is relative; ignored".to_owned())
+            ))
         );
         #[cfg(target_os = "linux")]
         {
             assert_eq!(home, PathBuf::from(format!("/h/.cache/smoe/{hex}")));
             assert_eq!(
-                cache_dir(&id, env(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")])),
+                dir(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")]),
                 Some(PathBuf::from(format!("/x/smoe/{hex}")))
             );
             // A relative XDG_CACHE_HOME is ignored (the XDG base directory
             // specification), as is a relative HOME.
             assert_eq!(
-                cache_dir(&id, env(&[("XDG_CACHE_HOME", "x"), ("HOME", "/h")])),
+                dir(&[("XDG_CACHE_HOME", "x"), ("HOME", "/h")]),
                 Some(PathBuf::from(format!("/h/.cache/smoe/{hex}")))
             );
         }
         #[cfg(target_vendor = "apple")]
         assert_eq!(home, PathBuf::from(format!("/h/Library/Caches/smoe/{hex}")));
-        assert_eq!(cache_dir(&id, env(&[("HOME", "h")])), None);
-        assert_eq!(cache_dir(&id, env(&[])), None);
+        // Without a directory, the reason names what the environment held.
+        for (vars, reason) in [
+            (
+                &[("HOME", "h")][..],
+                "there is no user cache directory: SMOE_CACHE_DIR is not set and HOME (\"h\") is relative",
+            ),
+            (
+                &[][..],
+                "there is no user cache directory (neither SMOE_CACHE_DIR nor HOME is set)",
+            ),
+            (
+                &[("SMOE_CACHE_DIR", "rel")][..],
+                "there is no user cache directory: SMOE_CACHE_DIR (\"rel\") is relative; ignored, and HOME is not set",
+            ),
+        ] {
+            assert_eq!(cache_dir(&id, env(vars)), Err(reason.to_owned()), "{vars:?}");
+        }
     }
 }

@@ -15,7 +15,11 @@
 //!   can be read member by member ([`parse_members`]) without holding it
 //!   whole: a million-tensor safetensors header is never a tree;
 //! - errors name the byte offset in the text;
-//! - a JSON file is read whole only up to [`MAX_JSON_BYTES`] ([`read_json`]).
+//! - a JSON file is read whole only up to [`MAX_JSON_BYTES`] and
+//!   [`MAX_JSON_VALUES`] ([`read_json`]); a member of [`parse_members`] holds
+//!   at most the caller's cap of values; what a parse builds is allocated
+//!   fallibly ([`Cause::NoMemory`]), so a process short of memory gets an
+//!   error, not an abort.
 //!
 //! Numbers are serde_json's: an integer that fits a `u64` (a tensor's byte
 //! offset) is exact. It must never panic on untrusted text.
@@ -37,6 +41,7 @@ use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 
 use super::{open_input, Cancel};
 use crate::error::{Error, Result as SmoeResult};
+use crate::fs_safe::FileState;
 
 /// Deepest nesting of arrays and objects the parser accepts.
 pub const MAX_DEPTH: usize = 64;
@@ -184,11 +189,33 @@ pub struct ParseError {
     pub offset: usize,
     /// What was wrong.
     pub message: String,
+    /// What kind of failure: the text, a cap, or memory.
+    pub cause: Cause,
+}
+
+/// What stopped a parse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// The text is not the JSON this parser accepts (or the parse was
+    /// cancelled).
+    Invalid,
+    /// The text holds more values than the caller's cap.
+    TooManyValues,
+    /// An allocation failed: the process is short of memory.
+    NoMemory,
 }
 
 impl fmt::Display for ParseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid JSON at byte {}: {}", self.offset, self.message)
+        match self.cause {
+            Cause::Invalid => write!(f, "invalid JSON at byte {}: {}", self.offset, self.message),
+            Cause::TooManyValues => write!(f, "{} (at byte {})", self.message, self.offset),
+            Cause::NoMemory => write!(
+                f,
+                "out of memory: cannot allocate the JSON values read up to byte {}",
+                self.offset
+            ),
+        }
     }
 }
 
@@ -218,7 +245,11 @@ impl ParseError {
             Some(at) if e.line() > 0 => message[..at].to_owned(),
             _ => message,
         };
-        ParseError { offset, message }
+        ParseError {
+            offset,
+            message,
+            cause: Cause::Invalid,
+        }
     }
 }
 
@@ -234,7 +265,19 @@ pub fn parse(text: &str) -> Result<Value, ParseError> {
 /// not wait for it. A cancelled parse is an error whose message is
 /// `"cancelled"`.
 pub fn parse_cancellable(text: &str, cancelled: &dyn Fn() -> bool) -> Result<Value, ParseError> {
-    let ctx = Context::new(text, cancelled);
+    parse_limited(text, cancelled, u64::MAX)
+}
+
+/// [`parse_cancellable`], holding at most `max_values` values (arrays,
+/// objects, strings, numbers...; each costs tens of bytes in memory
+/// whatever it takes in the text): past it, an error whose cause is
+/// [`Cause::TooManyValues`], naming the cap.
+pub fn parse_limited(
+    text: &str,
+    cancelled: &dyn Fn() -> bool,
+    max_values: u64,
+) -> Result<Value, ParseError> {
+    let ctx = Context::new(text, cancelled, max_values);
     let mut de = serde_json::Deserializer::from_str(text);
     let value = ValueSeed {
         ctx: &ctx,
@@ -245,17 +288,29 @@ pub fn parse_cancellable(text: &str, cancelled: &dyn Fn() -> bool) -> Result<Val
     value.map_err(|e| ctx.error(&e))
 }
 
+/// Most values [`read_json`] holds: a JSON file's bytes are capped, but
+/// each value costs tens of bytes in memory, so 64 MiB of `[0,0,...]`
+/// would cost a gigabyte. An index has about two values an entry
+/// (DeepSeek-V3's, about 92,000 entries).
+pub const MAX_JSON_VALUES: u64 = 1 << 21;
+
 /// Largest JSON file (`config.json`, `model.safetensors.index.json`)
 /// [`read_json`] reads; DeepSeek-V3's index, about 92,000 entries, is 8.9 MB.
 pub const MAX_JSON_BYTES: u64 = 64 << 20;
 
 /// Reads the JSON file at `path` (opened without blocking, a regular file,
-/// at most [`MAX_JSON_BYTES`], UTF-8) and parses it. Returns the value and
-/// the file's metadata.
+/// at most [`MAX_JSON_BYTES`] and [`MAX_JSON_VALUES`], UTF-8) and parses
+/// it. Returns the value and the file's metadata.
 pub fn read_json(path: &Path, cancel: Cancel<'_>) -> SmoeResult<(Value, std::fs::Metadata)> {
     let (text, meta) = read_json_text(path)?;
-    let value = parse_cancellable(&text, cancel)
-        .map_err(|e| Error::format(format!("{}: {e}", path.display())))?;
+    let value = parse_limited(&text, cancel, MAX_JSON_VALUES).map_err(|e| match e.cause {
+        Cause::NoMemory => crate::try_alloc::no_memory(format_args!(
+            "the values of {} (read up to byte {})",
+            path.display(),
+            e.offset
+        )),
+        _ => Error::format(format!("{}: {e}", path.display())),
+    })?;
     Ok((value, meta))
 }
 
@@ -275,12 +330,32 @@ pub fn read_json_text(path: &Path) -> SmoeResult<(String, std::fs::Metadata)> {
         return Err(too_big(meta.len()));
     }
     // Bounded even if the file grows meanwhile.
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    file.take(MAX_JSON_BYTES + 1)
+    let mut bytes = Vec::new();
+    crate::try_alloc::reserve(&mut bytes, meta.len() as usize, || {
+        crate::try_alloc::no_memory(format_args!(
+            "{} bytes to read {}",
+            meta.len(),
+            path.display()
+        ))
+    })?;
+    (&file)
+        .take(MAX_JSON_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| Error::io("cannot read", path, &e))?;
     if bytes.len() as u64 > MAX_JSON_BYTES {
         return Err(too_big(bytes.len() as u64));
+    }
+    // Read whole, so a writer racing the read would leave a mix of two
+    // files: it must be as it was when opened.
+    let after = file
+        .metadata()
+        .map_err(|e| Error::io("cannot stat", path, &e))?;
+    if let Some(how) = FileState::of(&meta).differs(&FileState::of(&after)) {
+        return Err(Error::path_is(
+            crate::error::ErrorKind::Io,
+            path,
+            format!("changed while it was being read: {how}"),
+        ));
     }
     let text = String::from_utf8(bytes).map_err(|e| {
         Error::format(format!(
@@ -307,21 +382,24 @@ pub enum MembersError<E> {
 /// `member` as soon as it is read instead of building the object, so a
 /// document of a million members is never held whole (a safetensors
 /// header). The rules are [`parse`]'s, duplicate keys included;
-/// `cancelled` is asked as in [`parse_cancellable`]. The first error of
-/// `member` stops the parse.
+/// `cancelled` is asked as in [`parse_cancellable`]; a member's value may
+/// hold at most `max_member_values` values (a cap on what one member
+/// costs before `member` sees it). The first error of `member` stops the
+/// parse.
 pub fn parse_members<E>(
     text: &str,
     cancelled: &dyn Fn() -> bool,
+    max_member_values: u64,
     member: impl FnMut(String, Value) -> Result<(), E>,
 ) -> Result<(), MembersError<E>> {
     if !text
         .trim_start_matches([' ', '\t', '\n', '\r'])
         .starts_with('{')
     {
-        let v = parse_cancellable(text, cancelled).map_err(MembersError::Json)?;
+        let v = parse_limited(text, cancelled, max_member_values).map_err(MembersError::Json)?;
         return Err(MembersError::NotObject(v.kind()));
     }
-    let ctx = Context::new(text, cancelled);
+    let ctx = Context::new(text, cancelled, max_member_values);
     let mut seed = MembersSeed {
         ctx: &ctx,
         member,
@@ -336,25 +414,55 @@ pub fn parse_members<E>(
 }
 
 /// What every value of one parse shares: the text, the cancel flag and
-/// the values left before the next look at it, and where a duplicate key
-/// starts.
+/// the values left before the next look at it, the values left before the
+/// cap, where a duplicate key starts, and why the parse stopped when it was
+/// not the text's fault.
 struct Context<'c> {
     text: &'c str,
     cancelled: &'c dyn Fn() -> bool,
     countdown: Cell<u32>,
+    /// The most values the parse (or one member of [`parse_members`])
+    /// holds, and how many more it may.
+    limit: u64,
+    left: Cell<u64>,
+    /// Set when the parse stopped at the cap, or for want of memory.
+    stopped: Cell<Option<Cause>>,
     /// The byte offset of the opening quote of the duplicate key that
     /// stopped the parse, when the key is a slice of the text.
     duplicate_at: Cell<Option<usize>>,
 }
 
 impl<'c> Context<'c> {
-    fn new(text: &'c str, cancelled: &'c dyn Fn() -> bool) -> Context<'c> {
+    fn new(text: &'c str, cancelled: &'c dyn Fn() -> bool, limit: u64) -> Context<'c> {
         Context {
             text,
             cancelled,
             countdown: Cell::new(CANCEL_EVERY),
+            limit,
+            left: Cell::new(limit),
+            stopped: Cell::new(None),
             duplicate_at: Cell::new(None),
         }
+    }
+
+    /// The error of an allocation that failed.
+    fn no_memory<E: de::Error>(&self) -> E {
+        self.stopped.set(Some(Cause::NoMemory));
+        E::custom("out of memory")
+    }
+
+    /// `s`, copied, or the error of an allocation that failed.
+    fn string<E: de::Error>(&self, s: &str) -> Result<String, E> {
+        crate::try_alloc::string(s).ok_or_else(|| self.no_memory())
+    }
+
+    /// Room for one more item in `v`, or the error of an allocation that
+    /// failed.
+    fn room<T, E: de::Error>(&self, v: &mut Vec<T>) -> Result<(), E> {
+        if v.len() == v.capacity() && v.try_reserve(1).is_err() {
+            return Err(self.no_memory());
+        }
+        Ok(())
     }
 
     /// The error of a key seen twice in one object: it names the key, and
@@ -376,12 +484,29 @@ impl<'c> Context<'c> {
         if let Some(at) = self.duplicate_at.get() {
             error.offset = at;
         }
+        if let Some(cause) = self.stopped.get() {
+            error.cause = cause;
+        }
         error
     }
 
-    /// Counts one value; every [`CANCEL_EVERY`] values, fails if the parse
-    /// is to stop.
+    /// Counts one value against the cap, then as [`Context::poll`] does.
     fn tick<E: de::Error>(&self) -> Result<(), E> {
+        match self.left.get() {
+            0 => {
+                self.stopped.set(Some(Cause::TooManyValues));
+                return Err(E::custom(format!(
+                    "more than {} values, this reader's cap",
+                    self.limit
+                )));
+            }
+            n => self.left.set(n - 1),
+        }
+        self.poll()
+    }
+
+    /// Every [`CANCEL_EVERY`] calls, fails if the parse is to stop.
+    fn poll<E: de::Error>(&self) -> Result<(), E> {
         let left = self.countdown.get() - 1;
         if left > 0 {
             self.countdown.set(left);
@@ -417,10 +542,14 @@ struct KeySet<'de> {
 }
 
 impl<'de> KeySet<'de> {
-    /// Adds `key`; false if it was there already.
-    fn insert(&mut self, key: Cow<'de, str>) -> bool {
+    /// Adds `key`; false if it was there already, `None` when the set
+    /// could not grow (out of memory).
+    fn insert(&mut self, key: Cow<'de, str>) -> Option<bool> {
         let hash = self.random.hash_one(&*key);
-        self.set.insert(SeenKey { hash, key })
+        if self.set.len() == self.set.capacity() {
+            self.set.try_reserve(1).ok()?;
+        }
+        Some(self.set.insert(SeenKey { hash, key }))
     }
 
     fn is_empty(&self) -> bool {
@@ -516,8 +645,8 @@ impl<'de> Visitor<'de> for ValueSeed<'_, '_> {
             .ok_or_else(|| E::custom("a number that is not finite"))
     }
 
-    fn visit_str<E>(self, s: &str) -> Result<Value, E> {
-        Ok(Value::String(s.to_owned()))
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Value, E> {
+        self.ctx.string(s).map(Value::String)
     }
 
     fn visit_string<E>(self, s: String) -> Result<Value, E> {
@@ -530,6 +659,7 @@ impl<'de> Visitor<'de> for ValueSeed<'_, '_> {
         let inner = ValueSeed { depth, ..self };
         let mut items = Vec::new();
         while let Some(item) = seq.next_element_seed(inner)? {
+            self.ctx.room(&mut items)?;
             items.push(item);
         }
         Ok(Value::Array(items))
@@ -542,32 +672,40 @@ impl<'de> Visitor<'de> for ValueSeed<'_, '_> {
         let mut members: Vec<(String, Value)> = Vec::new();
         // The keys of a large object, filled once it passes SMALL_OBJECT.
         let mut keys = KeySet::default();
-        while let Some(key) = map.next_key_seed(KeySeed)? {
+        while let Some(key) = map.next_key_seed(KeySeed(self.ctx))? {
             let seen = if members.len() < SMALL_OBJECT {
                 members.iter().any(|(k, _)| *k == key)
             } else {
                 if keys.is_empty() {
                     // The earlier members' keys, copied once.
                     for (k, _) in &members {
-                        keys.insert(Cow::Owned(k.clone()));
+                        keys.insert(Cow::Owned(k.clone()))
+                            .ok_or_else(|| self.ctx.no_memory())?;
                     }
                 }
-                !keys.insert(key.clone())
+                !keys
+                    .insert(key.clone())
+                    .ok_or_else(|| self.ctx.no_memory())?
             };
             if seen {
                 return Err(self.ctx.duplicate(&key));
             }
             let value = map.next_value_seed(inner)?;
-            members.push((key.into_owned(), value));
+            let key = match key {
+                Cow::Borrowed(k) => self.ctx.string(k)?,
+                Cow::Owned(k) => k,
+            };
+            self.ctx.room(&mut members)?;
+            members.push((key, value));
         }
         Ok(Value::Object(members))
     }
 }
 
 /// Reads an object key, borrowed from the text where it has no escape.
-struct KeySeed;
+struct KeySeed<'a, 'c>(&'a Context<'c>);
 
-impl<'de> DeserializeSeed<'de> for KeySeed {
+impl<'de> DeserializeSeed<'de> for KeySeed<'_, '_> {
     type Value = Cow<'de, str>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
@@ -575,7 +713,7 @@ impl<'de> DeserializeSeed<'de> for KeySeed {
     }
 }
 
-impl<'de> Visitor<'de> for KeySeed {
+impl<'de> Visitor<'de> for KeySeed<'_, '_> {
     type Value = Cow<'de, str>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -586,8 +724,8 @@ impl<'de> Visitor<'de> for KeySeed {
         Ok(Cow::Borrowed(s))
     }
 
-    fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
-        Ok(Cow::Owned(s.to_owned()))
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+        self.0.string(s).map(Cow::Owned)
     }
 
     fn visit_string<E>(self, s: String) -> Result<Self::Value, E> {
@@ -610,7 +748,7 @@ where
     type Value = ();
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-        self.ctx.tick()?;
+        self.ctx.poll()?;
         deserializer.deserialize_map(self)
     }
 }
@@ -631,12 +769,31 @@ where
             depth: 1,
         };
         let mut keys = KeySet::default();
-        while let Some(key) = map.next_key_seed(KeySeed)? {
-            if !keys.insert(key.clone()) {
+        while let Some(key) = map.next_key_seed(KeySeed(self.ctx))? {
+            if !keys
+                .insert(key.clone())
+                .ok_or_else(|| self.ctx.no_memory())?
+            {
                 return Err(self.ctx.duplicate(&key));
             }
-            let value = map.next_value_seed(inner)?;
-            if let Err(e) = (self.member)(key.into_owned(), value) {
+            // Each member's value has the cap to itself.
+            self.ctx.left.set(self.ctx.limit);
+            let value = map.next_value_seed(inner).map_err(|e| {
+                if self.ctx.stopped.get() == Some(Cause::TooManyValues) {
+                    let shown: String = key.chars().take(64).collect();
+                    de::Error::custom(format!(
+                        "the value of {shown:?} holds more than {} values, this reader's cap",
+                        self.ctx.limit
+                    ))
+                } else {
+                    e
+                }
+            })?;
+            let key = match key {
+                Cow::Borrowed(k) => self.ctx.string(k)?,
+                Cow::Owned(k) => k,
+            };
+            if let Err(e) = (self.member)(key, value) {
                 self.refused = Some(e);
                 return Err(de::Error::custom("refused"));
             }
@@ -741,18 +898,37 @@ mod tests {
         assert!(parse(&(text + r#""k\n":0,"k\t":1}"#)).is_ok());
     }
 
+    /// A JSON file (config.json, an index) is bounded in values, not only
+    /// in bytes: each value costs tens of bytes in memory, so 4 MB of
+    /// `[0,0,...]` would cost ten times that and 64 MiB a gigabyte.
+    #[test]
+    fn a_json_file_of_too_many_values_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
+        let n = (1usize << 21) + 1;
+        std::fs::write(&path, format!("[{}0]", "0,".repeat(n - 1))).unwrap();
+        let e = match read_json(&path, &|| false) {
+            Ok((v, _)) => format!("read: {} values", v.as_array().map_or(0, <[Value]>::len)),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            e.contains("config.json") && e.contains("2097152 values"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn members_are_handed_over_one_by_one() {
         let text = r#" {"a": [1, 2], "b": {"c": null}, "d": "x"} "#;
         let mut seen = Vec::new();
-        parse_members::<()>(text, &|| false, |k, v| {
+        parse_members::<()>(text, &|| false, u64::MAX, |k, v| {
             seen.push((k, v));
             Ok(())
         })
         .unwrap();
         assert_eq!(Value::Object(seen), parse(text).unwrap());
         // The rules of parse: duplicates, trailing text, not an object.
-        let run = |text: &str| parse_members::<()>(text, &|| false, |_, _| Ok(()));
+        let run = |text: &str| parse_members::<()>(text, &|| false, u64::MAX, |_, _| Ok(()));
         assert!(matches!(run(r#"{"a":1,"a":2}"#), Err(MembersError::Json(e)) if e.offset == 7));
         assert!(matches!(run(r#"{"a":1} x"#), Err(MembersError::Json(_))));
         assert!(matches!(
@@ -762,7 +938,7 @@ mod tests {
         assert!(matches!(run("{"), Err(MembersError::Json(_))));
         // The callback's error stops the parse at that member.
         let mut calls = 0;
-        let r = parse_members(r#"{"a":1,"b":2,"c":3}"#, &|| false, |k, _| {
+        let r = parse_members(r#"{"a":1,"b":2,"c":3}"#, &|| false, u64::MAX, |k, _| {
             calls += 1;
             if k == "b" {
                 Err("no b")
@@ -778,7 +954,7 @@ mod tests {
             big.push_str(&format!("\"k{i}\":0,"));
         }
         big.push_str("\"end\":0}");
-        let r = parse_members::<()>(&big, &|| true, |_, _| Ok(()));
+        let r = parse_members::<()>(&big, &|| true, u64::MAX, |_, _| Ok(()));
         assert!(
             matches!(&r, Err(MembersError::Json(e)) if e.message == "cancelled" && e.offset < big.len() / 2),
             "{r:?}"

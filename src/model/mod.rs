@@ -43,6 +43,13 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::fs_safe::{self as files, FileId};
 use crate::sys::{self, OpenRegularError};
 
+/// Most tensors a model may have, all its files together. Each costs a
+/// few hundred bytes in memory (its name, type and shape, in the reader's
+/// list and the model's), so the headers' byte caps alone let a crafted
+/// header of tiny entries claim gigabytes; the largest real checkpoints
+/// (one tensor per expert) have about 150,000.
+pub const MAX_TENSORS: usize = 1 << 20;
+
 /// The kind of model file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SourceKind {
@@ -117,6 +124,9 @@ pub struct Model {
     pub block_count: Option<u64>,
     /// The source's expert count, when it says.
     pub expert_count: Option<u64>,
+    /// Where `block_count` and `expert_count` came from, for errors: "the
+    /// key qwen3moe.expert_count", "num_experts in /m/config.json".
+    pub counts_from: (Option<String>, Option<String>),
     /// A GGUF source's parts, parsed (empty for safetensors).
     pub gguf: Vec<gguf::Gguf>,
     /// A safetensors source's `__metadata__` (its first file's), in file
@@ -125,6 +135,11 @@ pub struct Model {
     /// The identity of every file read: parts or shards, the index and
     /// `config.json`.
     pub inputs: Vec<FileId>,
+    /// Each of `files` as it was before its header was read (an `fstat`
+    /// of its handle): an in-place open compares it with the file once
+    /// every header is read, so that a file rewritten meanwhile is
+    /// refused.
+    pub opened_as: Vec<std::fs::Metadata>,
 }
 
 /// Asked between steps whether to stop (a pack's cancel flag).
@@ -146,7 +161,9 @@ fn first_duplicate<'a>(names: impl Iterator<Item = &'a str>) -> Option<&'a str> 
 /// for a writer): it must be a regular file, else an error naming it.
 fn open_input(path: &Path) -> Result<(File, std::fs::Metadata)> {
     sys::open_regular(path).map_err(|e| match e {
-        OpenRegularError::Os(e) => Error::io("cannot open", path, &e),
+        OpenRegularError::Os(e) => {
+            files::dangling_link(path).unwrap_or_else(|| Error::io("cannot open", path, &e))
+        }
         OpenRegularError::NotRegular(kind) => Error::path_is(
             ErrorKind::Argument,
             path,
@@ -187,22 +204,36 @@ fn open_gguf(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
     let (parts, handles): (Vec<PathBuf>, Vec<File>) = gguf::gguf_parts(source)?.into_iter().unzip();
     let mut files = Vec::with_capacity(parts.len());
     let mut inputs = Vec::with_capacity(parts.len());
+    let mut opened_as = Vec::with_capacity(parts.len());
     for (path, file) in parts.iter().zip(&handles) {
         if cancel() {
             return Err(interrupted());
         }
-        files.push(gguf::Gguf::read(file, path, cancel)?);
-        let meta = file
+        // Before the header is read: what the file must still be after.
+        let before = file
             .metadata()
             .map_err(|e| Error::io("cannot stat", path, &e))?;
-        inputs.push(files::file_id(&meta));
+        files.push(gguf::Gguf::read(file, path, cancel)?);
+        inputs.push(files::file_id(&before));
+        opened_as.push(before);
     }
     check_split(&parts, &files)?;
+    let total: usize = files.iter().map(|g| g.tensors.len()).sum();
+    if total > MAX_TENSORS {
+        return Err(Error::format(format!(
+            "{}: the {} parts hold {total} tensors, above this reader's cap of {MAX_TENSORS}",
+            source.display(),
+            parts.len()
+        )));
+    }
+    let no_memory =
+        || crate::try_alloc::no_memory(format_args!("the {total} tensors of {}", source.display()));
     let mut tensors = Vec::new();
+    tensors.try_reserve_exact(total).map_err(|_| no_memory())?;
     for (i, g) in files.iter().enumerate() {
         for (entry, t) in g.tensors.iter().enumerate() {
             tensors.push(Tensor {
-                name: t.name.clone(),
+                name: crate::try_alloc::string(&t.name).ok_or_else(no_memory)?,
                 file: i,
                 entry,
                 offset: g.data_offset + t.offset,
@@ -235,6 +266,11 @@ fn open_gguf(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
         arch_key("block_count"),
         arch_key("expert_count"),
     );
+    let from = |n: Option<u64>, k: &str| n.and(arch.as_ref()).map(|a| format!("the key {a}.{k}"));
+    let counts_from = (
+        from(block_count, "block_count"),
+        from(expert_count, "expert_count"),
+    );
     let experts = tensors
         .iter()
         .enumerate()
@@ -257,7 +293,9 @@ fn open_gguf(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
         top_k,
         block_count,
         expert_count,
+        counts_from,
         inputs,
+        opened_as,
         gguf: files,
         safetensors_metadata: Vec::new(),
     })
@@ -354,10 +392,17 @@ fn open_safetensors(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
     let ckpt = safetensors::Checkpoint::open(source, cancel)?;
     let tensors = ckpt.tensors;
     let config = ckpt.config.as_ref();
-    let cfg_u64 = |keys: &[&str]| {
-        keys.iter()
-            .find_map(|k| config.and_then(|c| c.get(k)).and_then(json::Value::as_u64))
+    // The first of `keys` that config.json holds as an integer, and which.
+    let cfg_key = |keys: &[&'static str]| {
+        keys.iter().find_map(|&k| {
+            config
+                .and_then(|c| c.get(k))
+                .and_then(json::Value::as_u64)
+                .map(|n| (n, k))
+        })
     };
+    let cfg_u64 = |keys: &[&'static str]| cfg_key(keys).map(|(n, _)| n);
+    let config_path = ckpt.config_path.display();
     let experts: Vec<ExpertTensor> = tensors
         .iter()
         .enumerate()
@@ -370,6 +415,7 @@ fn open_safetensors(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
             })
         })
         .collect();
+    let expert_count = cfg_key(&["num_local_experts", "num_experts", "n_routed_experts"]);
     let block_count = block_count(
         cfg_u64(&["num_hidden_layers"]),
         cfg_u64(&["num_nextn_predict_layers"]),
@@ -387,9 +433,19 @@ fn open_safetensors(source: &Path, cancel: Cancel<'_>) -> Result<Model> {
             .map(str::to_owned),
         top_k: cfg_u64(&["num_experts_per_tok", "moe_topk", "top_k"]),
         block_count,
-        expert_count: cfg_u64(&["num_local_experts", "num_experts", "n_routed_experts"]),
+        expert_count: expert_count.map(|(n, _)| n),
+        counts_from: (
+            block_count.map(|n| match cfg_u64(&["num_hidden_layers"]) {
+                Some(hidden) if hidden != n => {
+                    format!("num_hidden_layers and num_nextn_predict_layers in {config_path}")
+                }
+                _ => format!("num_hidden_layers in {config_path}"),
+            }),
+            expert_count.map(|(_, k)| format!("{k} in {config_path}")),
+        ),
         gguf: Vec::new(),
         inputs: ckpt.inputs,
+        opened_as: ckpt.opened_as,
         safetensors_metadata: ckpt.metadata,
     })
 }

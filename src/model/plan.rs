@@ -190,7 +190,6 @@ pub fn plan(model: &Model) -> Result<(u32, u32, Vec<LayerPlan>)> {
     let n_experts = n_experts
         .filter(|&n| n > 0)
         .ok_or_else(|| bad("no experts".into()))?;
-    let n_experts = u32::try_from(n_experts).map_err(|_| bad(format!("{n_experts} experts")))?;
     let max_layer = top.layer;
     let (n_layers, from_tensor) = match model.block_count {
         Some(b) if b > u64::from(max_layer) => (b, false),
@@ -203,25 +202,41 @@ pub fn plan(model: &Model) -> Result<(u32, u32, Vec<LayerPlan>)> {
     };
 
     // Before anything is sized by them: a config.json, a header or a
-    // tensor's name may claim any count.
+    // tensor's name may claim any count, and the expert count any u64.
     let max_ids = crate::vault::MAX_EXPERT_IDS;
-    let ids = n_layers.saturating_mul(u64::from(n_experts));
+    let ids = n_layers.saturating_mul(n_experts);
     if ids > max_ids {
-        let top = &model.tensors[top.tensor];
-        return Err(Error::format(if from_tensor {
-            format!(
-                "{}: tensor {} is in layer {max_layer}, so the model would have {n_layers} layers × {n_experts} experts = {ids} ids, above the vault's limit of {max_ids}",
-                model.files[top.file].display(),
-                top.name
-            )
-        } else {
-            format!(
-                "{}: {n_layers} layers × {n_experts} experts = {ids} ids, above the vault's limit of {max_ids}",
+        let top_tensor = &model.tensors[top.tensor];
+        // Where each count came from: a key the source has, else the
+        // tensors themselves.
+        let experts_from = match &model.counts_from.1 {
+            Some(key) => key.clone(),
+            None => {
+                let x = model.experts.iter().max_by_key(|x| shown(x)).unwrap_or(top);
+                let t = &model.tensors[x.tensor];
+                match x.expert {
+                    Some(e) => format!("the expert number of tensor {} ({e})", t.name),
+                    None => format!("the outermost dimension of tensor {}", t.name),
+                }
+            }
+        };
+        let ids_text = format!(
+            "{n_layers} layers × {n_experts} experts = {ids} expert ids, above the limit of {max_ids} ids"
+        );
+        return Err(Error::format(match (&model.counts_from.0, from_tensor) {
+            (Some(key), false) => format!(
+                "{}: {ids_text} (the expert count is from {experts_from}, the layer count from {key})",
                 model.files[0].display()
-            )
+            ),
+            _ => format!(
+                "{}: tensor {} is in layer {max_layer}, so the model would have {ids_text} (the expert count is from {experts_from})",
+                model.files[top_tensor.file].display(),
+                top_tensor.name
+            ),
         }));
     }
-    // At most MAX_EXPERT_IDS, so it fits.
+    // Their product is at most MAX_EXPERT_IDS, so both fit.
+    let n_experts = u32::try_from(n_experts).map_err(|_| bad(format!("{n_experts} experts")))?;
     let n_layers = u32::try_from(n_layers).map_err(|_| bad(format!("{n_layers} layers")))?;
     let mut by_layer: BTreeMap<u32, BTreeMap<String, Vec<&ExpertTensor>>> = BTreeMap::new();
     for x in &model.experts {
@@ -379,7 +394,78 @@ mod tests {
         .unwrap();
         let model = super::super::open_model(dir.path(), &|| false).unwrap();
         let e = plan(&model).unwrap_err();
-        assert!(e.to_string().contains("above the vault's limit"), "{e}");
+        assert!(e.to_string().contains("above the limit of 1048576"), "{e}");
+    }
+
+    /// An expert count that does not fit 32 bits is refused naming where
+    /// it came from and the id cap, whichever source gave it: a GGUF key, a
+    /// stacked tensor's outermost dimension, or a `config.json` key.
+    #[test]
+    fn an_expert_count_over_u32_names_its_source_and_the_id_cap() {
+        use super::super::gguf::{header_bytes, GgmlType, KeyValue, TensorInfo};
+        let n = 1u64 << 32;
+        let dir = tempfile::tempdir().unwrap();
+        // One stacked I8 tensor of 2^32 one-byte experts, its data a hole.
+        let gguf = |name: &str, key: Option<u64>| {
+            let mut kvs = vec![KeyValue::string("general.architecture", "qwen3moe")];
+            if let Some(k) = key {
+                kvs.push(KeyValue {
+                    key: "qwen3moe.expert_count".into(),
+                    value_type: 10,
+                    raw: k.to_le_bytes().to_vec(),
+                });
+            }
+            let mut tensors = [TensorInfo {
+                name: "blk.0.ffn_up_exps.weight".into(),
+                ne: vec![1, 1, n],
+                ggml_type: GgmlType::from_id(24).unwrap(),
+                offset: 0,
+                bytes: n,
+            }];
+            let head = header_bytes(&kvs, &mut tensors, 32);
+            let path = dir.path().join(name);
+            std::fs::write(&path, &head).unwrap();
+            let f = std::fs::File::options().write(true).open(&path).unwrap();
+            f.set_len(head.len() as u64 + n).unwrap();
+            plan(&super::super::open_model(&path, &|| false).unwrap())
+                .unwrap_err()
+                .to_string()
+        };
+        #[cfg(feature = "safetensors")]
+        let (_dir, model) = checkpoint(
+            &["model.layers.0.mlp.experts.0.up_proj.weight"],
+            r#"{"num_experts": 5000000000, "num_hidden_layers": 1}"#,
+        );
+        #[cfg(feature = "safetensors")]
+        let config_json = Some((
+            plan(&model).unwrap_err().to_string(),
+            vec!["config.json", "num_experts", "5000000000"],
+        ));
+        // A GGUF-only build has no safetensors case.
+        #[cfg(not(feature = "safetensors"))]
+        let config_json = None;
+        let errors: Vec<(String, Vec<&str>)> = [
+            (
+                gguf("key.gguf", Some(n)),
+                vec!["qwen3moe.expert_count", "4294967296"],
+            ),
+            (
+                gguf("tensor.gguf", None),
+                vec!["blk.0.ffn_up_exps.weight", "4294967296"],
+            ),
+        ]
+        .into_iter()
+        .chain(config_json)
+        .collect();
+        let wrong: Vec<&String> = errors
+            .iter()
+            .filter(|(e, needles)| !needles.iter().chain(&["1048576"]).all(|n| e.contains(n)))
+            .map(|(e, _)| e)
+            .collect();
+        assert!(
+            wrong.is_empty(),
+            "not naming the source and the cap: {wrong:#?}"
+        );
     }
 
     /// A safetensors checkpoint in a new directory: one F32 [2, 2] tensor

@@ -25,6 +25,15 @@ use crate::sys::{self, OpenRegularError};
 /// 100 MB).
 pub const MAX_HEADER_BYTES: u64 = 100_000_000;
 
+/// Most values one member of a header may hold (a tensor's takes about
+/// ten; `__metadata__` one a key): what a member costs before it is
+/// checked is bounded by this, not by the header's 100 MB.
+pub const MAX_MEMBER_VALUES: u64 = 1 << 16;
+
+/// Most dimensions a tensor's shape may have: real ones have at most five
+/// or six; each costs memory for as long as the model is open.
+pub const MAX_DIMS: usize = 16;
+
 /// Bytes per element of a safetensors dtype, or None for a dtype this
 /// packer does not know (sub-byte types among them).
 pub fn dtype_bytes(dtype: &str) -> Option<u64> {
@@ -77,7 +86,10 @@ pub fn read_header(mut file: &File, path: &Path, cancel: Cancel<'_>) -> Result<F
             }
         )));
     }
-    let mut text = vec![0u8; n as usize];
+    let no_memory =
+        |what: &str| crate::try_alloc::no_memory(format_args!("{what} of {}", path.display()));
+    let mut text =
+        crate::try_alloc::zeroed(n as usize, || no_memory(&format!("the {n}-byte header")))?;
     file.read_exact(&mut text)
         .map_err(|e| Error::io("cannot read", path, &e))?;
     let text = String::from_utf8(text)
@@ -99,9 +111,17 @@ pub fn read_header(mut file: &File, path: &Path, cancel: Cancel<'_>) -> Result<F
                 let s = v
                     .as_str()
                     .ok_or_else(|| bad(format!("__metadata__ key {k:?} is not a string")))?;
-                metadata.push((k.clone(), s.to_owned()));
+                let s = crate::try_alloc::string(s).ok_or_else(|| no_memory("__metadata__"))?;
+                let k = crate::try_alloc::string(k).ok_or_else(|| no_memory("__metadata__"))?;
+                crate::try_alloc::push(&mut metadata, (k, s), || no_memory("__metadata__"))?;
             }
             return Ok(());
+        }
+        if tensors.len() == super::MAX_TENSORS {
+            return Err(bad(format!(
+                "the header holds more than {} tensors, this reader's cap",
+                super::MAX_TENSORS
+            )));
         }
         let field = |key: &str| {
             v.get(key)
@@ -109,15 +129,25 @@ pub fn read_header(mut file: &File, path: &Path, cancel: Cancel<'_>) -> Result<F
         };
         let dtype = field("dtype")?
             .as_str()
-            .ok_or_else(|| bad(format!("tensor {name}: dtype is not a string")))?
-            .to_owned();
-        let shape = field("shape")?
+            .ok_or_else(|| bad(format!("tensor {name}: dtype is not a string")))?;
+        let dtype = crate::try_alloc::string(dtype).ok_or_else(|| no_memory("the tensors"))?;
+        let dims = field("shape")?
             .as_array()
-            .ok_or_else(|| bad(format!("tensor {name}: shape is not an array")))?
-            .iter()
-            .map(Value::as_u64)
-            .collect::<Option<Vec<u64>>>()
-            .ok_or_else(|| bad(format!("tensor {name}: shape holds a non-integer")))?;
+            .ok_or_else(|| bad(format!("tensor {name}: shape is not an array")))?;
+        if dims.len() > MAX_DIMS {
+            return Err(bad(format!(
+                "tensor {name}: a shape of {} dimensions, above this reader's cap of {MAX_DIMS}",
+                dims.len()
+            )));
+        }
+        let mut shape = Vec::new();
+        crate::try_alloc::reserve(&mut shape, dims.len(), || no_memory("the tensors"))?;
+        for d in dims {
+            shape.push(
+                d.as_u64()
+                    .ok_or_else(|| bad(format!("tensor {name}: shape holds a non-integer")))?,
+            );
+        }
         let offsets = field("data_offsets")?
             .as_array()
             .and_then(|a| match a {
@@ -146,10 +176,17 @@ pub fn read_header(mut file: &File, path: &Path, cancel: Cancel<'_>) -> Result<F
                 end - begin
             )));
         }
-        tensors.push((name, dtype, shape, data_offset + begin, end - begin));
-        Ok(())
+        let tensor = (name, dtype, shape, data_offset + begin, end - begin);
+        crate::try_alloc::push(&mut tensors, tensor, || no_memory("the tensors"))
     };
-    json::parse_members(&text, cancel, &mut each).map_err(|e| match e {
+    json::parse_members(&text, cancel, MAX_MEMBER_VALUES, &mut each).map_err(|e| match e {
+        MembersError::Json(e) if e.cause == json::Cause::NoMemory => no_memory(&format!(
+            "the header's values (read up to byte {})",
+            e.offset
+        )),
+        MembersError::Json(e) if e.cause == json::Cause::TooManyValues => {
+            bad(format!("header: {e}"))
+        }
         MembersError::Json(e) => bad(format!("not a safetensors file: header {e}")),
         MembersError::NotObject(kind) => bad(format!("header is {kind}, expected an object")),
         MembersError::Member(e) => e,
@@ -171,6 +208,8 @@ pub struct Checkpoint {
     /// `config.json` beside the files, if present (for `model_type`,
     /// `num_hidden_layers`, `num_experts_per_tok`, ...).
     pub config: Option<Value>,
+    /// Where `config.json` is (or would be).
+    pub config_path: PathBuf,
     /// The first file's `__metadata__`.
     pub metadata: Vec<(String, String)>,
     /// The files' handles, in the order of `files`.
@@ -178,6 +217,8 @@ pub struct Checkpoint {
     /// The identity of every file read: the index, the shards,
     /// `config.json`.
     pub inputs: Vec<FileId>,
+    /// Each of `files` as it was before its header was read.
+    pub opened_as: Vec<std::fs::Metadata>,
 }
 
 /// Where a checkpoint's list of files comes from.
@@ -235,18 +276,31 @@ impl Checkpoint {
         let mut files = Vec::new();
         let mut handles = Vec::new();
         let mut tensors = Vec::new();
+        let mut opened_as = Vec::new();
         for (i, (path, file)) in shards.into_iter().enumerate() {
             if cancel() {
                 return Err(interrupted());
             }
-            let mut h = read_header(&file, &path, cancel)?;
-            let meta = file
+            // Before the header is read: what the file must still be after.
+            let before = file
                 .metadata()
                 .map_err(|e| Error::io("cannot stat", &path, &e))?;
-            inputs.push(files::file_id(&meta));
+            let mut h = read_header(&file, &path, cancel)?;
+            inputs.push(files::file_id(&before));
+            opened_as.push(before);
             // Moved, not copied: the checkpoint keeps only each file's path
             // and metadata.
             let list = std::mem::take(&mut h.tensors);
+            if tensors.len() + list.len() > super::MAX_TENSORS {
+                return Err(Error::format(format!(
+                    "{}: its files hold more than {} tensors, this reader's cap",
+                    source.display(),
+                    super::MAX_TENSORS
+                )));
+            }
+            crate::try_alloc::reserve(&mut tensors, list.len(), || {
+                crate::try_alloc::no_memory(format_args!("the tensors of {}", path.display()))
+            })?;
             for (entry, (name, dtype, shape, offset, bytes)) in list.into_iter().enumerate() {
                 tensors.push(Tensor {
                     name,
@@ -317,9 +371,11 @@ impl Checkpoint {
             files,
             tensors,
             config,
+            config_path,
             metadata,
             handles,
             inputs,
+            opened_as,
         })
     }
 }
@@ -363,10 +419,13 @@ fn shard_files(v: &Value, index: &Path, dir: &Path) -> Result<Shards> {
             match sys::open_regular(&p) {
                 Ok((file, _)) => Ok((p, file)),
                 Err(OpenRegularError::Os(e)) if e.kind() == std::io::ErrorKind::NotFound => {
-                    Err(bad(format!(
-                        "shard {n} is missing (expected at {})",
-                        p.display()
-                    )))
+                    Err(match files::dangling_link(&p) {
+                        Some(e) => e.context(format!("{}: shard {n}", index.display())),
+                        None => bad(format!(
+                            "shard {n} is missing (expected at {})",
+                            p.display()
+                        )),
+                    })
                 }
                 Err(OpenRegularError::Os(e)) => Err(Error::io("cannot open", &p, &e)),
                 Err(OpenRegularError::NotRegular(kind)) => Err(bad(format!(
@@ -377,4 +436,65 @@ fn shard_files(v: &Value, index: &Path, dir: &Path) -> Result<Shards> {
         })
         .collect::<Result<_>>()?;
     Ok((shards, mapped))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads the header of a file of `header` (its length in front) and
+    /// `data` bytes of data, a hole.
+    fn header_err(header: &str, data: u64) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        let mut b = (header.len() as u64).to_le_bytes().to_vec();
+        b.extend_from_slice(header.as_bytes());
+        std::fs::write(&path, &b).unwrap();
+        let f = File::options().write(true).open(&path).unwrap();
+        f.set_len(b.len() as u64 + data).unwrap();
+        match read_header(&File::open(&path).unwrap(), &path, &|| false) {
+            Ok(h) => format!(
+                "read: {} tensors, {} metadata keys",
+                h.tensors.len(),
+                h.metadata.len()
+            ),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// A header's entries are bounded in number, not only in bytes: more
+    /// tensors than the cap, a shape of more dimensions than any tensor
+    /// has, a `__metadata__` of more values than a member may hold are
+    /// refused, naming the count and the cap.
+    #[test]
+    fn a_header_of_too_many_entries_is_refused() {
+        let mut wrong = Vec::new();
+        let n = (1usize << 20) + 1;
+        let mut many = String::from("{");
+        for i in 0..n {
+            many.push_str(&format!(
+                "\"t.{i}\":{{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}},"
+            ));
+        }
+        many.pop();
+        many.push('}');
+        let e = header_err(&many, 0);
+        if !(e.contains("1048576 tensors") && e.contains("m.safetensors")) {
+            wrong.push(e);
+        }
+        let dims = vec!["1"; 100].join(",");
+        let e = header_err(
+            &format!("{{\"t\":{{\"dtype\":\"F32\",\"shape\":[{dims}],\"data_offsets\":[0,4]}}}}"),
+            4,
+        );
+        if !(e.contains("tensor t") && e.contains("100 dimensions") && e.contains("16")) {
+            wrong.push(e);
+        }
+        let keys: Vec<String> = (0..100_000).map(|i| format!("\"k{i}\":\"v\"")).collect();
+        let e = header_err(&format!("{{\"__metadata__\":{{{}}}}}", keys.join(",")), 0);
+        if !(e.contains("__metadata__") && e.contains("65536")) {
+            wrong.push(e);
+        }
+        assert!(wrong.is_empty(), "{wrong:#?}");
+    }
 }

@@ -1399,7 +1399,13 @@ mod imp {
                 trace,
                 probe,
                 promise,
-                warnings,
+                // Paths and names in them are escaped: one warning stays
+                // one line (`smoe_warnings` joins them with newlines), and
+                // no byte of a name reaches a terminal raw.
+                warnings: warnings
+                    .iter()
+                    .map(|w| crate::printable::escape(w).into_owned())
+                    .collect(),
             })
         }
     }
@@ -1483,7 +1489,7 @@ mod imp {
                     })?;
                 known
                     .check_metadata(&meta)
-                    .map_err(|why| Error::new(ErrorKind::Io, why).with_path(&known.path))?;
+                    .map_err(|why| Error::path_is(ErrorKind::Io, &known.path, why))?;
                 opened.push(file);
             }
             Ok(opened)

@@ -17,65 +17,82 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use super::format::{Entry, Header, DEFAULT_ALIGNMENT, VERSION};
+use super::format::{Entry, Header, DEFAULT_ALIGNMENT, MAX_META_BYTES, VERSION};
 use crate::error::{Error, ErrorKind, Result};
-use crate::fs_safe::{file_id, FileId};
+use crate::fs_safe::{FileId, FileState};
 use crate::model::meta::{metadata_json, MetaWriter};
 use crate::model::window::{LayerWindows, Move, Read};
 use crate::model::{self, LayerPlan, LayoutItem, Model, Slice, SourceKind};
 use crate::sys::ReadError;
 
-/// One of a model's files, as it was when the model was opened: a read
+/// One of a model's files, as it was when its header was read: a read
 /// checks that it still is (SPEC §6: a file changed while open fails its
 /// reads rather than hand out other bytes).
 #[derive(Clone, Debug)]
 pub struct ModelFile {
     /// Its path.
     pub path: PathBuf,
-    /// Its length at open.
+    /// Its length when its header was read.
     pub len: u64,
-    /// Its modification time at open, where the filesystem keeps one.
+    /// Its modification time then, where the filesystem keeps one.
     pub modified: Option<SystemTime>,
-    /// Its device and inode: which file the path named at open.
+    /// Its device and inode: which file the path named then.
     pub id: FileId,
+    /// Its status-change time then (`st_ctime`: seconds, nanoseconds),
+    /// which every write moves and no call sets back.
+    pub changed: (i64, i64),
 }
 
 impl ModelFile {
-    /// Whether `file` (a descriptor of this file) is still the file that
-    /// was opened (device and inode) with the length and modification time
-    /// it had then; else a sentence saying what changed. The modification
-    /// time is the kernel's (best effort: a write through a shared mapping
-    /// may not move it at once); the length and the identity are exact.
+    /// The file at `path` in the state `metadata` describes.
+    pub fn new(path: PathBuf, metadata: &std::fs::Metadata) -> ModelFile {
+        let state = FileState::of(metadata);
+        ModelFile {
+            path,
+            len: state.len,
+            modified: state.modified,
+            id: state.id,
+            changed: state.changed,
+        }
+    }
+
+    fn state(&self) -> FileState {
+        FileState {
+            id: self.id,
+            len: self.len,
+            modified: self.modified,
+            changed: self.changed,
+        }
+    }
+
+    /// Whether `file` (a descriptor of this file) is still the file whose
+    /// header was read (device and inode) with the length, modification
+    /// time and status-change time it had then; else a sentence, without
+    /// the path, saying what changed. The length and the identity are
+    /// exact; the times are the kernel's (best effort: a write through a
+    /// shared mapping may not move them at once).
     pub fn check_unchanged(&self, file: &File) -> std::result::Result<(), String> {
         let meta = file
             .metadata()
-            .map_err(|e| format!("cannot stat {}: {e}", self.path.display()))?;
+            .map_err(|e| format!("cannot be stat'ed: {e}"))?;
         self.check_metadata(&meta)
     }
 
     /// [`ModelFile::check_unchanged`] on metadata already taken.
     pub fn check_metadata(&self, meta: &std::fs::Metadata) -> std::result::Result<(), String> {
-        if file_id(meta) != self.id {
-            return Err(format!(
-                "{} was replaced since the model was opened: the path names another file",
-                self.path.display()
-            ));
+        self.compare(meta, "while open")
+    }
+
+    /// `meta` against the recorded state; `when` says when a change was
+    /// seen ("while open").
+    fn compare(&self, meta: &std::fs::Metadata, when: &str) -> std::result::Result<(), String> {
+        match self.state().differs(&FileState::of(meta)) {
+            None => Ok(()),
+            Some(how) if FileState::of(meta).id != self.id => {
+                Err(format!("was replaced {when}: {how}"))
+            }
+            Some(how) => Err(format!("changed {when}: {how}")),
         }
-        if meta.len() != self.len {
-            return Err(format!(
-                "{} changed while open: it was {} bytes, it is {}",
-                self.path.display(),
-                self.len,
-                meta.len()
-            ));
-        }
-        if meta.modified().ok() != self.modified {
-            return Err(format!(
-                "{} changed while open: its modification time is not the one it had at open",
-                self.path.display()
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -109,8 +126,10 @@ struct LayerSource {
 pub struct InPlace {
     kind: SourceKind,
     files: Vec<ModelFile>,
-    /// By layer; `None` for a layer without experts.
-    layers: Vec<Option<LayerSource>>,
+    /// The layers that have experts, ascending by layer (a binary search
+    /// finds one): sized by those layers, not by the block count, which a
+    /// model at the id cap may set to 2^20 with one layer of experts.
+    layers: Vec<LayerSource>,
     /// Bytes of every tensor that is not an expert's.
     dense_bytes: u64,
     /// Experts per layer.
@@ -125,26 +144,89 @@ pub(super) struct Opened {
     pub source: InPlace,
 }
 
+/// Longest string the metadata takes from a model's headers (its
+/// architecture, a tensor's name or role): the GGUF specification's limit
+/// on a key. Real ones are a few dozen bytes; the metadata is held for the
+/// streamer's life and handed to C, and may not pass [`MAX_META_BYTES`]
+/// as a whole either.
+const MAX_META_STRING_BYTES: usize = 65_535;
+
+/// At most the first 64 characters of `s`, and "…" when there are more:
+/// a name too long to print whole.
+fn start_of(s: &str) -> String {
+    match s.char_indices().nth(64) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s.to_owned(),
+    }
+}
+
+/// Refuses a string the metadata would take from `model`'s headers that
+/// is longer than [`MAX_META_STRING_BYTES`], naming its key or tensor.
+fn check_meta_strings(model: &Model, plans: &[LayerPlan]) -> Result<()> {
+    let too_long = |what: String, n: usize| {
+        Error::format(format!(
+            "{}: {what} is {n} bytes, above the limit of {MAX_META_STRING_BYTES} bytes on a string the metadata takes from a model",
+            model.files[0].display()
+        ))
+    };
+    if let Some(arch) = model
+        .arch
+        .as_deref()
+        .filter(|a| a.len() > MAX_META_STRING_BYTES)
+    {
+        let key = match model.kind {
+            SourceKind::Gguf => "general.architecture".to_owned(),
+            SourceKind::Safetensors => "model_type in config.json".to_owned(),
+        };
+        return Err(too_long(key, arch.len()));
+    }
+    for item in plans.iter().flat_map(|p| &p.items) {
+        for (what, s) in [("tensor", &item.tensor), ("the role of tensor", &item.role)] {
+            if s.len() > MAX_META_STRING_BYTES {
+                return Err(too_long(
+                    format!("{what} {}", start_of(&item.tensor)),
+                    s.len(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Opens the model at `path` (SPEC §6): its headers, the plan of every
 /// layer (SPEC §5's rules, [`model::plan`]), the windows of every layer,
-/// the table and the metadata. Reads no tensor data.
-pub(super) fn open(path: &Path) -> Result<Opened> {
+/// the table and the metadata. Reads no tensor data. `after_headers` is
+/// called once every header has been read and planned, before the files
+/// are recorded (a test's seam: what happens to a file there is what a
+/// writer racing the open does).
+pub(super) fn open(path: &Path, after_headers: &dyn Fn()) -> Result<Opened> {
     let model = model::open_model(path, &|| false)?;
     model::check_no_overlap(&model)?;
     let (n_layers, n_experts, plans) = model::plan(&model)?;
+    check_meta_strings(&model, &plans)?;
+    after_headers();
     let id = model::identity::identity(&model)?;
+    // Each file as it was before its header was read, checked against
+    // the file now that every header is read: a file rewritten meanwhile
+    // would give the table of one file and the bytes of another.
     let mut files = Vec::with_capacity(model.files.len());
-    for (p, f) in model.files.iter().zip(&model.handles) {
-        let meta = f.metadata().map_err(|e| Error::io("cannot stat", p, &e))?;
-        files.push(ModelFile {
-            path: p.clone(),
-            len: meta.len(),
-            modified: meta.modified().ok(),
-            id: file_id(&meta),
-        });
+    for ((p, f), before) in model.files.iter().zip(&model.handles).zip(&model.opened_as) {
+        let known = ModelFile::new(p.clone(), before);
+        let now = f.metadata().map_err(|e| Error::io("cannot stat", p, &e))?;
+        known
+            .compare(&now, "while it was being opened")
+            .map_err(|why| Error::path_is(ErrorKind::Io, p, why))?;
+        files.push(known);
     }
-    let mut layers: Vec<Option<LayerSource>> = vec![None; n_layers as usize];
-    let mut entries = Vec::with_capacity(plans.len() * n_experts as usize);
+    let mut layers: Vec<LayerSource> = Vec::with_capacity(plans.len());
+    let mut entries = Vec::new();
+    let n_entries = plans.len() * n_experts as usize;
+    crate::try_alloc::reserve(&mut entries, n_entries, || {
+        crate::try_alloc::no_memory(format_args!(
+            "the {n_entries} table entries of {}",
+            model.files[0].display()
+        ))
+    })?;
     let mut layouts: Vec<(u32, Vec<LayoutItem>)> = Vec::with_capacity(plans.len());
     for plan in plans {
         let slices: Vec<Vec<Slice>> = (0..n_experts)
@@ -179,8 +261,8 @@ pub(super) fn open(path: &Path) -> Result<Opened> {
             });
         }
         layouts.push((plan.layer, items));
-        let layer = plan.layer as usize;
-        layers[layer] = Some(LayerSource { plan, windows });
+        // `plan` returns the layers ascending.
+        layers.push(LayerSource { plan, windows });
     }
     let views: Vec<(u32, &[LayoutItem])> =
         layouts.iter().map(|(l, i)| (*l, i.as_slice())).collect();
@@ -195,6 +277,16 @@ pub(super) fn open(path: &Path) -> Result<Opened> {
             configs: &[],
         },
     );
+    // As a vault's header may not claim more (format::Header::parse).
+    if meta.len() as u64 > MAX_META_BYTES {
+        return Err(Error::format(format!(
+            "{}: its metadata would be {} bytes, above the limit of {MAX_META_BYTES} bytes (64 MiB) on metadata ({} layers of layouts)",
+            model.files[0].display(),
+            meta.len(),
+            layouts.len()
+        ))
+        .with_field("meta"));
+    }
     let dense_bytes = dense_bytes(&model);
     let header = synthetic_header(n_layers, n_experts, entries.len(), id, &files);
     Ok(Opened {
@@ -311,7 +403,7 @@ impl InPlace {
     /// the model's file from `files`, in order; the window; the file
     /// offset), then the moves that put its payload at the layer's offsets
     /// (SPEC §6). After each read the file is checked to be the one opened
-    /// (length and modification time): a model changed while open fails
+    /// (length, modification and status-change times): a model changed while open fails
     /// the load rather than hand out other bytes. The one read path of a
     /// model: the streamer's workers and the tool's `verify` and `bench`
     /// call it.
@@ -352,7 +444,7 @@ impl InPlace {
             let changed = || {
                 known
                     .check_unchanged(file)
-                    .map_err(|why| Error::new(ErrorKind::Io, why).with_path(&known.path))
+                    .map_err(|why| Error::path_is(ErrorKind::Io, &known.path, why))
             };
             let window = buf
                 .get_mut(r.slot as usize..(r.slot + r.len) as usize)
@@ -390,6 +482,9 @@ impl InPlace {
     }
 
     fn layer(&self, layer: u32) -> Option<&LayerSource> {
-        self.layers.get(layer as usize).and_then(Option::as_ref)
+        self.layers
+            .binary_search_by_key(&layer, |l| l.plan.layer)
+            .ok()
+            .map(|i| &self.layers[i])
     }
 }

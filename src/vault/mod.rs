@@ -144,11 +144,28 @@ impl Vault {
 
     /// Opens the model at `path` in place (SPEC §6).
     fn open_model(path: &Path) -> Result<Vault> {
-        let opened = in_place::open(path)?;
+        Self::open_model_observed(path, &|| {})
+    }
+
+    /// [`Vault::open`] of the model at `path`, calling `after_headers`
+    /// once its headers are read and planned, before its files are
+    /// recorded: a test's seam (`smoe::internals::model`), to change a
+    /// file where a writer racing the open would.
+    pub(crate) fn open_model_observed(path: &Path, after_headers: &dyn Fn()) -> Result<Vault> {
+        let opened = in_place::open(path, after_headers)?;
         let mut header = opened.header;
         header.meta_bytes = opened.meta.len() as u64;
         header.meta_xxh3 = xxhash_rust::xxh3::xxh3_64(opened.meta.as_bytes());
-        let mut index = vec![NO_ENTRY; header.expert_ids() as usize];
+        // At most MAX_EXPERT_IDS ids (`plan` checked), 4 bytes each.
+        let ids = header.expert_ids() as usize;
+        let mut index = Vec::new();
+        crate::try_alloc::reserve(&mut index, ids, || {
+            crate::try_alloc::no_memory(format_args!(
+                "the index of {ids} expert ids of {}",
+                path.display()
+            ))
+        })?;
+        index.resize(ids, NO_ENTRY);
         for (i, e) in opened.entries.iter().enumerate() {
             index[dense(&header, e.layer, e.expert)] = i as u32;
         }
@@ -187,11 +204,13 @@ impl Vault {
 
     /// The directory of this vault's histogram when the config names
     /// none: the vault directory, or a model's cache directory (SPEC §6:
-    /// nothing is written beside a model), `None` when a model has none
-    /// (no home directory).
-    pub fn histogram_dir(&self) -> Option<PathBuf> {
+    /// nothing is written beside a model), with a note when the
+    /// environment held something that was passed over (a relative
+    /// `SMOE_CACHE_DIR`); an error saying why when a model has none (no
+    /// absolute home directory).
+    pub fn histogram_dir(&self) -> std::result::Result<(PathBuf, Option<String>), String> {
         match &self.model {
-            None => Some(self.dir.clone()),
+            None => Ok((self.dir.clone(), None)),
             Some(_) => {
                 crate::model::identity::cache_dir(&self.header.vault_id, |k| std::env::var_os(k))
             }
@@ -417,16 +436,23 @@ fn dense(h: &Header, layer: u32, expert: u32) -> usize {
 /// vault's magic. Only `stat` and, for a regular file, an open without
 /// blocking and an 8-byte read.
 fn is_model(path: &Path) -> Result<bool> {
-    let meta = std::fs::metadata(path).map_err(|e| Error::io("cannot open", path, &e))?;
+    let meta = std::fs::metadata(path).map_err(|e| {
+        crate::fs_safe::dangling_link(path).unwrap_or_else(|| Error::io("cannot open", path, &e))
+    })?;
     if meta.is_dir() {
         if path.join(EXPERTS_FILE).exists() {
             return Ok(false);
         }
-        if ["model.safetensors", "model.safetensors.index.json"]
-            .iter()
-            .any(|n| path.join(n).exists())
-        {
+        let names = ["model.safetensors", "model.safetensors.index.json"];
+        if names.iter().any(|n| path.join(n).exists()) {
             return Ok(true);
+        }
+        // A link there whose target is gone: named, not "holds neither".
+        if let Some(e) = [EXPERTS_FILE, names[0], names[1]]
+            .iter()
+            .find_map(|n| crate::fs_safe::dangling_link(&path.join(n)))
+        {
+            return Err(e);
         }
         return Err(Error::path_is(
             ErrorKind::Io,

@@ -154,3 +154,70 @@ fn the_histogram_counts_entries_and_saves_a_dense_file() {
     assert_eq!(s.histogram()[11], 3, "counts carried to the next session");
     assert_eq!(s.stats().claims, 0, "claims count this session only");
 }
+
+/// A model at the id cap with one expert (a GGUF whose block count is
+/// 2^20 and whose only expert tensor is layer 0's, one expert) costs what
+/// the same shape packed costs: what an in-place open keeps per layer
+/// follows the layers that have experts, not the block count (one entry
+/// per layer cost 145 MiB here).
+#[test]
+fn a_one_expert_model_at_the_cap_costs_what_its_vault_does() {
+    use common::models::{write_gguf, GgufData, GgufTensor};
+    let _alone = crate::alone();
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("cap.gguf");
+    write_gguf(
+        &gguf,
+        "qwen3moe",
+        &[
+            ("qwen3moe.block_count", 1 << 20),
+            ("qwen3moe.expert_count", 1),
+        ],
+        &[GgufTensor::new("blk.0.ffn_up_exps.weight", &[64, 2, 1], 0)],
+        GgufData::Hole,
+    );
+    let packed = dir.path().join("vault");
+    std::fs::create_dir(&packed).unwrap();
+    one_entry_vault(&packed, 1 << 20, 1);
+    // RSS above what the process had, with the streamer open and its one
+    // expert claimed; and the ring's bytes. The model first: memory the
+    // first run frees is not returned at once, so a second run may read
+    // low, never high.
+    let cost = |path: &std::path::Path| {
+        let rss0 = common::rss_bytes();
+        let s = Streamer::open(
+            path,
+            Config {
+                workers: 2,
+                prewarm: false,
+                freq_path: Some("".into()),
+                ..Config::default()
+            },
+        )
+        .unwrap();
+        drop(
+            s.claim_wait(0, 0, Duration::from_secs(10))
+                .unwrap()
+                .unwrap(),
+        );
+        let rss = common::rss_bytes().saturating_sub(rss0);
+        let ring = s.ring_region().1;
+        (rss, ring)
+    };
+    let (model, model_ring) = cost(&gguf);
+    let (vault, vault_ring) = cost(&packed);
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    eprintln!(
+        "2^20 layers × 1 expert, one entry: in place RSS +{:.1} MiB (ring {} KiB), packed +{:.1} MiB (ring {} KiB)",
+        mib(model),
+        model_ring >> 10,
+        mib(vault),
+        vault_ring >> 10
+    );
+    assert!(
+        model <= model_ring + (32 << 20) && model <= vault.max(vault_ring) + (8 << 20),
+        "in place: RSS grew by {:.1} MiB; packed: {:.1} MiB",
+        mib(model),
+        mib(vault)
+    );
+}

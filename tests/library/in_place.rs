@@ -791,3 +791,486 @@ fn a_model_replaced_before_the_streamer_starts_is_refused() {
     assert_eq!(e.kind(), smoe::ErrorKind::Io, "{e}");
     assert!(e.to_string().contains("was replaced"), "{e}");
 }
+
+/// A Hugging Face cache whose blob is gone leaves a dangling link where
+/// the model was (`snapshots/<rev>/model.safetensors -> ../../blobs/<sha>`):
+/// the error names the link and the target it lacks, whether the link is
+/// the checkpoint's file, its index, or a shard the index names; and
+/// whether the directory or the link itself is given.
+#[test]
+fn a_dangling_model_link_is_named_with_its_missing_target() {
+    let mut wrong = Vec::new();
+    for (link, with_index) in [
+        ("model.safetensors", false),
+        ("model.safetensors.index.json", false),
+        ("model-00001-of-00002.safetensors", true),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let target = "../../blobs/0123456789abcdef";
+        std::os::unix::fs::symlink(target, dir.path().join(link)).unwrap();
+        if with_index {
+            std::fs::write(
+                dir.path().join("model.safetensors.index.json"),
+                format!(
+                    r#"{{"weight_map":{{"model.layers.0.mlp.experts.0.up_proj.weight":"{link}"}}}}"#
+                ),
+            )
+            .unwrap();
+        }
+        let given = [dir.path().to_path_buf(), dir.path().join(link)];
+        for path in &given[..if with_index { 1 } else { 2 }] {
+            let e = open_err(path);
+            if !(e.contains(link) && e.contains(target) && e.contains("broken symbolic link")) {
+                wrong.push(format!("{}: {e}", path.display()));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "the link and its target not named: {wrong:#?}"
+    );
+}
+
+/// The environment variable that makes [`cache_dir_child`] open a model
+/// with the histogram in its cache directory and print the warnings.
+const CACHE_CHILD: &str = "SMOE_TEST_CACHE_DIR_CHILD";
+
+/// Runs in a child process of
+/// [`the_cache_directory_warnings_say_what_the_environment_holds`] (the
+/// environment is the process's): opens the model `$CACHE_CHILD` names
+/// and prints each warning on a line of its own.
+#[test]
+fn cache_dir_child() {
+    let Some(model) = std::env::var_os(CACHE_CHILD) else {
+        return;
+    };
+    let s = Streamer::open(
+        Path::new(&model),
+        Config {
+            freq_path: None,
+            ..config()
+        },
+    )
+    .unwrap();
+    // After the harness's "test ... " (no newline before the output).
+    println!();
+    for w in s.warnings() {
+        println!("WARNING {w}");
+    }
+    println!("CHILD DONE");
+}
+
+/// A relative SMOE_CACHE_DIR is not used (the histogram would land
+/// wherever the process runs), and the streamer says so, naming the
+/// variable and its value; without HOME, the warning says which variable
+/// was missing or relative, never that SMOE_CACHE_DIR is unset when it is
+/// set.
+#[test]
+fn the_cache_directory_warnings_say_what_the_environment_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = copy_fixture("qwen3moe-q8_0.gguf", dir.path());
+    let home = dir.path().join("home");
+    let cwd = dir.path().join("cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let home_s = home.to_str().unwrap();
+    // (SMOE_CACHE_DIR, HOME, what a warning must say, what none may say)
+    type Case<'a> = (
+        Option<&'a str>,
+        Option<&'a str>,
+        &'a [&'a str],
+        &'a [&'a str],
+    );
+    let cases: [Case; 4] = [
+        (
+            Some("rel"),
+            Some(home_s),
+            &["SMOE_CACHE_DIR", "\"rel\"", "is relative; ignored"],
+            &["will not be kept"],
+        ),
+        (
+            Some("rel"),
+            None,
+            &[
+                "will not be kept",
+                "SMOE_CACHE_DIR",
+                "\"rel\"",
+                "relative",
+                "HOME is not set",
+            ],
+            &["neither SMOE_CACHE_DIR nor HOME is set"],
+        ),
+        (
+            None,
+            Some("relative-home"),
+            &["will not be kept", "HOME", "\"relative-home\"", "relative"],
+            &["neither SMOE_CACHE_DIR nor HOME is set"],
+        ),
+        (
+            None,
+            None,
+            &["will not be kept", "neither SMOE_CACHE_DIR nor HOME is set"],
+            &[],
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (cache, home, must, must_not) in cases {
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args([
+            "--exact",
+            "in_place::cache_dir_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .current_dir(&cwd)
+        .env(CACHE_CHILD, &model)
+        .env_remove("SMOE_CACHE_DIR")
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("HOME");
+        if let Some(c) = cache {
+            cmd.env("SMOE_CACHE_DIR", c);
+        }
+        if let Some(h) = home {
+            cmd.env("HOME", h);
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("CHILD DONE"),
+            "child: {}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let warnings: Vec<&str> = stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("WARNING "))
+            .collect();
+        let said = |n: &&str| warnings.iter().any(|w| w.contains(n));
+        if !must.iter().all(said) || must_not.iter().any(said) {
+            wrong.push(format!(
+                "SMOE_CACHE_DIR {cache:?}, HOME {home:?}: {warnings:?}"
+            ));
+        }
+    }
+    // Nothing was made where the process ran.
+    assert_eq!(std::fs::read_dir(&cwd).unwrap().count(), 0);
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// A safetensors file holding `tensors` (name, F32 shape), data a hole.
+fn write_safetensors(path: &Path, tensors: &[(String, Vec<u64>)]) {
+    let mut at = 0u64;
+    let entries: Vec<String> = tensors
+        .iter()
+        .map(|(name, shape)| {
+            let bytes = 4 * shape.iter().product::<u64>();
+            let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
+            let e = format!(
+                r#""{name}":{{"dtype":"F32","shape":[{}],"data_offsets":[{at},{}]}}"#,
+                dims.join(","),
+                at + bytes
+            );
+            at += bytes;
+            e
+        })
+        .collect();
+    let header = format!("{{{}}}", entries.join(","));
+    let mut b = (header.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(header.as_bytes());
+    std::fs::write(path, &b).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.set_len(b.len() as u64 + at).unwrap();
+}
+
+/// The 64 MiB cap on metadata holds for a model's as for a vault's: a 70
+/// MiB `general.architecture`, a 40 MiB stacked tensor name (its role
+/// and its name both go into the layout) and 600 layers of 60,000-byte
+/// names (each under the cap on one string, 72 MB together) are refused,
+/// naming the key or tensor, the size and the cap, not kept in memory
+/// for the streamer's life and handed to C.
+#[test]
+fn a_model_whose_metadata_passes_64_mib_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut wrong = Vec::new();
+    let mut check = |path: &Path, needles: &[&str]| match Vault::open(path) {
+        Ok(v) => wrong.push(format!(
+            "{}: opened, {} bytes of metadata",
+            path.display(),
+            v.meta().len()
+        )),
+        Err(e) => {
+            let text = e.to_string();
+            if !needles.iter().all(|n| text.contains(n)) || text.len() > 1000 {
+                wrong.push(format!(
+                    "{}: {}",
+                    path.display(),
+                    &text[..text.len().min(1000)]
+                ));
+            }
+        }
+    };
+    let arch = dir.path().join("arch.gguf");
+    write_gguf(
+        &arch,
+        &"a".repeat(70 << 20),
+        &[],
+        &[GgufTensor::new("blk.0.ffn_up_exps.weight", &[32, 2, 2], 0)],
+        GgufData::Hole,
+    );
+    check(&arch, &["general.architecture", "73400320 bytes"]);
+
+    let long = dir.path().join("long.safetensors");
+    let name = format!("model.layers.0.mlp.experts.{}", "x".repeat(40 << 20));
+    write_safetensors(&long, &[(name, vec![2, 2])]);
+    check(&long, &["model.layers.0.mlp.experts.xxx", "41943067 bytes"]);
+
+    let many = dir.path().join("many.safetensors");
+    let tensors: Vec<(String, Vec<u64>)> = (0..600)
+        .map(|l| {
+            (
+                format!("model.layers.{l}.mlp.experts.{}", "y".repeat(60_000)),
+                vec![2, 2],
+            )
+        })
+        .collect();
+    write_safetensors(&many, &tensors);
+    check(&many, &["67108864"]);
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// Rewrites the data of `path` in place (same inode, same length: the
+/// last 4096 bytes inverted), then sets its modification time back to
+/// `mtime`: a writer that hides its change from a check of the length
+/// and the modification time. The status-change time (ctime) still
+/// moves; it cannot be set back.
+fn rewrite_in_place(path: &Path, mtime: std::time::SystemTime) {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let len = f.metadata().unwrap().len();
+    let mut tail = vec![0u8; 4096];
+    f.read_exact_at(&mut tail, len - 4096).unwrap();
+    for b in &mut tail {
+        *b = !*b;
+    }
+    f.write_all_at(&tail, len - 4096).unwrap();
+    f.set_modified(mtime).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), len);
+}
+
+/// A model file rewritten while `smoe_open` reads its headers (here,
+/// through the open's seam, right after the headers are read) is refused,
+/// naming the file: its table would come from one file and its bytes from
+/// another. Whether the rewrite changes the length or only the bytes,
+/// with the modification time set back.
+#[test]
+fn a_model_rewritten_while_it_is_opened_is_refused() {
+    let mut wrong = Vec::new();
+    for how in ["append", "same size, mtime set back"] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = copy_fixture("qwen3moe-q8_0.gguf", dir.path());
+        // The kernel's clock for file times moves in ticks: let one pass
+        // since the copy, so a rewrite gets another status-change time.
+        std::thread::sleep(Duration::from_millis(50));
+        let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+        let rewrite = || match how {
+            "append" => {
+                let f = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&path)
+                    .unwrap();
+                f.write_all_at(&[0u8; 10], 0).unwrap();
+            }
+            _ => rewrite_in_place(&path, mtime),
+        };
+        match smoe::internals::model::open_in_place_observed(&path, &rewrite) {
+            Ok(vault) => {
+                let s = Streamer::with_vault(vault, config());
+                wrong.push(format!(
+                    "{how}: opened (a streamer on it: {})",
+                    match s {
+                        Ok(_) => "SMOE_OK".to_owned(),
+                        Err(e) => e.to_string(),
+                    }
+                ));
+            }
+            Err(e) => {
+                let text = e.to_string();
+                if e.kind() != smoe::ErrorKind::Io
+                    || !text.contains("qwen3moe-q8_0.gguf")
+                    || !text.contains("changed while it was being opened")
+                {
+                    wrong.push(format!("{how}: {:?} {text}", e.kind()));
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// A model file rewritten in place while open, with the same length and
+/// its modification time set back, fails the reads after the change: its
+/// status-change time (ctime) moved. Before the change, the expert read
+/// is the model's.
+#[test]
+fn a_same_size_rewrite_with_its_mtime_set_back_fails_the_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = copy_fixture("qwen3moe-q8_0.gguf", dir.path());
+    std::thread::sleep(Duration::from_millis(50));
+    let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+    let s = Streamer::open(&path, config()).unwrap();
+    drop(s.claim_wait(0, 0, WAIT).unwrap().unwrap());
+    rewrite_in_place(&path, mtime);
+    let claimed = s.claim_wait(1, 3, WAIT).map(|c| c.map_or(0, |c| c.len()));
+    match claimed {
+        Ok(n) => panic!("claimed {n} bytes of a file rewritten while open (SMOE_OK)"),
+        Err(e) => {
+            assert_eq!(e.kind(), smoe::ErrorKind::Io, "{e}");
+            let text = e.to_string();
+            assert!(
+                text.contains("qwen3moe-q8_0.gguf") && text.contains("changed while open"),
+                "{text}"
+            );
+        }
+    }
+}
+
+/// Bytes a terminal acts on: C0 controls (ESC, BEL, NUL, VT, FF, newline
+/// among them), DEL and the C1 controls (U+0080 to U+009F; CSI is U+009B).
+fn raw_controls(text: &str) -> Vec<char> {
+    text.chars().filter(|&c| c.is_control()).collect()
+}
+
+/// Names from a model reach an error line, `smoe_last_error()` and every
+/// message escaped: a tensor name holding ESC, BEL, NUL, VT, FF, DEL, CSI
+/// and a newline that forges a `slot layout` line is shown as `\x1b`,
+/// `\x07`, `\x00`, `\x0b`, `\x0c`, `\x7f`, `\u{9b}`, `\x0a`, never as the
+/// bytes a terminal would act on.
+#[test]
+fn names_from_a_model_are_escaped_in_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("evil.gguf");
+    let name = "t\u{1b}[2J\u{7}\u{0}\u{b}\u{c}\u{7f}\u{9b}1m\nslot layout   x";
+    assert!(name.len() <= 64, "a GGUF tensor name is at most 64 bytes");
+    write_gguf(
+        &path,
+        "qwen3moe",
+        &[],
+        // GGML type 99 does not exist: the error names the tensor.
+        &[GgufTensor {
+            name: name.to_owned(),
+            ne: vec![32],
+            ggml_type: 99,
+            bytes: 0,
+        }],
+        GgufData::Hole,
+    );
+    let e = open_err(&path);
+    let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    let mut s: *mut smoe::ffi::smoe_streamer = std::ptr::null_mut();
+    // SAFETY: a valid C string, NULL config (defaults) and a writable out.
+    let st = unsafe { smoe::ffi::smoe_open(c_path.as_ptr(), std::ptr::null(), &mut s) };
+    assert_ne!(st, smoe::ffi::smoe_status::SMOE_OK);
+    // SAFETY: NUL-terminated, valid until this thread's next call.
+    let last = unsafe { std::ffi::CStr::from_ptr(smoe::ffi::smoe_last_error()) }
+        .to_string_lossy()
+        .into_owned();
+    let mut wrong = Vec::new();
+    for (what, text) in [("Error", &e), ("smoe_last_error()", &last)] {
+        let escaped = [
+            "\\x1b[2J", "\\x07", "\\x00", "\\x0b", "\\x0c", "\\x7f", "\\u{9b}", "\\x0a",
+        ];
+        if !raw_controls(text).is_empty() || !escaped.iter().all(|x| text.contains(x)) {
+            wrong.push(format!("{what}: {text:?}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// The environment variable that makes [`no_memory_child`] open a model
+/// under an address-space limit.
+const NO_MEMORY_CHILD: &str = "SMOE_TEST_NO_MEMORY_CHILD";
+
+/// Runs in a child process of
+/// [`smoe_open_under_a_memory_limit_fails_with_no_memory`]: limits its
+/// own address space to what it uses plus 96 MiB, then `smoe_open`s the
+/// model `$NO_MEMORY_CHILD` names and prints the status and the error.
+#[test]
+fn no_memory_child() {
+    let Some(model) = std::env::var_os(NO_MEMORY_CHILD) else {
+        return;
+    };
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let vm_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap();
+    let limit = (vm_kib << 10) + (96 << 20);
+    let rl = libc::rlimit {
+        rlim_cur: limit,
+        rlim_max: limit,
+    };
+    // SAFETY: a plain struct, read by the call.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &rl) }, 0);
+    let c_path = std::ffi::CString::new(model.into_encoded_bytes()).unwrap();
+    let mut s: *mut smoe::ffi::smoe_streamer = std::ptr::null_mut();
+    // SAFETY: a valid C string, NULL config (defaults) and a writable out.
+    let st = unsafe { smoe::ffi::smoe_open(c_path.as_ptr(), std::ptr::null(), &mut s) };
+    // SAFETY: NUL-terminated, valid until this thread's next call.
+    let last = unsafe { std::ffi::CStr::from_ptr(smoe::ffi::smoe_last_error()) }
+        .to_string_lossy()
+        .into_owned();
+    println!();
+    println!("CHILD {st:?} {last}");
+}
+
+/// `smoe_open` of a header that needs more memory than the process may
+/// have (a 200 MiB GGUF string value, under a limit 96 MiB above what it
+/// uses) returns `SMOE_ERR_NO_MEMORY` naming the file: a failed
+/// allocation must not abort the host.
+#[test]
+fn smoe_open_under_a_memory_limit_fails_with_no_memory() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big-string.gguf");
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b.extend_from_slice(&1u64.to_le_bytes());
+    b.extend_from_slice(&12u64.to_le_bytes());
+    b.extend_from_slice(b"general.name");
+    b.extend_from_slice(&8u32.to_le_bytes());
+    b.extend_from_slice(&(200u64 << 20).to_le_bytes());
+    std::fs::write(&path, &b).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(b.len() as u64 + (200 << 20)).unwrap();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "in_place::no_memory_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(NO_MEMORY_CHILD, &path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let said = stdout
+        .lines()
+        .find(|l| l.starts_with("CHILD "))
+        .unwrap_or_default();
+    assert!(
+        out.status.signal().is_none()
+            && said.contains("SMOE_ERR_NO_MEMORY")
+            && said.contains("big-string.gguf"),
+        "child: {} {said:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}

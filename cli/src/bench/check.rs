@@ -139,7 +139,7 @@ pub fn check_ring_slots(args: &BenchArgs, vault: &Vault, top_k: TopK) -> Result<
 pub fn check_outputs(args: &BenchArgs, vault: &Vault) -> Result<(), Failure> {
     // A model's histogram is in its cache directory, never beside it; a
     // model's files are each the run's input.
-    let histogram = vault.histogram_dir().map(|d| d.join(FREQ_FILE));
+    let histogram = vault.histogram_dir().ok().map(|(d, _)| d.join(FREQ_FILE));
     let data_files = vault.data_files();
     let mut own: Vec<(&str, &Path)> = match vault.model() {
         None => vec![("the vault file", vault.path())],

@@ -826,3 +826,194 @@ fn a_file_that_is_not_a_model_is_one_line_and_exit_1() {
     assert_contains(&says(&part2), "give the first part");
     assert_contains(&says(&truncated), "truncated.gguf");
 }
+
+/// A GGUF file of one stacked expert tensor (F32, 2 experts), its data a
+/// hole, whose architecture is `arch`.
+fn write_tiny_gguf(path: &Path, arch: &str, tensor: &str, ggml_type: u32) {
+    use smoe_test_support::models::{write_gguf, GgufData, GgufTensor};
+    write_gguf(
+        path,
+        arch,
+        &[],
+        &[GgufTensor {
+            name: tensor.to_owned(),
+            ne: vec![32, 2, 2],
+            ggml_type,
+            bytes: if ggml_type == 0 { 32 * 2 * 2 * 4 } else { 0 },
+        }],
+        GgufData::Hole,
+    );
+}
+
+/// Characters a terminal acts on (C0, DEL, C1), other than the newline
+/// ending each line.
+fn raw_controls(text: &str) -> Vec<char> {
+    text.chars()
+        .filter(|&c| c.is_control() && c != '\n')
+        .collect()
+}
+
+/// Names from a model (its file name, its architecture, a stacked
+/// tensor's role, a tensor name in an error) holding ESC, BEL, NUL, VT,
+/// FF, DEL, CSI and a newline reach `smoe inspect`'s text and JSON and
+/// its error line escaped: no byte a terminal acts on, no forged
+/// `slot layout` line, one `smoe:` line.
+#[test]
+fn inspect_escapes_names_from_a_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let evil =
+        "\u{1b}]0;pwned\u{7}\u{0}\u{b}\u{c}\u{7f}\u{9b}31m\nslot layout   layers 0-99 (forged)";
+    let mut wrong = Vec::new();
+    let forged = |out: &str| out.lines().filter(|l| l.starts_with("slot layout")).count();
+
+    // A GGUF whose file name and architecture hold them.
+    let gguf = dir
+        .path()
+        .join(format!("m{}.gguf", evil.replace('\u{0}', "")));
+    write_tiny_gguf(&gguf, evil, "blk.0.ffn_up_exps.weight", 0);
+    let out = run(cache.path(), &["inspect"], &gguf, &[]);
+    let stdout = text(&out.stdout);
+    if !out.status.success() || !raw_controls(&stdout).is_empty() || forged(&stdout) != 1 {
+        wrong.push(format!(
+            "inspect GGUF: {} {stdout:?} {}",
+            out.status,
+            text(&out.stderr)
+        ));
+    }
+    let out = run(cache.path(), &["inspect", "--json"], &gguf, &[]);
+    let stdout = text(&out.stdout);
+    let parsed: Result<Value, _> = serde_json::from_str(&stdout);
+    if !out.status.success()
+        || !raw_controls(&stdout).is_empty()
+        || parsed.map_or(true, |v| v["meta"]["arch"] != evil)
+    {
+        wrong.push(format!("inspect --json GGUF: {} {stdout:?}", out.status));
+    }
+
+    // A safetensors stacked expert whose role (its own name) holds them.
+    let st = dir.path().join("st");
+    std::fs::create_dir(&st).unwrap();
+    let role = evil.replace('.', "");
+    let header = serde_json::json!({
+        format!("model.layers.0.mlp.experts.{role}"):
+            {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}
+    })
+    .to_string();
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(&[0u8; 16]);
+    std::fs::write(st.join("model.safetensors"), bytes).unwrap();
+    let out = run(cache.path(), &["inspect"], &st, &[]);
+    let stdout = text(&out.stdout);
+    if !out.status.success() || !raw_controls(&stdout).is_empty() || forged(&stdout) != 1 {
+        wrong.push(format!(
+            "inspect safetensors: {} {stdout:?} {}",
+            out.status,
+            text(&out.stderr)
+        ));
+    }
+
+    // A tensor name in an error (GGML type 99 does not exist).
+    let bad = dir.path().join("bad.gguf");
+    let name: String = evil.chars().take(40).collect();
+    write_tiny_gguf(&bad, "qwen3moe", &name, 99);
+    let out = run(cache.path(), &["inspect"], &bad, &[]);
+    let stderr = text(&out.stderr);
+    if out.status.code() != Some(1)
+        || stderr.lines().count() != 1
+        || !stderr.starts_with("smoe: ")
+        || !raw_controls(&stderr).is_empty()
+        || !stderr.contains("\\x1b]0;pwned\\x07\\x00\\x0b\\x0c\\x7f\\u{9b}31m\\x0a")
+    {
+        wrong.push(format!("error line: {} {stderr:?}", out.status));
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// Writes the hostile headers of issue 47 item 11 into `dir`: a sparse
+/// GGUF of one 200 MiB string value, a sparse 256 MiB GGUF of 20.6
+/// million empty keys, and a safetensors file of a 95 MB header (1.58
+/// million tensors).
+fn write_amplifying_headers(dir: &Path) -> Vec<PathBuf> {
+    use std::io::Write;
+    let string = dir.join("big-string.gguf");
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b.extend_from_slice(&1u64.to_le_bytes());
+    b.extend_from_slice(&12u64.to_le_bytes());
+    b.extend_from_slice(b"general.name");
+    b.extend_from_slice(&8u32.to_le_bytes());
+    b.extend_from_slice(&(200u64 << 20).to_le_bytes());
+    std::fs::write(&string, &b).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&string)
+        .unwrap();
+    f.set_len(b.len() as u64 + (200 << 20)).unwrap();
+
+    let keys = dir.join("empty-keys.gguf");
+    let n = ((256u64 << 20) - 24) / 13;
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b.extend_from_slice(&n.to_le_bytes());
+    std::fs::write(&keys, &b).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&keys).unwrap();
+    f.set_len(24 + 13 * n).unwrap();
+
+    let st = dir.join("big-header.safetensors");
+    let mut header = String::with_capacity(96_000_000);
+    header.push('{');
+    let mut i = 0;
+    while header.len() < 95_000_000 {
+        header.push_str(&format!(
+            "\"t.{i}\":{{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}},"
+        ));
+        i += 1;
+    }
+    header.pop();
+    header.push('}');
+    let mut w = std::io::BufWriter::new(std::fs::File::create(&st).unwrap());
+    w.write_all(&(header.len() as u64).to_le_bytes()).unwrap();
+    w.write_all(header.as_bytes()).unwrap();
+    w.flush().unwrap();
+    vec![string, keys, st]
+}
+
+/// Under a 128 MiB address-space limit (`ulimit -v`), `smoe inspect` of a
+/// header that would need more (a 200 MiB string value, 20.6 million
+/// keys, a 95 MB safetensors header) is one `smoe:` line naming the file
+/// and exit 1: an allocation that fails is an error, never an abort
+/// (SIGABRT).
+#[test]
+fn a_header_larger_than_memory_is_one_line_not_an_abort() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let mut wrong = Vec::new();
+    for path in write_amplifying_headers(dir.path()) {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -v 131072 && exec \"$0\" inspect \"$1\"")
+            .arg(env!("CARGO_BIN_EXE_smoe"))
+            .arg(&path)
+            .env("SMOE_CACHE_DIR", cache.path())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = text(&out.stderr);
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if out.status.signal().is_some()
+            || out.status.code() != Some(1)
+            || stderr.lines().count() != 1
+            || !stderr.starts_with("smoe: ")
+            || !stderr.contains(&name)
+        {
+            let first: String = stderr.lines().take(2).collect::<Vec<_>>().join(" | ");
+            wrong.push(format!("{name}: {} {first}", out.status));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
