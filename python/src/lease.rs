@@ -455,10 +455,11 @@ impl Lease {
                 "a lease is CPU memory: stream must be None",
             ));
         }
-        if dl_device.is_some_and(|d| d != dlpack::CPU_DEVICE) {
+        if let Some(device) = dl_device.filter(|&d| d != dlpack::CPU_DEVICE) {
             return Err(PyBufferError::new_err(format!(
-                "a lease is CPU memory (device {:?}); it cannot be exported to {dl_device:?}",
-                dlpack::CPU_DEVICE
+                "a lease is CPU memory, device {}; it cannot be exported to {}",
+                dlpack::device_name(dlpack::CPU_DEVICE),
+                dlpack::device_name(device)
             )));
         }
         if copy == Some(true) {

@@ -242,3 +242,13 @@ def test_strict_streamer_with_block(vault):
     assert s.closed
     assert len(bytes(memoryview(lease))) == lease.size
     lease.release()
+
+
+def test_a_dlpack_device_error_names_the_devices(streamer):
+    """Issue 47, item 9: the message printed Rust's ``Some((2, 0))``."""
+    with streamer.claim(1, 0, timeout=10) as lease:
+        with pytest.raises(BufferError) as caught:
+            lease.__dlpack__(max_version=(1, 0), dl_device=(2, 0))
+    message = str(caught.value)
+    assert "Some" not in message, message
+    assert "(2, 0) (kDLCUDA)" in message and "(1, 0) (kDLCPU)" in message, message
