@@ -287,3 +287,45 @@ def test_with_closes(vault):
 def test_synth_checks_its_arguments(tmp_path):
     with pytest.raises(smoe.ArgumentError, match="every layer is dense"):
         smoe.synth(tmp_path, layers=1, experts=2, blob_bytes=100, dense_layers=[0])
+
+
+ERROR_CLASSES = [
+    smoe.Error, smoe.ArgumentError, smoe.NotFound, smoe.IoError, smoe.FormatError, smoe.NoMemory,
+    smoe.RingFull, smoe.Stale, smoe.Unsupported, smoe.InternalError, smoe.ClosedError,
+]
+FACTS = ("message", "path", "layer", "expert", "offset", "length", "os_error")
+
+
+@pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda c: c.__name__)
+def test_errors_survive_pickle(cls):
+    """Issue 47, item 7: ``smoe.IoError`` lost ``errno`` and ``filename``
+    through pickle (and so through multiprocessing). Every class keeps its
+    message and facts, and an OSError's ``errno``, ``strerror`` and
+    ``filename``."""
+    import pickle
+
+    error = cls("what went wrong", path="/a/b", layer=1, expert=2, offset=3, length=4, os_error=5)
+    error.note = "an attribute of the caller's"
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is cls and str(back) == str(error) == "what went wrong"
+    assert {f: getattr(back, f) for f in FACTS} == {f: getattr(error, f) for f in FACTS}
+    assert back.note == error.note
+    if isinstance(error, OSError):
+        assert (back.errno, back.strerror, back.filename) == (error.errno, error.strerror, error.filename)
+        assert (back.errno, back.filename) == (5, "/a/b")
+
+
+def test_an_io_error_crosses_processes(vault):
+    """The error a child process raised, as its parent gets it."""
+    import concurrent.futures
+    import multiprocessing
+
+    missing = str(vault / "missing")
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as pool:
+        with pytest.raises(smoe.IoError) as caught:
+            pool.submit(smoe.Streamer, missing).result(timeout=120)
+    assert isinstance(caught.value, OSError)
+    assert (caught.value.errno, caught.value.filename, caught.value.path) == (2, missing, missing)
+    assert caught.value.os_error == 2 and missing in str(caught.value)
+
