@@ -357,12 +357,19 @@ impl Lease {
     /// shape for plain types (``F32``, ``F16``, ``BF16`` where numpy knows
     /// ``bfloat16``, integers); one dimension of ``uint8`` for quantized
     /// GGML types and anything else. The array is a view: it keeps the
-    /// claim held until it is gone.
+    /// claim held until it is gone. Needs numpy (``pip install
+    /// 'smoe[numpy]'``).
     fn numpy<'py>(slf: &Bound<'py, Self>, role: &str) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let lease = slf.get();
         let item = lease.item(py, role)?;
-        let numpy = py.import("numpy")?;
+        let numpy = py.import("numpy").map_err(|e| {
+            let error = PyImportError::new_err(
+                "Lease.numpy needs numpy: pip install 'smoe[numpy]' (or numpy itself)",
+            );
+            error.set_cause(py, Some(e));
+            error
+        })?;
         let typed = match numpy_type(&item.dtype) {
             NumpyType::Typed(name, size) => Some((numpy.call_method1("dtype", (name,))?, size)),
             NumpyType::Bfloat16 => numpy

@@ -329,3 +329,19 @@ def test_an_io_error_crosses_processes(vault):
     assert (caught.value.errno, caught.value.filename, caught.value.path) == (2, missing, missing)
     assert caught.value.os_error == 2 and missing in str(caught.value)
 
+
+def test_lease_numpy_without_numpy_says_what_to_install(monkeypatch):
+    """Issue 47, item 8: without numpy, ``lease.numpy()`` was a bare
+    ``ModuleNotFoundError``; it names the extra, as ``lease.torch()`` does."""
+    import sys
+
+    from conftest import MODELS
+
+    with smoe.Streamer(MODELS / "mixtral-bf16", ring_slots=2, **QUIET) as s:
+        with s.claim(0, 1, timeout=10) as lease:
+            monkeypatch.setitem(sys.modules, "numpy", None)  # import numpy fails
+            with pytest.raises(ImportError, match=r"pip install 'smoe\[numpy\]'") as caught:
+                lease.numpy("gate")
+            assert isinstance(caught.value.__cause__, ImportError)
+        assert s.stats()["slots_held"] == 0
+
