@@ -34,6 +34,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::init(module)?;
     module.add_class::<streamer::Streamer>()?;
     module.add_class::<lease::Lease>()?;
+    module.add_class::<lease::LeaseView>()?;
     module.add_function(wrap_pyfunction!(synth::synth, module)?)?;
     module.add_function(wrap_pyfunction!(pack::pack, module)?)?;
     module.add_function(wrap_pyfunction!(streamer::config_defaults, module)?)?;
