@@ -78,7 +78,9 @@ def synth(
 
     ``layers`` × ``experts`` blobs of about ``blob_bytes`` each, whose bytes
     are a pure function of ``(seed, layer, expert, offset)``. No blob
-    layouts: ``Lease.numpy`` has no roles on it, ``memoryview`` works.
+    layouts: ``Lease.numpy`` has no roles on it (``lease.numpy()`` is the
+    bytes). A vault larger than the free space is refused before anything
+    is made; Ctrl-C stops it and removes what it made.
     """
 
 class _PackSummary(TypedDict):
