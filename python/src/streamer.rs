@@ -91,7 +91,7 @@ impl Drop for Core {
 /// does any thread before the interpreter starts or after it ends. During
 /// the interpreter's shutdown, a thread that does not hold the GIL stops
 /// in `PyGILState_Ensure`, as any of Python's daemon threads does then.
-pub(crate) fn without_the_gil(work: impl FnOnce() + Send) {
+fn without_the_gil(work: impl FnOnce() + Send) {
     // SAFETY: Py_IsInitialized may be called from any thread, at any time.
     let initialized = unsafe { ffi::Py_IsInitialized() } != 0;
     // SAFETY: with the interpreter initialized, this reads the thread's
