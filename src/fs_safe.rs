@@ -18,7 +18,10 @@
 //! - a file's identity ([`file_id`], [`same_file`]) and its state, to
 //!   tell a file changed under a reader ([`FileState`]);
 //! - naming a symbolic link that leads nowhere ([`dangling_link`]), which
-//!   a model's cache leaves when its blob is removed.
+//!   a model's cache leaves when its blob is removed;
+//! - refusing, before a byte is written, a vault that its filesystem has
+//!   no room for ([`check_free_space`]: the packer's and the synthetic
+//!   vaults').
 //!
 //! What it must never do: open anything but a regular file (a FIFO would
 //! block the open forever, a device may act on being opened: files are
@@ -266,6 +269,46 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
         Ok(()) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
         Err(e) => Err(Error::io("cannot fsync directory", dir, &e)),
+    }
+}
+
+/// Refuses, before a byte is written, a vault of up to `needed` bytes that
+/// the filesystem meant to hold `dir` has no room for: the writes would
+/// fail only after filling the disk. `dir` may not exist yet (its nearest
+/// existing ancestor's filesystem is asked). When the free space cannot be
+/// known, nothing is refused: the writes will say.
+pub fn check_free_space(dir: &Path, needed: u128) -> Result<()> {
+    let Some(free) = sys::free_bytes(dir) else {
+        return Ok(());
+    };
+    if needed <= u128::from(free) {
+        return Ok(());
+    }
+    let needed = u64::try_from(needed).unwrap_or(u64::MAX);
+    Err(Error::new(
+        ErrorKind::Io,
+        format!(
+            "the vault needs {needed} bytes ({}) but its filesystem has {free} bytes ({}) free",
+            human_bytes(needed),
+            human_bytes(free)
+        ),
+    )
+    .with_path(dir))
+}
+
+/// `n` bytes for a person: "1.50 GiB".
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} bytes")
+    } else {
+        format!("{v:.2} {}", UNITS[unit])
     }
 }
 

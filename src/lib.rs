@@ -103,14 +103,16 @@ pub mod internals {
 
     /// Replacing only one's own file, as the histogram and the trace do
     /// (judge what is at the path, save atomically, remove killed writers'
-    /// temporary files; `src/fs_safe.rs`), and opening only a regular file,
+    /// temporary files; `src/fs_safe.rs`), the free-space check before a
+    /// vault is written, and opening only a regular file,
     /// never blocking: for the files the tool reads and writes itself
     /// (`smoe bench --plot`, the mmap baseline) and the packer's (its
     /// inputs' identities, its vault directory's files, its renames).
     pub mod files {
         pub use crate::fs_safe::{
-            examine_file, file_id, is_temp_file_name, judge_target, remove_leftover_temp_files,
-            same_file, save_checked, sync_dir, vault_file_key, FileId, Found, Target,
+            check_free_space, examine_file, file_id, is_temp_file_name, judge_target,
+            remove_leftover_temp_files, same_file, save_checked, sync_dir, vault_file_key, FileId,
+            Found, Target,
         };
         pub use crate::sys::{open_regular, FileKind, OpenRegularError};
     }

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use clap::Args;
 use smoe::vault::synth::SynthSpec;
-use smoe::vault::{DEFAULT_ALIGNMENT, ENTRY_BYTES, MAX_EXPERT_IDS};
+use smoe::vault::MAX_EXPERT_IDS;
 
 use crate::flags;
 use crate::output::{gb_per_s, human_bytes, out, Failure};
@@ -101,50 +101,17 @@ pub fn run(args: &SynthArgs) -> Result<(), Failure> {
 
 /// Writes `spec` into `dir` with a progress bar on a terminal; returns the
 /// path of `experts.smoe` and the seconds it took (including the final sync).
+/// A vault larger than the free space is refused before a byte is written
+/// (`SynthSpec::write`).
 pub fn write_with_progress(
     spec: &SynthSpec,
     dir: &Path,
     label: &str,
 ) -> Result<(PathBuf, f64), Failure> {
-    check_free_space(spec, dir)?;
     let bar = bytes_bar(spec.total_bytes(), label);
     let start = Instant::now();
     let result = spec.write(dir, &mut |done| bar.set_position(done));
     bar.finish_and_clear();
     let path = result?;
     Ok((path, start.elapsed().as_secs_f64()))
-}
-
-/// Refuses, before writing a byte, a vault larger than the space free on the
-/// filesystem that would hold it: it would fail after filling the disk.
-fn check_free_space(spec: &SynthSpec, dir: &Path) -> Result<(), Failure> {
-    let a = u64::from(DEFAULT_ALIGNMENT);
-    let ids = u64::from(spec.n_layers) * u64::from(spec.n_experts);
-    // Page 0, the table's region, the metadata, then every padded blob
-    // (u128: 2^20 blobs of 1 TiB do not fit a u64).
-    let mut needed = u128::from(a)
-        + u128::from(
-            (ids * ENTRY_BYTES as u64 + spec.meta_json().len() as u64).next_multiple_of(a),
-        );
-    needed += spec
-        .expert_layers()
-        .map(|l| {
-            (0..spec.n_experts)
-                .map(|e| u128::from(spec.blob_size(l, e).next_multiple_of(a)))
-                .sum::<u128>()
-        })
-        .sum::<u128>();
-    let Some(free) = smoe::internals::sys::free_bytes(dir) else {
-        return Ok(()); // not knowable here: the writes will say
-    };
-    if needed > u128::from(free) {
-        let needed = u64::try_from(needed).unwrap_or(u64::MAX);
-        return Err(Failure::Message(format!(
-            "{}: the vault needs {needed} bytes ({}) but its filesystem has {free} bytes ({}) free",
-            dir.display(),
-            human_bytes(needed),
-            human_bytes(free)
-        )));
-    }
-    Ok(())
 }

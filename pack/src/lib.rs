@@ -96,22 +96,6 @@ pub struct PackSummary {
     pub vault_id: String,
 }
 
-/// `n` bytes for a person: "1.50 GiB".
-fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["bytes", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} bytes")
-    } else {
-        format!("{v:.2} {}", UNITS[unit])
-    }
-}
-
 /// An upper bound of the bytes the vault (`experts.smoe` with `meta_bytes`
 /// of metadata, and the scout of `scout_tensors`) takes on disk.
 fn bytes_needed(
@@ -150,28 +134,6 @@ fn bytes_needed(
         .map(|(k, v)| k.len() + v.len() + 8)
         .sum();
     needed + (kvs + st + 4096) as u128
-}
-
-/// Refuses, before a byte is written, a vault that would not fit in the
-/// free space of the filesystem that is to hold `out_dir`: it would fail
-/// after filling the disk.
-fn check_free_space(out_dir: &Path, needed: u128) -> Result<()> {
-    let Some(free) = smoe::internals::sys::free_bytes(out_dir) else {
-        return Ok(()); // not knowable here: the writes will say
-    };
-    if needed > u128::from(free) {
-        let needed = u64::try_from(needed).unwrap_or(u64::MAX);
-        return Err(Error::new(
-            ErrorKind::Io,
-            format!(
-                "{}: the vault needs {needed} bytes ({}) but its filesystem has {free} bytes ({}) free",
-                out_dir.display(),
-                human_bytes(needed),
-                human_bytes(free)
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// Reads one blob's items from the source files, with zero padding
@@ -472,7 +434,7 @@ fn pack_cancellable(
         meta.len() as u64,
         &scout_tensors,
     );
-    check_free_space(out_dir, needed)?;
+    smoe::internals::files::check_free_space(out_dir, needed)?;
     remove_stale_temp_dirs(out_dir);
     let tmp = temp_dir_for(out_dir)?;
     if tmp.exists() {

@@ -48,6 +48,28 @@ class Error(Exception):
     def __str__(self) -> str:
         return self.message
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickle (multiprocessing hands a child's exception to its parent
+        # this way): the facts are keyword-only, which the default reduce
+        # (the class called with ``args``) loses, and an OSError's
+        # ``errno``, ``strerror`` and ``filename`` are not in ``__dict__``.
+        facts = {name: getattr(self, name) for name in _FACTS}
+        state = dict(self.__dict__)
+        if isinstance(self, OSError):
+            state.update(
+                errno=self.errno, strerror=self.strerror, filename=self.filename, filename2=self.filename2
+            )
+        return (_rebuild, (type(self), self.message, facts), state)
+
+
+# The facts an Error carries, its constructor's keywords.
+_FACTS = ("path", "layer", "expert", "offset", "length", "os_error")
+
+
+def _rebuild(cls: type[Error], message: str, facts: dict[str, object]) -> Error:
+    """An unpickled error: its class called as the library calls it."""
+    return cls(message, **facts)  # type: ignore[arg-type]
+
 
 class ArgumentError(Error, ValueError):
     """A value out of range or malformed (``SMOE_ERR_ARGUMENT``)."""

@@ -85,7 +85,9 @@ def synth(
 
     ``layers`` × ``experts`` blobs of about ``blob_bytes`` each, whose bytes
     are a pure function of ``(seed, layer, expert, offset)``. No blob
-    layouts: ``Lease.numpy`` has no roles on it, ``memoryview`` works.
+    layouts: ``Lease.numpy`` has no roles on it (``lease.numpy()`` is the
+    bytes). A vault larger than the free space is refused before anything
+    is made; Ctrl-C stops it and removes what it made.
     """
 
 class _PackSummary(TypedDict):
@@ -191,12 +193,23 @@ class Streamer:
     ) -> bool: ...
 
 @final
+class LeaseView:
+    """A counted view of a lease's bytes, as an object: the claim stays held while it lives.
+
+    The object behind each buffer of a lease, and the base of ``Lease.numpy()``'s
+    arrays. The buffer protocol (read-only, format ``B``); nothing releases it.
+    """
+
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+
+@final
 class Lease:
     """A claimed expert: its bytes stay in their slot, unchanged, until released.
 
-    Read-only views without a copy: ``memoryview(lease)``,
-    ``numpy.frombuffer(lease, ...)``, ``numpy.from_dlpack(lease)``,
-    ``torch.from_dlpack(lease)``, ``lease.numpy(role)``, ``lease.torch(role)``.
+    Read-only views without a copy: ``lease.numpy(role)``,
+    ``lease.torch(role)``, ``numpy.from_dlpack(lease)``,
+    ``torch.from_dlpack(lease)``, ``memoryview(lease)``,
+    ``numpy.frombuffer(lease, ...)``, ``torch.frombuffer(lease, ...)``.
     A release while a view is alive is deferred until the last view is gone
     (``strict=True``: raises ``BufferError``). After ``release()`` the
     methods raise ``smoe.Stale``.
@@ -220,8 +233,8 @@ class Lease:
         """Whether ``release()`` was called."""
     def release(self) -> None:
         """Releases the claim (deferred while a view is alive)."""
-    def numpy(self, role: str) -> numpy.typing.NDArray[Any]:
-        """A read-only array of one item of the layer's blob layout (``gate``, ``up``, ``down``, ...)."""
+    def numpy(self, role: str | None = None) -> numpy.typing.NDArray[Any]:
+        """A read-only array of one item of the layer's blob layout (``gate``, ``up``, ``down``, ...); without a role, the claim's bytes as uint8."""
     def torch(self, role: str) -> _torch.Tensor:
         """A torch tensor of one item of the layout, without a copy (read-only by contract); uint8 for quantized types."""
     def __dlpack__(

@@ -461,8 +461,13 @@ def from_pretrained(
     cls = AutoModelForCausalLM if model_class is None else model_class
 
     config = kwargs.pop("config", None)
+    # The model's dtype, not a configuration override: AutoConfig would take
+    # dtype="auto" as config.dtype, which transformers then looks up in torch.
+    dtype = kwargs.pop("dtype", None)
     if config is None and (path / "config.json").is_file():
         config, kwargs = AutoConfig.from_pretrained(path, return_unused_kwargs=True, **kwargs)
+    if dtype is not None:
+        kwargs["dtype"] = dtype
     if config is not None:
         skeleton, model_name, experts = _skeleton(cls, config)
         concrete = type(skeleton)

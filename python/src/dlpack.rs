@@ -20,6 +20,34 @@ use crate::lease::View;
 pub(crate) const CPU_DEVICE: (i32, i32) = (K_DL_CPU, 0);
 
 const K_DL_CPU: i32 = 1;
+
+/// `DLDeviceType`'s names (dlpack.h), for messages.
+const DEVICE_TYPES: &[(i32, &str)] = &[
+    (1, "kDLCPU"),
+    (2, "kDLCUDA"),
+    (3, "kDLCUDAHost"),
+    (4, "kDLOpenCL"),
+    (7, "kDLVulkan"),
+    (8, "kDLMetal"),
+    (9, "kDLVPI"),
+    (10, "kDLROCM"),
+    (11, "kDLROCMHost"),
+    (12, "kDLExtDev"),
+    (13, "kDLCUDAManaged"),
+    (14, "kDLOneAPI"),
+    (15, "kDLWebGPU"),
+    (16, "kDLHexagon"),
+    (17, "kDLMAIA"),
+];
+
+/// A DLPack device as Python writes the pair, with its type's name:
+/// `(2, 0) (kDLCUDA)`.
+pub(crate) fn device_name((device_type, device_id): (i32, i32)) -> String {
+    match DEVICE_TYPES.iter().find(|(t, _)| *t == device_type) {
+        Some((_, name)) => format!("({device_type}, {device_id}) ({name})"),
+        None => format!("({device_type}, {device_id}) (an unknown device type)"),
+    }
+}
 /// `kDLUInt`.
 const K_DL_UINT: u8 = 1;
 /// `DLPACK_FLAG_BITMASK_READ_ONLY`.

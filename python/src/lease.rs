@@ -1,16 +1,20 @@
 //! `smoe.Lease`: one claim, and the views of its bytes.
 //!
 //! The rule this module keeps: no view (a `memoryview`, a numpy array, a
-//! DLPack tensor, a torch tensor) ever shows a slot whose claim was released, and no claim
-//! is released while one does. Every view counts itself in the lease's
-//! [`Held`] and uncounts itself when it is gone; `release()` (or the end of
-//! a `with` block) releases the claim at once when no view is alive, and
-//! otherwise marks it, so that the last view to go releases it (under
-//! `strict=True` it raises instead). A lease keeps its streamer's [`Core`]
-//! alive, so the ring outlives every lease and view, even past `close()`.
+//! DLPack tensor, a torch tensor) ever shows a slot whose claim was
+//! released, and no claim is released while one does. Every view counts
+//! itself in the lease's [`Held`] and uncounts itself when it is gone;
+//! `release()` (or the end of a `with` block) releases the claim at once
+//! when no view is alive, and otherwise marks it, so that the last view to
+//! go releases it (under `strict=True` it raises instead). A view is an
+//! object the consumer keeps, whose only way to end is its own death: a
+//! [`LeaseView`] (the object behind every buffer, and the base of
+//! `lease.numpy()`'s arrays) or a DLPack tensor (`dlpack`). A held claim
+//! keeps its streamer's [`Core`] alive, so the ring outlives every view,
+//! even past `close()`; the claim's release lets go of it, so the last
+//! release of a closed streamer tears it down.
 
 use std::ffi::{c_int, c_void, CStr};
-use std::mem::ManuallyDrop;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -23,27 +27,26 @@ use smoe::SlotInfo;
 use crate::dlpack;
 use crate::errors;
 use crate::layout::{numpy_type, torch_type, Item, NumpyType};
-use crate::streamer::{drop_core, Core};
+use crate::streamer::Core;
 
-/// How many views are alive, and whether the claim was released (or asked
-/// to be).
-#[derive(Debug, Default)]
+/// How many views are alive, whether the claim's release was asked, and
+/// the streamer while the claim is held.
 struct Views {
     alive: usize,
     /// `release()` was called (or the `with` block ended): the lease's own
     /// methods raise from then on.
     release_asked: bool,
-    /// The claim was released in the library.
-    ticket_returned: bool,
+    /// The streamer, until the claim is released in the library: then it
+    /// is taken and dropped (the last reference of a closed streamer tears
+    /// it down, see `Core`'s drop).
+    core: Option<Arc<Core>>,
 }
 
 /// What a lease and its views share: the claim, and its views' count.
 pub(crate) struct Held {
-    /// Dropped by `Held`'s drop, through [`drop_core`]: the last reference
-    /// tears the streamer down (without the GIL when the lease's own drop
-    /// is the last: see `Lease`'s drop).
-    core: ManuallyDrop<Arc<Core>>,
     info: SlotInfo,
+    /// `Streamer(..., strict=True)`.
+    strict: bool,
     views: Mutex<Views>,
 }
 
@@ -72,18 +75,25 @@ impl Held {
     pub(crate) fn drop_view(&self) {
         let mut views = self.views();
         views.alive = views.alive.saturating_sub(1);
-        if views.alive == 0 && views.release_asked && !views.ticket_returned {
-            self.release_now(&mut views);
-        }
+        let core = if views.alive == 0 && views.release_asked {
+            self.release_now(&mut views)
+        } else {
+            None
+        };
+        drop(views);
+        // After the lock: perhaps the teardown.
+        drop(core);
     }
 
-    /// Releases the claim in the library.
-    fn release_now(&self, views: &mut Views) {
-        views.ticket_returned = true;
+    /// Releases the claim in the library, unless it was already; the
+    /// streamer, which the caller drops once it has let go of the lock.
+    fn release_now(&self, views: &mut Views) -> Option<Arc<Core>> {
+        let core = views.core.take()?;
         // A ticket this lease holds: it cannot be stale.
-        let _ = self.core.streamer.release_ticket(self.info.ticket);
+        let _ = core.streamer.release_ticket(self.info.ticket);
         // Release: pairs with `close()`'s Acquire in strict mode.
-        self.core.held.fetch_sub(1, Ordering::Release);
+        core.held.fetch_sub(1, Ordering::Release);
+        Some(core)
     }
 
     fn released_error(&self, py: Python<'_>) -> PyErr {
@@ -109,20 +119,16 @@ impl Held {
 
 impl Drop for Held {
     /// The lease and every view are gone: a claim not released yet is
-    /// released now.
+    /// released now, and the streamer let go of (perhaps its teardown, on
+    /// whatever thread this is: see `Core`'s drop).
     fn drop(&mut self) {
         let views = self.views.get_mut().unwrap_or_else(|p| p.into_inner());
-        if !views.ticket_returned {
-            views.ticket_returned = true;
-            let _ = self.core.streamer.release_ticket(self.info.ticket);
-            self.core.held.fetch_sub(1, Ordering::Release);
+        let core = views.core.take();
+        if let Some(core) = &core {
+            let _ = core.streamer.release_ticket(self.info.ticket);
+            core.held.fetch_sub(1, Ordering::Release);
         }
-        // SAFETY: taken once, here, and `self.core` is not used after.
-        let core = unsafe { ManuallyDrop::take(&mut self.core) };
-        // Attached or not, this thread cannot tell (a DLPack consumer
-        // drops its tensor from any thread); a lease's own drop, which is
-        // attached, lets go of the GIL before it drops the last `Held`.
-        drop_core(core, None);
+        drop(core);
     }
 }
 
@@ -141,40 +147,115 @@ impl Drop for View {
     }
 }
 
+/// A view of a lease's bytes, as an object: the claim stays held while it
+/// lives.
+///
+/// Every buffer of a lease (``memoryview(lease)``,
+/// ``torch.frombuffer(lease)``) is exported by one of these, made for it,
+/// and ``lease.numpy()``'s arrays rest on one (``array.base``): a consumer
+/// that keeps the buffer's object keeps the claim. It has the buffer
+/// protocol (the claim's bytes, read-only, format ``B``) and nothing that
+/// releases it: it goes with the last reference to it.
+#[pyclass(frozen, module = "smoe", name = "LeaseView")]
+pub(crate) struct LeaseView(View);
+
+#[pymethods]
+impl LeaseView {
+    /// The buffer protocol, as the lease's; every buffer's object is this
+    /// view itself. No ``__releasebuffer__``: a buffer released (a
+    /// ``memoryview.release()``) only drops its reference to this view.
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        let held = slf.get().0.held();
+        let (data, size) = (held.data(), held.size());
+        // SAFETY: `view` is the Py_buffer CPython hands `bf_getbuffer`; the
+        // bytes stay valid while `slf`, which the buffer keeps, lives (its
+        // count keeps the claim held and the streamer alive).
+        unsafe { fill_buffer(slf.into_any(), data, size, view, flags) }
+    }
+
+    fn __repr__(&self) -> String {
+        let info = &self.0.held().info;
+        format!(
+            "<smoe.LeaseView layer {} expert {}: {} bytes>",
+            info.layer, info.expert, info.size
+        )
+    }
+}
+
+/// Fills `view` with the `size` bytes at `data`, read-only, one dimension
+/// of unsigned bytes, its object `obj`; refuses a writable buffer.
+///
+/// # Safety
+///
+/// `view` is null or a `Py_buffer` CPython handed a `bf_getbuffer` to
+/// fill, and the bytes stay valid and unchanged while `obj` lives.
+unsafe fn fill_buffer(
+    obj: Bound<'_, PyAny>,
+    data: *const u8,
+    size: u64,
+    view: *mut ffi::Py_buffer,
+    flags: c_int,
+) -> PyResult<()> {
+    if view.is_null() {
+        return Err(PyBufferError::new_err("no Py_buffer to fill"));
+    }
+    if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
+        return Err(PyBufferError::new_err(
+            "a lease is read-only: its bytes are the ring's",
+        ));
+    }
+    // SAFETY: `view` is the non-null Py_buffer to fill (the caller's
+    // promise); `buf` stays valid while `obj`, which the buffer keeps
+    // (a new reference), lives. `shape` and `strides` point into the
+    // Py_buffer itself, as CPython's own PyBuffer_FillInfo does.
+    unsafe {
+        (*view).buf = data as *mut c_void;
+        (*view).len = size as isize;
+        (*view).readonly = 1;
+        (*view).itemsize = 1;
+        (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
+            FORMAT_BYTES.as_ptr() as *mut _
+        } else {
+            std::ptr::null_mut()
+        };
+        (*view).ndim = 1;
+        (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
+            &mut (*view).len
+        } else {
+            std::ptr::null_mut()
+        };
+        (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
+            &mut (*view).itemsize
+        } else {
+            std::ptr::null_mut()
+        };
+        (*view).suboffsets = std::ptr::null_mut();
+        (*view).internal = std::ptr::null_mut();
+        (*view).obj = obj.into_ptr();
+    }
+    Ok(())
+}
+
 /// A claimed expert: its bytes stay in their slot, unchanged, until the
 /// lease is released.
 ///
-/// Read them without a copy through the buffer protocol
-/// (``memoryview(lease)``, ``numpy.frombuffer(lease, ...)``), DLPack
-/// (``numpy.from_dlpack(lease)``, ``torch.from_dlpack(lease)``),
-/// ``lease.numpy(role)`` or ``lease.torch(role)``; every view is read-only
-/// (a torch tensor by contract: torch has no read-only tensors). ``release()``, or the end of a ``with lease:`` block,
-/// releases the claim: at once if no view is alive, else when the last
-/// view is gone (``Streamer(..., strict=True)``: raises instead). After
-/// ``release()`` the lease's methods raise ``smoe.Stale``; ``layer``,
-/// ``expert``, ``hit``, ``size`` and ``slot_index`` stay readable.
+/// Read them without a copy through ``lease.numpy(role)``,
+/// ``lease.torch(role)``, DLPack (``numpy.from_dlpack(lease)``,
+/// ``torch.from_dlpack(lease)``) or the buffer protocol
+/// (``memoryview(lease)``, ``numpy.frombuffer(lease, ...)``); every view
+/// is read-only (a torch tensor by contract: torch has no read-only
+/// tensors). ``release()``, or the end of a ``with lease:`` block, releases
+/// the claim: at once if no view is alive, else when the last view is gone
+/// (``Streamer(..., strict=True)``: raises instead). After ``release()``
+/// the lease's methods raise ``smoe.Stale``; ``layer``, ``expert``,
+/// ``hit``, ``size`` and ``slot_index`` stay readable.
 #[pyclass(frozen, module = "smoe", name = "Lease")]
 pub(crate) struct Lease {
-    /// Dropped by the lease's drop, which lets go of the GIL when this is
-    /// the last reference.
-    held: ManuallyDrop<Arc<Held>>,
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        // SAFETY: taken once, here, and `self.held` is not used after.
-        let held = unsafe { ManuallyDrop::take(&mut self.held) };
-        if Arc::strong_count(&held) == 1 && Arc::strong_count(&held.core) == 1 {
-            // The last lease of a closed streamer: dropping it tears the
-            // streamer down (see `drop_core`).
-            // SAFETY: every `Lease` is dropped on an attached thread: by its
-            // Python object's deallocation, by PyO3 when making that object
-            // fails, or by `wait()` while attached; none is made inside
-            // `detach`.
-            let py = unsafe { Python::assume_attached() };
-            py.detach(move || drop(held));
-        }
-    }
+    held: Arc<Held>,
 }
 
 impl Lease {
@@ -184,18 +265,41 @@ impl Lease {
         // that ends it is Release.
         core.held.fetch_add(1, Ordering::Relaxed);
         Lease {
-            held: ManuallyDrop::new(Arc::new(Held {
-                core: ManuallyDrop::new(core),
+            held: Arc::new(Held {
                 info,
-                views: Mutex::new(Views::default()),
-            })),
+                strict: core.strict,
+                views: Mutex::new(Views {
+                    alive: 0,
+                    release_asked: false,
+                    core: Some(core),
+                }),
+            }),
         }
+    }
+
+    /// Marks the release asked (`views` is the held lock) and, with no
+    /// view alive, releases the claim.
+    fn ask_release(&self, mut views: MutexGuard<'_, Views>) {
+        views.release_asked = true;
+        let core = if views.alive == 0 {
+            self.held.release_now(&mut views)
+        } else {
+            None
+        };
+        drop(views);
+        // After the lock: perhaps the teardown of a closed streamer.
+        drop(core);
     }
 
     /// A new counted view, or `smoe.Stale` after `release()`.
     fn view(&self, py: Python<'_>) -> PyResult<View> {
         self.held.add_view(py)?;
         Ok(View(Arc::clone(&self.held)))
+    }
+
+    /// A new counted view as an object (see [`LeaseView`]).
+    fn view_object<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, LeaseView>> {
+        Bound::new(py, LeaseView(self.view(py)?))
     }
 
     fn check_held(&self, py: Python<'_>) -> PyResult<()> {
@@ -208,15 +312,18 @@ impl Lease {
     /// The layout's item of `role` for this lease's layer, checked to lie
     /// inside the claim; `smoe.Stale` after `release()`.
     fn item(&self, py: Python<'_>, role: &str) -> PyResult<Item> {
-        self.check_held(py)?;
         let info = &self.held.info;
-        let item = self
-            .held
-            .core
-            .layouts
-            .item(info.layer, role)
-            .map_err(|why| errors::argument(py, why))?
-            .clone();
+        let found = {
+            let views = self.held.views();
+            match (&views.core, views.release_asked) {
+                (Some(core), false) => Some(core.layouts.item(info.layer, role).cloned()),
+                _ => None,
+            }
+        };
+        // The errors are made after the lock is let go (they run Python).
+        let item = found
+            .ok_or_else(|| self.held.released_error(py))?
+            .map_err(|why| errors::argument(py, why))?;
         if item
             .offset
             .checked_add(item.bytes)
@@ -300,22 +407,19 @@ impl Lease {
     /// view is alive raises ``BufferError`` and changes nothing. A second
     /// release raises ``smoe.Stale``.
     fn release(&self, py: Python<'_>) -> PyResult<()> {
-        let mut views = self.held.views();
+        let views = self.held.views();
         if views.release_asked {
             drop(views);
             return Err(self.held.released_error(py));
         }
-        if views.alive > 0 && self.held.core.strict {
+        if views.alive > 0 && self.held.strict {
             return Err(PyBufferError::new_err(format!(
                 "layer {} expert {}: {} view(s) of this lease are alive (a memoryview, a \
                  numpy array, a DLPack tensor); strict=True refuses to defer the release",
                 self.held.info.layer, self.held.info.expert, views.alive
             )));
         }
-        views.release_asked = true;
-        if views.alive == 0 {
-            self.held.release_now(&mut views);
-        }
+        self.ask_release(views);
         Ok(())
     }
 
@@ -336,18 +440,15 @@ impl Lease {
         _traceback: Option<Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
         let unwinding = exc_type.is_some_and(|t| !t.is_none());
-        let mut views = self.held.views();
+        let views = self.held.views();
         if views.release_asked {
             return Ok(false);
         }
-        if views.alive > 0 && self.held.core.strict && !unwinding {
+        if views.alive > 0 && self.held.strict && !unwinding {
             drop(views);
             return self.release(py).map(|()| false);
         }
-        views.release_asked = true;
-        if views.alive == 0 {
-            self.held.release_now(&mut views);
-        }
+        self.ask_release(views);
         Ok(false)
     }
 
@@ -356,33 +457,62 @@ impl Lease {
     /// ``gate_up``, ``*_bias``...), without a copy: the item's dtype and
     /// shape for plain types (``F32``, ``F16``, ``BF16`` where numpy knows
     /// ``bfloat16``, integers); one dimension of ``uint8`` for quantized
-    /// GGML types and anything else. The array is a view: it keeps the
-    /// claim held until it is gone.
-    fn numpy<'py>(slf: &Bound<'py, Self>, role: &str) -> PyResult<Bound<'py, PyAny>> {
+    /// GGML types and anything else. Without a role, the claim's bytes as
+    /// one dimension of ``uint8``. The array is a view: it keeps the claim
+    /// held until it is gone (its base, a ``smoe.LeaseView``, has nothing
+    /// that releases it). Needs numpy (``pip install 'smoe[numpy]'``).
+    #[pyo3(signature = (role = None))]
+    fn numpy<'py>(slf: &Bound<'py, Self>, role: Option<&str>) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let lease = slf.get();
-        let item = lease.item(py, role)?;
-        let numpy = py.import("numpy")?;
-        let typed = match numpy_type(&item.dtype) {
-            NumpyType::Typed(name, size) => Some((numpy.call_method1("dtype", (name,))?, size)),
-            NumpyType::Bfloat16 => numpy
-                .call_method1("dtype", ("bfloat16",))
-                .ok()
-                .map(|dtype| (dtype, 2)),
-            NumpyType::Raw => None,
-        };
-        let (dtype, size, shape) = match typed {
-            Some((dtype, size)) => {
-                lease.check_elements(py, &item, size)?;
-                (dtype, size, item.shape.clone())
+        let item = match role {
+            Some(role) => Some(lease.item(py, role)?),
+            None => {
+                lease.check_held(py)?;
+                None
             }
-            None => (numpy.call_method1("dtype", ("u1",))?, 1, vec![item.bytes]),
         };
+        let numpy = py.import("numpy").map_err(|e| {
+            let error = PyImportError::new_err(
+                "Lease.numpy needs numpy: pip install 'smoe[numpy]' (or numpy itself)",
+            );
+            error.set_cause(py, Some(e));
+            error
+        })?;
+        let bytes = numpy.call_method1("dtype", ("u1",))?;
+        let (dtype, offset, shape) = match item {
+            None => (bytes, 0, vec![lease.held.info.size]),
+            Some(item) => {
+                let typed = match numpy_type(&item.dtype) {
+                    NumpyType::Typed(name, size) => {
+                        Some((numpy.call_method1("dtype", (name,))?, size))
+                    }
+                    NumpyType::Bfloat16 => numpy
+                        .call_method1("dtype", ("bfloat16",))
+                        .ok()
+                        .map(|dtype| (dtype, 2)),
+                    NumpyType::Raw => None,
+                };
+                match typed {
+                    Some((dtype, size)) => {
+                        lease.check_elements(py, &item, size)?;
+                        (dtype, item.offset, item.shape.clone())
+                    }
+                    None => (bytes, item.offset, vec![item.bytes]),
+                }
+            }
+        };
+        let elements: u64 = shape.iter().product();
         let kwargs = PyDict::new(py);
         kwargs.set_item("dtype", dtype)?;
-        kwargs.set_item("count", item.bytes / size)?;
-        kwargs.set_item("offset", item.offset)?;
-        let flat = numpy.call_method("frombuffer", (slf,), Some(&kwargs))?;
+        kwargs.set_item("count", elements)?;
+        kwargs.set_item("offset", offset)?;
+        // numpy keeps the view object itself as the array's base (its type
+        // has no releasebuffer slot, so numpy wraps it in no memoryview).
+        let flat = numpy.call_method("frombuffer", (lease.view_object(py)?,), Some(&kwargs))?;
+        if shape.len() == 1 {
+            return Ok(flat);
+        }
         flat.call_method1("reshape", (PyTuple::new(py, shape)?,))
     }
 
@@ -455,10 +585,11 @@ impl Lease {
                 "a lease is CPU memory: stream must be None",
             ));
         }
-        if dl_device.is_some_and(|d| d != dlpack::CPU_DEVICE) {
+        if let Some(device) = dl_device.filter(|&d| d != dlpack::CPU_DEVICE) {
             return Err(PyBufferError::new_err(format!(
-                "a lease is CPU memory (device {:?}); it cannot be exported to {dl_device:?}",
-                dlpack::CPU_DEVICE
+                "a lease is CPU memory, device {}; it cannot be exported to {}",
+                dlpack::device_name(dlpack::CPU_DEVICE),
+                dlpack::device_name(device)
             )));
         }
         if copy == Some(true) {
@@ -485,62 +616,33 @@ impl Lease {
     }
 
     /// The buffer protocol: the claim's ``size`` bytes, read-only, one
-    /// dimension of unsigned bytes; each buffer is a counted view.
+    /// dimension of unsigned bytes. Each buffer's object is a new
+    /// ``smoe.LeaseView``: a counted view for as long as the consumer keeps
+    /// it (``torch.frombuffer`` keeps it for its tensor's life).
     unsafe fn __getbuffer__(
         slf: Bound<'_, Self>,
         view: *mut ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
         let py = slf.py();
-        if view.is_null() {
-            return Err(PyBufferError::new_err("no Py_buffer to fill"));
-        }
-        if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
-            return Err(PyBufferError::new_err(
-                "a lease is read-only: its bytes are the ring's",
-            ));
-        }
         let lease = slf.get();
-        lease.held.add_view(py)?;
-        let info = &lease.held.info;
-        // SAFETY: `view` is the non-null Py_buffer CPython hands
-        // `bf_getbuffer` to fill. `buf` stays valid and unchanged while the
-        // buffer lives: the view counted above keeps the claim held (its
-        // slot never reloaded) and `obj` keeps the lease, and so the
-        // streamer's ring, alive until `__releasebuffer__`. `shape` and
-        // `strides` point into the Py_buffer itself, as CPython's own
-        // PyBuffer_FillInfo does.
-        unsafe {
-            (*view).buf = info.data as *mut c_void;
-            (*view).len = info.size as isize;
-            (*view).readonly = 1;
-            (*view).itemsize = 1;
-            (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
-                FORMAT_BYTES.as_ptr() as *mut _
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).ndim = 1;
-            (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
-                &mut (*view).len
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
-                &mut (*view).itemsize
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).suboffsets = std::ptr::null_mut();
-            (*view).internal = std::ptr::null_mut();
-            (*view).obj = slf.into_any().into_ptr();
-        }
-        Ok(())
+        let object = lease.view_object(py)?;
+        let (data, size) = (lease.held.data(), lease.held.size());
+        // SAFETY: `view` is the Py_buffer CPython hands `bf_getbuffer`; the
+        // bytes stay valid while `object`, which the buffer keeps, lives:
+        // its count keeps the claim held (its slot never reloaded) and the
+        // streamer, and so its ring, alive. Refused, the object is dropped
+        // here and its count with it.
+        unsafe { fill_buffer(object.into_any(), data, size, view, flags) }
     }
 
-    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {
-        self.held.drop_view();
-    }
+    /// Never called: each buffer's object is its ``LeaseView``, whose type
+    /// has no releasebuffer slot, so CPython calls none. The slot is here
+    /// for the consumers that look at the lease's type: numpy.frombuffer
+    /// and numpy.asarray keep the buffer of a type that has one in a
+    /// memoryview (which keeps the ``LeaseView``); without it they would
+    /// keep the lease and let the buffer go, and its count with it.
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
 
     fn __repr__(&self) -> String {
         let info = &self.held.info;

@@ -13,11 +13,14 @@
 //! - `errors`: the library's errors as the `smoe.Error` family.
 //! - `synth`: `smoe.synth`, the library's synthetic vaults.
 //! - `pack`: `smoe.pack`, the packer.
+//! - `interrupt`: long work (a pack, a synthetic vault) on its own thread,
+//!   stopped by Ctrl-C.
 //! - `testing` (feature `test-hooks`): a gated reader for the tests.
 
 mod config;
 mod dlpack;
 mod errors;
+mod interrupt;
 mod layout;
 mod lease;
 mod pack;
@@ -34,6 +37,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::init(module)?;
     module.add_class::<streamer::Streamer>()?;
     module.add_class::<lease::Lease>()?;
+    module.add_class::<lease::LeaseView>()?;
     module.add_function(wrap_pyfunction!(synth::synth, module)?)?;
     module.add_function(wrap_pyfunction!(pack::pack, module)?)?;
     module.add_function(wrap_pyfunction!(streamer::config_defaults, module)?)?;

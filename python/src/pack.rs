@@ -2,20 +2,13 @@
 //! a Python user who has the package and not the command-line tool.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
-use std::time::Duration;
 
-use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use smoe_pack::{PackOptions, SourceKind};
 
 use crate::errors;
-
-/// How often a pack's caller, waiting for it with the GIL released, takes
-/// the GIL back for a moment to run signal handlers (Ctrl-C).
-const SIGNAL_EVERY: Duration = Duration::from_millis(50);
+use crate::interrupt;
 
 /// Packs the model at ``source`` (a GGUF file or the first part of a split
 /// one, a safetensors file, a checkpoint directory or its index) into a
@@ -39,54 +32,17 @@ pub(crate) fn pack<'py>(
     out_dir: PathBuf,
     force: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let cancel = AtomicBool::new(false);
-    let (packed, raised) = std::thread::scope(|scope| {
-        let (done, finished) = mpsc::channel();
-        let (source, out_dir, cancel) = (&source, &out_dir, &cancel);
-        // The pack, on its own thread: this one keeps answering signals
-        // whatever phase the packer is in.
-        let worker = scope.spawn(move || {
+    let packed = interrupt::run(
+        py,
+        "smoe.pack: the packer panicked; nothing of out_dir was kept",
+        |cancel| {
             let opts = PackOptions {
                 force,
                 cancel: Some(cancel),
             };
-            let packed = smoe_pack::pack(source, out_dir, &opts, &mut |_, _| {});
-            // The receiver outlives the scope's threads.
-            let _ = done.send(());
-            packed
-        });
-        let mut raised: Option<PyErr> = None;
-        let mut finished = finished;
-        loop {
-            let (ended, back) = py.detach(move || {
-                let ended = finished.recv_timeout(SIGNAL_EVERY).is_ok();
-                (ended, finished)
-            });
-            finished = back;
-            if ended || worker.is_finished() {
-                break;
-            }
-            if raised.is_none() {
-                if let Err(err) = py.check_signals() {
-                    raised = Some(err);
-                    // Relaxed: the flag publishes nothing; the packer only
-                    // asks whether it is set, and removes what it wrote.
-                    cancel.store(true, Ordering::Relaxed);
-                }
-            }
-        }
-        // Joined with the GIL released: the packer never takes it.
-        let packed = py.detach(move || worker.join());
-        (packed, raised)
-    });
-    if let Some(err) = raised {
-        // The packer saw the flag and removed what it wrote, or had just
-        // finished (then the vault is whole), or panicked: the signal wins.
-        return Err(err);
-    }
-    let packed = packed.map_err(|_| {
-        PyRuntimeError::new_err("smoe.pack: the packer panicked; nothing of out_dir was kept")
-    })?;
+            smoe_pack::pack(&source, &out_dir, &opts, &mut |_, _| {})
+        },
+    )?;
     let summary = packed.map_err(|err| errors::to_py(py, &err))?;
     let out = PyDict::new(py);
     out.set_item("out_dir", &summary.out_dir)?;

@@ -2,12 +2,14 @@
 //! the GIL released, and stoppable: Ctrl-C or a `close()` from another
 //! thread ends one within [`WAIT_SLICE`].
 
+use std::mem::ManuallyDrop;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyBufferError, PyRuntimeError};
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use smoe::{Priority, SlotInfo};
@@ -25,10 +27,13 @@ const WAIT_SLICE: Duration = Duration::from_millis(50);
 
 /// What every lease of a streamer shares with it: the library's streamer,
 /// kept alive (its ring mapped, its threads running) until the Python
-/// `Streamer` is closed or gone *and* the last lease has really been
-/// released.
+/// `Streamer` is closed or gone *and* the last claim of it has been
+/// released (a lease released with no view alive, or its last view gone).
+/// Dropping the last `Arc<Core>` tears the library's streamer down, from
+/// whichever thread drops it, without the GIL (see its `Drop`).
 pub(crate) struct Core {
-    pub(crate) streamer: smoe::Streamer,
+    /// Dropped by `Core`'s drop.
+    pub(crate) streamer: ManuallyDrop<smoe::Streamer>,
     /// `Streamer(..., strict=True)`.
     pub(crate) strict: bool,
     /// Set by `close()`: a wait in another thread gives up within
@@ -47,13 +52,64 @@ impl Core {
     fn new(streamer: smoe::Streamer, strict: bool) -> Core {
         let layouts = Layouts::parse(streamer.vault().meta());
         Core {
-            streamer,
+            streamer: ManuallyDrop::new(streamer),
             strict,
             closed: AtomicBool::new(false),
             held: AtomicUsize::new(0),
             layouts,
             pid: std::process::id(),
         }
+    }
+}
+
+impl Drop for Core {
+    /// Stops and joins the library's threads and writes the claim histogram
+    /// and the trace (fsyncs): with the GIL released, so that collecting a
+    /// streamer, releasing its last lease or dropping its last view does
+    /// not stop every other Python thread meanwhile.
+    fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            // A forked child's copy: its teardown would join threads that
+            // do not exist here and write the parent's histogram. The
+            // parent frees the ring; the child's copy goes with the child.
+            return;
+        }
+        // SAFETY: taken once, here, and `self.streamer` is not used after.
+        let streamer = unsafe { ManuallyDrop::take(&mut self.streamer) };
+        without_the_gil(move || drop(streamer));
+    }
+}
+
+/// Runs `work`, which never takes the GIL, on this thread with the GIL not
+/// held by it, whatever the thread: one attached to Python (a method's, a
+/// deallocation's, a DLPack deleter called from either) lets go of the GIL
+/// for it and takes it back after. The stable ABI cannot tell whether this
+/// thread holds the GIL, but `PyGILState_Ensure` can: it returns at once
+/// on a thread that holds it, and otherwise takes it, so that it can be let
+/// go of the same way. A thread Python never knew (a consumer's own thread
+/// freeing a DLPack tensor) holds no GIL and runs `work` as it stands, as
+/// does any thread before the interpreter starts or after it ends. During
+/// the interpreter's shutdown, a thread that does not hold the GIL stops
+/// in `PyGILState_Ensure`, as any of Python's daemon threads does then.
+fn without_the_gil(work: impl FnOnce() + Send) {
+    // SAFETY: Py_IsInitialized may be called from any thread, at any time.
+    let initialized = unsafe { ffi::Py_IsInitialized() } != 0;
+    // SAFETY: with the interpreter initialized, this reads the thread's
+    // entry in the interpreter's thread-state table, and takes no lock.
+    if !initialized || unsafe { ffi::PyGILState_GetThisThreadState() }.is_null() {
+        work();
+        return;
+    }
+    let mut work = Some(work);
+    // Not attached when PyO3 refuses (the interpreter shutting down, a
+    // garbage collector's traversal): then it runs as it stands.
+    Python::try_attach(|py| {
+        if let Some(work) = work.take() {
+            py.detach(work);
+        }
+    });
+    if let Some(work) = work {
+        work();
     }
 }
 
@@ -123,8 +179,6 @@ impl Streamer {
         let core = core.ok_or_else(|| errors::closed(py))?;
         if core.pid != std::process::id() {
             let pid = core.pid;
-            // Not dropped here: see drop_core.
-            std::mem::forget(core);
             return Err(PyRuntimeError::new_err(format!(
                 "this streamer was opened in process {pid}, and this is a child it forked: \
                  its reads would never land (the I/O threads do not survive fork()); \
@@ -137,7 +191,7 @@ impl Streamer {
 
     /// `close()`; `strict` false closes even a strict streamer whose
     /// leases are held (its `with` block ending by an exception).
-    fn close_as(&self, py: Python<'_>, strict: bool) -> PyResult<()> {
+    fn close_as(&self, strict: bool) -> PyResult<()> {
         let core = {
             let mut slot = self.core.lock().unwrap_or_else(|p| p.into_inner());
             let Some(core) = slot.as_ref() else {
@@ -155,9 +209,9 @@ impl Streamer {
         if let Some(core) = core {
             // Release: a waiting thread that sees it gives up.
             core.closed.store(true, Ordering::Release);
-            // The last reference stops and joins the library's threads:
-            // without the GIL, which they never take.
-            drop_core(core, Some(py));
+            // The last reference tears the streamer down (see `Core`'s
+            // drop).
+            drop(core);
         }
         Ok(())
     }
@@ -257,9 +311,8 @@ impl Streamer {
             }),
         };
         // Perhaps the last reference (another thread closed the streamer
-        // meanwhile): its drop joins the library's threads, which must not
-        // wait for the GIL.
-        drop_core(core, Some(py));
+        // meanwhile): see `Core`'s drop.
+        drop(core);
         result
     }
 }
@@ -387,7 +440,7 @@ impl Streamer {
 
     /// The ring: ``(address, bytes, slot_bytes)``, for a host that
     /// registers it once with a device. The address stays valid while the
-    /// streamer or any of its leases lives.
+    /// streamer is open or any claim of it is held.
     fn ring_region(&self, py: Python<'_>) -> PyResult<(usize, u64, u64)> {
         let (base, bytes, slot_bytes) = self.core(py)?.streamer.ring_region();
         Ok((base as usize, bytes, slot_bytes))
@@ -438,11 +491,12 @@ impl Streamer {
     /// Closes the streamer: every later call raises ``smoe.ClosedError``; a
     /// second ``close()`` does nothing. Leases still held stay valid: the
     /// ring and the I/O threads are freed (and the claim histogram and the
-    /// trace written) when the last of them is released. With
+    /// trace written) when the last claim is released (the last lease
+    /// released with no view alive, or its last view gone). With
     /// ``strict=True`` a close while leases are held raises
     /// ``BufferError`` and closes nothing.
-    fn close(&self, py: Python<'_>) -> PyResult<()> {
-        self.close_as(py, true)
+    fn close(&self) -> PyResult<()> {
+        self.close_as(true)
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
@@ -456,13 +510,12 @@ impl Streamer {
     #[pyo3(signature = (exc_type = None, _exc = None, _traceback = None))]
     fn __exit__(
         &self,
-        py: Python<'_>,
         exc_type: Option<Bound<'_, PyAny>>,
         _exc: Option<Bound<'_, PyAny>>,
         _traceback: Option<Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
         let unwinding = exc_type.is_some_and(|t| !t.is_none());
-        self.close_as(py, !unwinding)?;
+        self.close_as(!unwinding)?;
         Ok(false)
     }
 
@@ -487,37 +540,9 @@ impl Drop for Streamer {
             .take()
         {
             core.closed.store(true, Ordering::Release);
-            // SAFETY: every `Streamer` is dropped on an attached thread: by
-            // its Python object's deallocation, or by PyO3 when making that
-            // object fails; none is made inside `detach`.
-            let py = unsafe { Python::assume_attached() };
-            drop_core(core, Some(py));
+            // Perhaps the last reference: see `Core`'s drop.
+            drop(core);
         }
-    }
-}
-
-/// Drops a reference to a [`Core`]. The last one stops and joins the
-/// library's threads and writes the claim histogram (fsyncs): given `py`
-/// (the caller is attached), that runs with the GIL released, as
-/// `close()` does, so that collecting a streamer or its last lease does not
-/// stop every other Python thread. Without it (a DLPack consumer's deleter,
-/// on a thread that may not be attached) it runs where it stands. Not the
-/// last, it is a counter's decrement. (Two last holders dropping at once on
-/// two threads may both see another: one teardown then keeps the GIL.)
-pub(crate) fn drop_core(core: Arc<Core>, py: Option<Python<'_>>) {
-    if core.pid != std::process::id() {
-        // A forked child's copy: its teardown would join threads that do
-        // not exist here and write the parent's histogram. The parent
-        // frees the ring; the child's copy goes with the child.
-        std::mem::forget(core);
-        return;
-    }
-    if Arc::strong_count(&core) > 1 {
-        return;
-    }
-    match py {
-        Some(py) => py.detach(move || drop(core)),
-        None => drop(core),
     }
 }
 

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use smoe::internals::sys::ReadError;
@@ -49,7 +50,8 @@ impl BlobReader for GatedReader {
     }
 }
 
-/// The gate of a streamer from ``open_gated``: reads wait until ``open()``.
+/// The gate of a streamer from ``open_gated``: reads wait until ``open()``
+/// (or ``open_after()``), and again after ``close()``.
 #[pyclass(frozen, module = "smoe._native._testing")]
 struct Gate(Arc<GateState>);
 
@@ -57,8 +59,32 @@ struct Gate(Arc<GateState>);
 impl Gate {
     /// Lets every read (waiting and later) through.
     fn open(&self) {
-        *self.0.open.lock().unwrap_or_else(|p| p.into_inner()) = true;
-        self.0.opened.notify_all();
+        self.0.set(true);
+    }
+
+    /// Holds every later read (and one already waiting) again.
+    fn close(&self) {
+        self.0.set(false);
+    }
+
+    /// Opens the gate ``seconds`` from now, from a thread that never takes
+    /// the GIL: it opens even while a teardown holds the GIL.
+    fn open_after(&self, seconds: f64) -> PyResult<()> {
+        let wait = Duration::try_from_secs_f64(seconds)
+            .map_err(|e| PyValueError::new_err(format!("seconds: {e}")))?;
+        let gate = Arc::clone(&self.0);
+        std::thread::spawn(move || {
+            std::thread::sleep(wait);
+            gate.set(true);
+        });
+        Ok(())
+    }
+}
+
+impl GateState {
+    fn set(&self, open: bool) {
+        *self.open.lock().unwrap_or_else(|p| p.into_inner()) = open;
+        self.opened.notify_all();
     }
 }
 

@@ -287,3 +287,129 @@ def test_with_closes(vault):
 def test_synth_checks_its_arguments(tmp_path):
     with pytest.raises(smoe.ArgumentError, match="every layer is dense"):
         smoe.synth(tmp_path, layers=1, experts=2, blob_bytes=100, dense_layers=[0])
+
+
+ERROR_CLASSES = [
+    smoe.Error, smoe.ArgumentError, smoe.NotFound, smoe.IoError, smoe.FormatError, smoe.NoMemory,
+    smoe.RingFull, smoe.Stale, smoe.Unsupported, smoe.InternalError, smoe.ClosedError,
+]
+FACTS = ("message", "path", "layer", "expert", "offset", "length", "os_error")
+
+
+@pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda c: c.__name__)
+def test_errors_survive_pickle(cls):
+    """Issue 47, item 7: ``smoe.IoError`` lost ``errno`` and ``filename``
+    through pickle (and so through multiprocessing). Every class keeps its
+    message and facts, and an OSError's ``errno``, ``strerror`` and
+    ``filename``."""
+    import pickle
+
+    error = cls("what went wrong", path="/a/b", layer=1, expert=2, offset=3, length=4, os_error=5)
+    error.note = "an attribute of the caller's"
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is cls and str(back) == str(error) == "what went wrong"
+    assert {f: getattr(back, f) for f in FACTS} == {f: getattr(error, f) for f in FACTS}
+    assert back.note == error.note
+    if isinstance(error, OSError):
+        assert (back.errno, back.strerror, back.filename) == (error.errno, error.strerror, error.filename)
+        assert (back.errno, back.filename) == (5, "/a/b")
+
+
+def test_an_io_error_crosses_processes(vault):
+    """The error a child process raised, as its parent gets it."""
+    import concurrent.futures
+    import multiprocessing
+
+    missing = str(vault / "missing")
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as pool:
+        with pytest.raises(smoe.IoError) as caught:
+            pool.submit(smoe.Streamer, missing).result(timeout=120)
+    assert isinstance(caught.value, OSError)
+    assert (caught.value.errno, caught.value.filename, caught.value.path) == (2, missing, missing)
+    assert caught.value.os_error == 2 and missing in str(caught.value)
+
+
+def test_lease_numpy_without_numpy_says_what_to_install(monkeypatch):
+    """Issue 47, item 8: without numpy, ``lease.numpy()`` was a bare
+    ``ModuleNotFoundError``; it names the extra, as ``lease.torch()`` does."""
+    import sys
+
+    from conftest import MODELS
+
+    with smoe.Streamer(MODELS / "mixtral-bf16", ring_slots=2, **QUIET) as s:
+        with s.claim(0, 1, timeout=10) as lease:
+            monkeypatch.setitem(sys.modules, "numpy", None)  # import numpy fails
+            with pytest.raises(ImportError, match=r"pip install 'smoe\[numpy\]'") as caught:
+                lease.numpy("gate")
+            assert isinstance(caught.value.__cause__, ImportError)
+        assert s.stats()["slots_held"] == 0
+
+
+# smoe.synth in a child whose files may not grow past 64 MiB: a stand-in
+# for a small disk, so that a synth that does not check the size first
+# fails after 64 MiB instead of filling this machine's disk.
+SYNTH_TOO_BIG = r"""
+import resource, signal, sys, time
+import smoe
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit: EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 20, 64 << 20))
+start = time.monotonic()
+try:
+    smoe.synth(sys.argv[1], layers=1, experts=2, blob_bytes=2**62)
+except smoe.IoError as e:
+    print(f"{time.monotonic() - start:.3f}")
+    print(e)
+"""
+
+
+def test_synth_refuses_a_vault_larger_than_the_disk(tmp_path):
+    """Issue 47, item 5: ``blob_bytes=2**62`` wrote until the disk was
+    full. A vault that cannot fit is refused before a byte is written, and
+    nothing is left."""
+    import subprocess
+    import sys
+
+    target = tmp_path / "new" / "vault"
+    done = subprocess.run(
+        [sys.executable, "-c", SYNTH_TOO_BIG, str(target)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    seconds, message = done.stdout.splitlines()
+    print(f"refused in {seconds} s: {message}")
+    assert "but its filesystem has" in message and "free" in message, message
+    assert float(seconds) < 1.0, f"refused after {seconds} s"
+    assert not (tmp_path / "new").exists(), "nothing is created"
+
+
+def test_synth_stops_at_ctrl_c_and_leaves_nothing(tmp_path):
+    """Issue 47, item 5: Ctrl-C did nothing until the whole vault was
+    written, and left it. It stops within a second, as ``smoe.pack``
+    does, removes the files and directories it made, and raises
+    ``KeyboardInterrupt``; a directory that was there stays, with what it
+    held."""
+    import signal
+    import threading
+    import time
+
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("the user's")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for target, made in ((tmp_path / "new" / "vault", tmp_path / "new"), (kept, None)):
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+            start = time.monotonic()
+            with pytest.raises(KeyboardInterrupt):
+                # 4 GiB: seconds of writing, even into the page cache.
+                smoe.synth(target, layers=8, experts=16, blob_bytes=32 << 20)
+            took = time.monotonic() - start
+            print(f"{target}: stopped {took - 0.3:.3f} s after Ctrl-C")
+            assert took < 1.5, f"stopped {took - 0.3:.2f} s after Ctrl-C"
+            if made is not None:
+                assert not made.exists(), "the directories it made are gone"
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert sorted(p.name for p in kept.iterdir()) == ["notes.txt"]
+    assert (kept / "notes.txt").read_text() == "the user's"

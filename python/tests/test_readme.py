@@ -24,3 +24,12 @@ def test_the_readme_example_runs(tmp_path):
     assert sorted(line.split()[0] for line in lines[:3]) == ["2", "5", "9"]
     assert all("float16 (32, 64)" in line for line in lines[:3])
     assert lines[3].startswith("3 claims, ")
+
+
+def test_the_readme_says_what_the_example_needs():
+    """Issue 47, item 8: the example calls ``lease.numpy()``, which needs
+    numpy, and the README's install line did not say so."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## From Python", 1)[1].split("\n## ", 1)[0]
+    assert ".numpy(" in section
+    assert "pip install './python[numpy]'" in section

@@ -191,3 +191,43 @@ def test_views_cross_threads(mixtral):
     thread.join()
     gc.collect()
     assert held(mixtral) == 0
+
+
+def test_torch_frombuffer_is_a_counted_view(mixtral):
+    """Issue 47, item 2: ``torch.frombuffer(lease)`` was not counted as a
+    view: ``release()`` freed the claim with the tensor alive, and the
+    tensor showed whatever the slot was loaded with next. It counts now,
+    as ``lease.torch()`` does, until the tensor is gone."""
+    import warnings
+
+    lease = mixtral.claim(0, 1, timeout=10)
+    with warnings.catch_warnings():
+        # torch: "The given buffer is not writable..." (read-only by contract)
+        warnings.simplefilter("ignore", UserWarning)
+        whole = torch.frombuffer(lease, dtype=torch.uint8)
+    want = whole.clone()
+    lease.release()
+    assert held(mixtral) == 1, "the tensor is a view: the slot stays held"
+    for layer in (0, 1):
+        for expert in range(4):
+            mixtral.claim(layer, expert, timeout=10).release()
+    assert torch.equal(whole, want), "the tensor shows its own expert's bytes"
+    del whole
+    gc.collect()
+    assert held(mixtral) == 0
+
+
+def test_strict_refuses_a_release_while_a_frombuffer_tensor_is_alive():
+    import warnings
+
+    with smoe.Streamer(MODELS / "mixtral-bf16", ring_slots=4, strict=True, **QUIET) as s:
+        lease = s.claim(0, 1, timeout=10)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            whole = torch.frombuffer(lease, dtype=torch.uint8)
+        with pytest.raises(BufferError, match="strict=True"):
+            lease.release()
+        del whole
+        gc.collect()
+        lease.release()
+        assert held(s) == 0

@@ -394,3 +394,20 @@ def test_a_model_with_fewer_layers_than_the_checkpoint_is_refused(checkpoints):
     path = checkpoints[("deepseekv3", "bfloat16")]
     with pytest.raises(smoe.FormatError, match="the checkpoint's layer 2 has routed experts"):
         st.from_pretrained(path, num_hidden_layers=2, **QUIET)
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_dtype_auto_is_the_checkpoint_s(checkpoints, prompt, dtype_name):
+    """Issue 47, item 4: ``dtype="auto"``, transformers' own default, failed
+    with ``AttributeError: module 'torch' has no attribute 'auto'``. It
+    loads the checkpoint's dtype, as transformers does."""
+    path = checkpoints[("qwen3moe", dtype_name)]
+    want = eager_logits(path, prompt)
+    model = st.from_pretrained(path, ring_slots=64, dtype="auto", **QUIET)
+    try:
+        with torch.no_grad():
+            got = model(prompt).logits
+    finally:
+        model.smoe_streamer.close()
+    assert got.dtype == want.dtype == DTYPES[dtype_name]
+    assert torch.equal(got, want)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import io
+import os
+import time
 
 import numpy
 import pytest
@@ -57,6 +59,20 @@ def test_a_writable_buffer_is_refused(vault):
         with pytest.raises(TypeError):
             io.BytesIO(b"xy").readinto(lease)
         lease.release()
+
+
+def test_lease_numpy_without_a_role_is_the_claim(vault, streamer):
+    """The claim's bytes as a uint8 array, read-only, for any numpy (the
+    pinned way to what numpy.frombuffer(lease) gives)."""
+    with streamer.claim(0, 2, timeout=10) as lease:
+        array = lease.numpy()
+        assert array.dtype == numpy.uint8 and array.shape == (lease.size,)
+        assert not array.flags.writeable
+        assert array.tobytes() == vault_bytes(vault, streamer, 0, 2)
+        assert type(array.base).__name__ == "LeaseView" and "layer 0 expert 2" in repr(array.base)
+    assert held(streamer) == 1, "the array is a view"
+    del array
+    assert held(streamer) == 0
 
 
 def test_release_waits_for_the_last_view(streamer):
@@ -242,3 +258,158 @@ def test_strict_streamer_with_block(vault):
     assert s.closed
     assert len(bytes(memoryview(lease))) == lease.size
     lease.release()
+
+
+# What a user may do to the objects under a numpy view: release every
+# memoryview found below the array (``arr.base``, ``arr.base.base``...).
+# Then the lease is released, other experts are read through the ring, the
+# streamer is closed, and the array read again. Run in a child process: an
+# array left showing a freed ring is a SIGSEGV.
+PINNED_VIEW = r"""
+import sys
+import numpy
+import smoe
+
+path, how = sys.argv[1:]
+s = smoe.Streamer(path, ring_slots=2, workers=1, prewarm=False, freq_path="")
+lease = s.claim(1, 5, timeout=10)
+array = {
+    "role": lambda: lease.numpy("gate"),
+    "whole": lambda: lease.numpy(),
+    "dlpack": lambda: numpy.from_dlpack(lease),
+}[how]()
+want = array.tobytes()
+base = array
+while base is not None:
+    if isinstance(base, memoryview):
+        base.release()
+    base = getattr(base, "base", None)
+lease.release()
+print("held", s.stats()["slots_held"], flush=True)
+for expert in range(16):
+    s.claim(1, expert, timeout=10).release()
+print("same", array.tobytes() == want, flush=True)
+s.close()
+print("after close", array.tobytes() == want, flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["role", "whole", "dlpack"])
+def test_a_numpy_view_s_base_cannot_be_released(how):
+    """Issue 47, item 1: ``lease.numpy(role)`` was built on a memoryview
+    (``arr.base.base``) whose ``release()`` uncounted the view, so the
+    claim was freed with the array alive: it then showed another expert's
+    bytes, and after ``close()`` reading it was a SIGSEGV. Nothing under
+    the array may be releasable; DLPack's capsule never was."""
+    import subprocess
+    import sys
+
+    from conftest import MODELS
+
+    done = subprocess.run(
+        [sys.executable, "-c", PINNED_VIEW, str(MODELS / "qwen3moe-f16"), how],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.stdout.splitlines() == ["held 1", "same True", "after close True"], (
+        f"exit {done.returncode}\n{done.stdout}{done.stderr}"
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def tasks() -> int:
+    """The library's threads in this process (named ``smoe-...``)."""
+    count = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                count += f.read().startswith("smoe-")
+        except FileNotFoundError:
+            pass  # ended meanwhile
+    return count
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="no /proc/self/task to count threads")
+def test_the_last_release_tears_a_closed_streamer_down(vault, tmp_path):
+    """Issue 47, item 3: after the README's ``with`` blocks, the ``lease``
+    name still holds the released lease, and it kept the closed streamer
+    alive (the ring, the library's threads, the histogram unwritten) until
+    the Lease object was collected. The teardown follows the last release."""
+    histogram = tmp_path / "histogram"
+    gc.collect()  # no other test's streamer torn down meanwhile
+    before = tasks()
+    with smoe.Streamer(vault, ring_slots=4, workers=4, prewarm=False, freq_path=str(histogram)) as s:
+        # A thread names itself once it runs.
+        deadline = time.monotonic() + 10
+        while tasks() == before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert tasks() > before, "the library's threads run"
+        with s.claim(0, 1, timeout=10) as lease:
+            assert bytes(memoryview(lease)) == vault_bytes(vault, s, 0, 1)
+    assert lease.released and (lease.layer, lease.expert) == (0, 1)
+    assert histogram.exists(), "the teardown writes the claim histogram"
+    assert tasks() == before, "the library's threads are joined"
+    # Released before the close, then the close the last holder: the same.
+    with smoe.Streamer(vault, ring_slots=4, workers=4, prewarm=False, freq_path="") as s:
+        lease = s.claim(0, 2, timeout=10)
+        array = numpy.frombuffer(lease, dtype=numpy.uint8)
+        lease.release()
+    assert tasks() > before, "a view is alive: the ring and its threads stay"
+    del array
+    assert tasks() == before, "the last view's release tore the streamer down"
+    del lease
+
+
+def test_a_view_s_teardown_lets_other_threads_run(vault, testing):
+    """Issue 47, item 6: when a DLPack view is the last holder of a closed
+    streamer, its release tears the streamer down (joins the library's
+    threads, writes the histogram): with the GIL held, that stopped every
+    other Python thread (1.4 s in the report). Here the teardown waits for
+    a read held behind the test's gate for 0.5 s, while another Python
+    thread counts; it must go on counting."""
+    import threading
+
+    s, gate = testing.open_gated(vault, ring_slots=4, **{**QUIET, "workers": 1})
+    gate.open()
+    lease = s.claim(0, 1, timeout=10)
+    array = numpy.from_dlpack(lease)
+    lease.release()
+    del lease
+    gate.close()
+    s.prefetch_set(1, [3])  # its read waits behind the gate
+    time.sleep(0.2)
+    s.close()
+    ticks: list[float] = []
+    stop = threading.Event()
+
+    def count():
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.001)
+
+    ticker = threading.Thread(target=count)
+    ticker.start()
+    time.sleep(0.05)
+    gate.open_after(0.5)  # from a thread of the library's, which needs no GIL
+    start = time.monotonic()
+    del array  # the last holder: the teardown
+    took = time.monotonic() - start
+    time.sleep(0.05)
+    stop.set()
+    ticker.join()
+    assert took > 0.4, f"the teardown waited for the held read ({took:.3f} s)"
+    during = [t for t in ticks if start <= t <= start + took]
+    gaps = [b - a for a, b in zip([start, *during], [*during, start + took])]
+    print(f"teardown {took:.3f} s; another thread's longest pause {max(gaps) * 1000:.1f} ms")
+    assert max(gaps) < 0.2, (
+        f"another thread stood still for {max(gaps):.3f} s of the {took:.3f} s teardown"
+    )
+
+
+def test_a_dlpack_device_error_names_the_devices(streamer):
+    """Issue 47, item 9: the message printed Rust's ``Some((2, 0))``."""
+    with streamer.claim(1, 0, timeout=10) as lease:
+        with pytest.raises(BufferError) as caught:
+            lease.__dlpack__(max_version=(1, 0), dl_device=(2, 0))
+    message = str(caught.value)
+    assert "Some" not in message, message
+    assert "(2, 0) (kDLCUDA)" in message and "(1, 0) (kDLCPU)" in message, message

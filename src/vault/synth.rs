@@ -11,8 +11,11 @@
 
 use std::path::{Path, PathBuf};
 
+use super::format::{DEFAULT_ALIGNMENT, ENTRY_BYTES};
 use super::writer::{VaultWriter, WriterOptions};
 use crate::error::{Error, Result};
+use crate::fs_safe;
+use crate::model::{interrupted, Cancel};
 
 /// The shape and content of a synthetic vault.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,18 +85,77 @@ impl SynthSpec {
             .fold(0u64, |sum, (l, e)| sum.saturating_add(self.blob_size(l, e)))
     }
 
+    /// The most bytes the vault's `experts.smoe` can take: page 0, the
+    /// table's region and the metadata, then every blob padded to the page
+    /// (a u128: 2^20 blobs of 1 TiB do not fit a u64).
+    pub fn file_bytes(&self) -> u128 {
+        let a = u64::from(DEFAULT_ALIGNMENT);
+        let ids = u64::from(self.n_layers) * u64::from(self.n_experts);
+        let head = u128::from(a)
+            + u128::from(
+                (ids * ENTRY_BYTES as u64 + self.meta_json().len() as u64).next_multiple_of(a),
+            );
+        head + self
+            .expert_layers()
+            .map(|l| {
+                (0..self.n_experts)
+                    .map(|e| u128::from(self.blob_size(l, e).next_multiple_of(a)))
+                    .sum::<u128>()
+            })
+            .sum::<u128>()
+    }
+
     /// Writes the vault into `dir` (created if missing) and returns the path
     /// of its `experts.smoe`. `progress` is called with the payload bytes
     /// written so far after each blob. Payloads are generated as they are
-    /// written, so memory does not grow with the blob size.
+    /// written, so memory does not grow with the blob size. A vault larger
+    /// than the free space of `dir`'s filesystem is refused before
+    /// anything is created. The file is written under a temporary name and
+    /// renamed into place at the end; on an error, what was written and
+    /// the directories made for it are removed (an `experts.smoe` already
+    /// there stays as it was).
     pub fn write(&self, dir: impl AsRef<Path>, progress: &mut dyn FnMut(u64)) -> Result<PathBuf> {
+        self.write_cancellable(dir, progress, &|| false)
+    }
+
+    /// [`write`](SynthSpec::write), asking `cancel` before each blob and
+    /// every 64 KiB of one: once it answers true, the write stops, removes
+    /// what it made and returns an I/O error saying it was interrupted.
+    pub fn write_cancellable(
+        &self,
+        dir: impl AsRef<Path>,
+        progress: &mut dyn FnMut(u64),
+        cancel: Cancel<'_>,
+    ) -> Result<PathBuf> {
         let dir = dir.as_ref();
-        std::fs::create_dir_all(dir).map_err(|e| Error::io("cannot create directory", dir, &e))?;
         if self.expert_layers().next().is_none() {
             return Err(Error::argument(
                 "every layer is dense: a vault needs at least one layer with experts",
             ));
         }
+        fs_safe::check_free_space(dir, self.file_bytes())?;
+        // The directories this write makes, innermost first: removed again
+        // if it fails (each only while empty).
+        let made: Vec<&Path> = dir
+            .ancestors()
+            .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
+            .collect();
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("cannot create directory", dir, &e))?;
+        let written = self.write_into(dir, progress, cancel);
+        if written.is_err() {
+            for d in &made {
+                let _ = std::fs::remove_dir(d);
+            }
+        }
+        written.map_err(|e| if cancel() { interrupted() } else { e })
+    }
+
+    fn write_into(
+        &self,
+        dir: &Path,
+        progress: &mut dyn FnMut(u64),
+        cancel: Cancel<'_>,
+    ) -> Result<PathBuf> {
         let opts = WriterOptions {
             meta: Some(self.meta_json()),
             ..WriterOptions::default()
@@ -102,10 +164,14 @@ impl SynthSpec {
         let mut done = 0u64;
         for layer in self.expert_layers() {
             for expert in 0..self.n_experts {
+                if cancel() {
+                    return Err(interrupted());
+                }
                 let size = self.blob_size(layer, expert);
                 let mut payload = Payload {
                     stream: stream(self.seed, layer, expert),
                     at: 0,
+                    cancel,
                 };
                 w.add_blob_from(layer, expert, size, &mut payload)?;
                 done += size;
@@ -137,14 +203,20 @@ fn stream(seed: u64, layer: u32, expert: u32) -> u64 {
     splitmix64(seed ^ splitmix64(key(layer, expert)))
 }
 
-/// The payload of one blob as an endless reader, from blob offset 0.
-struct Payload {
+/// The payload of one blob as an endless reader, from blob offset 0, that
+/// fails once `cancel` answers true (asked at every read: the writer reads
+/// 64 KiB at a time, and a blob may be gigabytes).
+struct Payload<'a> {
     stream: u64,
     at: u64,
+    cancel: Cancel<'a>,
 }
 
-impl std::io::Read for Payload {
+impl std::io::Read for Payload<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if (self.cancel)() {
+            return Err(std::io::Error::other("interrupted"));
+        }
         let mut done = 0;
         if self.at % 8 == 0 {
             // Whole words, as `fill_payload` writes them.
@@ -215,6 +287,7 @@ mod tests {
             let mut r = Payload {
                 stream: stream(9, 4, 5),
                 at: 0,
+                cancel: &|| false,
             };
             let mut got = vec![0u8; 1001];
             for piece in got.chunks_mut(split) {
@@ -222,6 +295,96 @@ mod tests {
             }
             assert_eq!(got, want, "split {split}");
         }
+    }
+
+    fn spec(blob_bytes: u64) -> SynthSpec {
+        SynthSpec {
+            n_layers: 2,
+            n_experts: 4,
+            blob_bytes,
+            dense_layers: vec![],
+            seed: 1,
+            top_k: 2,
+        }
+    }
+
+    /// Everything under `dir`, sorted.
+    fn listing(dir: &Path) -> Vec<PathBuf> {
+        let mut found = Vec::new();
+        let mut todo = vec![dir.to_path_buf()];
+        while let Some(d) = todo.pop() {
+            for entry in std::fs::read_dir(&d).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    todo.push(path.clone());
+                }
+                found.push(path);
+            }
+        }
+        found.sort();
+        found
+    }
+
+    #[test]
+    fn a_cancelled_write_leaves_what_was_there_and_nothing_else() {
+        let root = tempfile::tempdir().unwrap();
+        let kept = root.path().join("kept");
+        std::fs::create_dir(&kept).unwrap();
+        std::fs::write(kept.join("notes.txt"), "the user's").unwrap();
+        let before = listing(root.path());
+        // Cancelled in the middle of the third blob (64 KiB a read), and
+        // before the first.
+        for after in [40, 0] {
+            for dir in [root.path().join("new/vault"), kept.clone()] {
+                let asked = std::cell::Cell::new(0);
+                let cancel = || {
+                    asked.set(asked.get() + 1);
+                    asked.get() > after
+                };
+                let err = spec(1 << 20)
+                    .write_cancellable(&dir, &mut |_| {}, &cancel)
+                    .unwrap_err();
+                assert_eq!(err.message(), interrupted().message());
+                assert_eq!(listing(root.path()), before, "{}", dir.display());
+            }
+        }
+        // Not cancelled: the vault, in the directories it made.
+        let dir = root.path().join("new/vault");
+        let path = spec(1 << 20).write(&dir, &mut |_| {}).unwrap();
+        assert_eq!(path, dir.join("experts.smoe"));
+    }
+
+    #[test]
+    fn a_vault_larger_than_the_disk_is_refused_before_anything_is_made() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("new/vault");
+        let huge = SynthSpec {
+            n_layers: 4,
+            n_experts: 1024,
+            blob_bytes: 1 << 50,
+            ..spec(0)
+        };
+        assert!(huge.file_bytes() > 4 << 60);
+        let err = huge.write(&dir, &mut |_| {}).unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::Io);
+        assert_eq!(err.path(), Some(dir.as_path()));
+        assert!(
+            err.message().contains(": the vault needs ")
+                && err.message().contains(" but its filesystem has "),
+            "{}",
+            err.message()
+        );
+        assert!(listing(root.path()).is_empty());
+    }
+
+    #[test]
+    fn file_bytes_is_the_file_s_size_at_most() {
+        let root = tempfile::tempdir().unwrap();
+        let spec = spec(100_000);
+        let path = spec.write(root.path(), &mut |_| {}).unwrap();
+        let size = std::fs::metadata(path).unwrap().len();
+        assert!(u128::from(size) <= spec.file_bytes());
+        assert!(spec.file_bytes() - u128::from(size) < 16384);
     }
 
     #[test]
