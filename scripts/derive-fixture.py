@@ -4,7 +4,14 @@
 tensors copied from SOURCE's layer i mod (its layer count). Bytes are copied
 unchanged, with llama.cpp's own gguf-py (GGUFReader, GGUFWriter).
 
-    python3 scripts/derive-fixture.py GGUF_PY SOURCE DEST N_LAYERS
+    python3 scripts/derive-fixture.py GGUF_PY SOURCE DEST N_LAYERS [--still]
+
+--still: every layer is a copy of SOURCE's layer 0, and each layer's
+attention output and experts' down projection are zero bytes (a Q8_0 block
+of zero bytes is a zero scale and zero values), so no layer moves the
+hidden state: every layer routes a token as the first one does, and the
+next layer's router applied to a layer's state is exactly that layer's
+routing (a fixture whose lookahead is known).
 
 GGUF_PY is llama.cpp's gguf-py directory (scripts/llama.sh extracts it under
 $SMOE_LLAMA_DIR/llama.cpp/gguf-py); numpy must be installed. Made
@@ -14,7 +21,8 @@ import sys
 
 import numpy as np
 
-if len(sys.argv) != 5:
+still = sys.argv[5:] == ["--still"]
+if len(sys.argv) != 5 and not still:
     sys.exit(__doc__)
 sys.path.insert(0, sys.argv[1])
 from gguf import GGUFReader, GGUFValueType, GGUFWriter  # noqa: E402
@@ -54,9 +62,13 @@ for tensor in reader.tensors:
         writer.add_tensor(tensor.name, np.array(tensor.data), raw_dtype=tensor.tensor_type)
 shallow = sorted(layers)
 for il in range(n_layers):
-    for tensor in layers[shallow[il % len(shallow)]]:
-        name = ".".join(["blk", str(il)] + tensor.name.split(".")[2:])
-        writer.add_tensor(name, np.array(tensor.data), raw_dtype=tensor.tensor_type)
+    for tensor in layers[shallow[0 if still else il % len(shallow)]]:
+        rest = tensor.name.split(".")[2:]
+        name = ".".join(["blk", str(il)] + rest)
+        data = np.array(tensor.data)
+        if still and rest[0] in ("attn_output", "ffn_down_exps"):
+            data = np.zeros_like(data)
+        writer.add_tensor(name, data, raw_dtype=tensor.tensor_type)
 writer.write_header_to_file()
 writer.write_kv_data_to_file()
 writer.write_tensors_to_file()

@@ -45,6 +45,18 @@
 #   half      the committed qwen3moe-q8_0 fixture (16 experts a layer) with
 #             a ring of half a layer's experts (8 slots), no cap: prefill of
 #             the same 362-token prompt, smoe's time over stock's per round.
+#   decode    issue 48's table: decode under the cap, against the machine's
+#             limit. In each round, alternating: compute alone (stock's
+#             decode, the model in memory, no cap), stock capped, and
+#             llama.cpp + smoe capped reading the GGUF in place with
+#             lookahead off (SMOE_LOOKAHEAD=0) and on (the default, or
+#             LOOKAHEAD), page cache dropped before each capped run; reads
+#             alone is the bytes the run without lookahead read a decoded
+#             token at the drive's rate (16 dd streams with direct I/O). The
+#             limit is the larger of the two; each run's decode time a token
+#             over it, the lookahead's recall and the bytes it read and no
+#             claim took, as a table. A short prompt (DECODE_PROMPT), then
+#             N_PREDICT tokens.
 #   resident  the broad model, no cap, a ring of every expert (decode is all
 #             hits): llama-bench -p 361 -n RESIDENT_N with repacking off, stock and
 #             smoe alternating, tokens/s and their ratio per round.
@@ -64,6 +76,12 @@
 #   THREADS         CPU threads (default: nproc)
 #   BENCH_ARGS      more arguments for llama-bench in resident, both runs (say
 #                   "--cpu-strict 1": each thread on its own core)
+#   LOOKAHEAD       decode: SMOE_LOOKAHEAD of the run with lookahead (default
+#                   the glue's); LOOKAHEAD_WIDTH likewise SMOE_LOOKAHEAD_WIDTH
+#   DECODE_PROMPT   decode: the prompt (default one sentence of 18 tokens)
+#   BROAD_MOVE      the broad model's --move (default 1): what each layer adds
+#                   to the hidden state, scaled; 3 makes the state move more
+#                   between layers (the next layer's experts harder to guess)
 #   BROAD_EXPERTS, BROAD_FF
 #                   the broad model's experts per layer and expert FFN width
 #                   (default 64 and 768; 128 and 384 give the same bytes with
@@ -90,6 +108,7 @@ RESIDENT_N="${RESIDENT_N:-32}"
 THREADS="${THREADS:-$(nproc)}"
 BROAD_EXPERTS="${BROAD_EXPERTS:-64}"
 BROAD_FF="${BROAD_FF:-768}"
+BROAD_MOVE="${BROAD_MOVE:-1}"
 
 say() { printf '[llama-bench] %s\n' "$*" >&2; }
 die() {
@@ -97,8 +116,8 @@ die() {
   exit 1
 }
 
-case "$MODE" in capped | long | inplace | half | resident | all) ;; *)
-  echo "usage: scripts/llama-bench.sh [capped|long|inplace|half|resident|all]" >&2
+case "$MODE" in capped | long | decode | inplace | half | resident | all) ;; *)
+  echo "usage: scripts/llama-bench.sh [capped|long|decode|inplace|half|resident|all]" >&2
   exit 2
   ;;
 esac
@@ -121,6 +140,7 @@ fi
 [[ "$RESIDENT_N" =~ ^[1-9][0-9]*$ ]] || die "RESIDENT_N must be a positive number, not '$RESIDENT_N'"
 [[ "$BROAD_EXPERTS" =~ ^[1-9][0-9]*$ ]] || die "BROAD_EXPERTS must be a positive number, not '$BROAD_EXPERTS'"
 [[ "$BROAD_FF" =~ ^[1-9][0-9]*$ ]] || die "BROAD_FF must be a positive number, not '$BROAD_FF'"
+[[ "$BROAD_MOVE" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "BROAD_MOVE must be a number, not '$BROAD_MOVE'"
 # 400 slots of the default shape's 2.4 MiB experts; as many bytes for another width
 CAPPED_SLOTS="${CAPPED_SLOTS:-$((400 * 768 / BROAD_FF))}"
 
@@ -159,11 +179,12 @@ broad_model() {
   # the default shape keeps its old names; another one gets its own files
   local tag=""
   [ "$BROAD_EXPERTS" = 64 ] && [ "$BROAD_FF" = 768 ] || tag="-e$BROAD_EXPERTS-ff$BROAD_FF"
+  [ "$BROAD_MOVE" = 1 ] || tag+="-move$BROAD_MOVE"
   BROAD="$WORK/broad$tag-q8_0.gguf"
   VAULT="$WORK/broad$tag-vault"
   if [ ! -f "$BROAD" ]; then
     say "writing the broad-routing model $BROAD (~3.9 GB)"
-    "$GEN" "$BROAD" --experts "$BROAD_EXPERTS" --expert-ff "$BROAD_FF" \
+    "$GEN" "$BROAD" --experts "$BROAD_EXPERTS" --expert-ff "$BROAD_FF" --move "$BROAD_MOVE" \
       --vocab "$ROOT/tests/fixtures/models/qwen3moe-q8_0.gguf" >&2 || die "$GEN failed"
   fi
   local inspect
@@ -404,6 +425,70 @@ long() {
   done
 }
 
+# decode_figures NAME: from NAME's `smoe: decode:` line, "bytes_read tokens recall% waste%"
+# (zeros when the run printed none).
+decode_figures() {
+  awk '/^smoe: decode: / {
+      tokens = $3
+      for (i = 1; i <= NF; i++) {
+        if ($i == "recall") { r = $(i + 1); gsub(/%/, "", r) }
+        if ($i == "read" && $(i + 2) == "MiB") mib = $(i + 1)
+        if ($i == "bytes" && $(i + 1) == "read);") { w = $(i - 3); gsub(/[(%]/, "", w) }
+      }
+      printf "%.0f %d %s %s\n", mib * 1048576, tokens, r, w; found = 1 }
+    END { if (!found) print "0 0 0 0" }' "$WORK/$1.err"
+}
+
+decode() {
+  broad_model
+  local text="${DECODE_PROMPT:-The river carries small stones down from the hills, and the town below}"
+  local look=() cache="$WORK/decode-cache"
+  [ -n "${LOOKAHEAD:-}" ] && look+=(SMOE_LOOKAHEAD="$LOOKAHEAD")
+  [ -n "${LOOKAHEAD_WIDTH:-}" ] && look+=(SMOE_LOOKAHEAD_WIDTH="$LOOKAHEAD_WIDTH")
+  echo "== decode: $(basename "$BROAD") ($(du -hL "$BROAD" | cut -f1), experts $(awk -v b="$EXPERT_BYTES" 'BEGIN { printf "%.2f GiB", b / 1073741824 }'), --move $BROAD_MOVE), memory.max $CAP, cold page cache, -t $THREADS, $CAPPED_SLOTS ring slots, $N_PREDICT tokens, lookahead ${LOOKAHEAD:-default} x ${LOOKAHEAD_WIDTH:-top-k}"
+  local gbs secs
+  gbs=$(drive "$BROAD") || exit 1
+  read -r gbs secs <<<"$gbs"
+  echo "the drive: $gbs GB/s (16 dd streams with direct I/O over the model, $secs s)"
+  local r x rows="" c_dn c_ds s_dn s_ds o_dn o_ds n_dn n_ds o_b o_t o_r o_w n_b n_t n_r n_w
+  local compute reads limit stock off on
+  for ((r = 1; r <= ROUNDS; r++)); do
+    cgroup max
+    cat "$BROAD" >/dev/null
+    simple "decode-memory-$r" 0 "$BROAD" "$text" "$N_PREDICT"
+    read -r x x x c_dn c_ds x x <<<"$LAST"
+    cgroup "$(numfmt --from=iec "$CAP")"
+    simple "decode-stock-$r" 1 "$BROAD" "$text" "$N_PREDICT"
+    read -r x x x s_dn s_ds x x <<<"$LAST"
+    rm -rf "$cache"
+    simple "decode-off-$r" 1 "$BROAD" "$text" "$N_PREDICT" SMOE=1 SMOE_CACHE_DIR="$cache" SMOE_RING_SLOTS="$CAPPED_SLOTS" SMOE_LOOKAHEAD=0
+    read -r x x x o_dn o_ds x x <<<"$LAST"
+    grep '^smoe: decode' "$WORK/decode-off-$r.err" | sed 's/^/               /' || true
+    rm -rf "$cache"
+    simple "decode-on-$r" 1 "$BROAD" "$text" "$N_PREDICT" SMOE=1 SMOE_CACHE_DIR="$cache" SMOE_RING_SLOTS="$CAPPED_SLOTS" "${look[@]}"
+    read -r x x x n_dn n_ds x x <<<"$LAST"
+    grep '^smoe: decode' "$WORK/decode-on-$r.err" | sed 's/^/               /' || true
+    same "decode-memory-1" "decode-stock-$r"
+    same "decode-memory-1" "decode-off-$r"
+    same "decode-memory-1" "decode-on-$r"
+    read -r o_b o_t o_r o_w <<<"$(decode_figures "decode-off-$r")"
+    read -r n_b n_t n_r n_w <<<"$(decode_figures "decode-on-$r")"
+    # seconds a decoded token: llama.cpp's eval time over its runs
+    compute=$(awk -v n="$c_dn" -v s="$c_ds" 'BEGIN { printf "%.4f", (n > 0 ? s / n : 0) }')
+    reads=$(awk -v b="$o_b" -v t="$o_t" -v g="$gbs" 'BEGIN { printf "%.4f", (t > 0 ? b / t / g / 1e9 : 0) }')
+    limit=$(awk -v a="$compute" -v b="$reads" 'BEGIN { printf "%.4f", (a > b ? a : b) }')
+    stock=$(awk -v n="$s_dn" -v s="$s_ds" 'BEGIN { printf "%.4f", (n > 0 ? s / n : 0) }')
+    off=$(awk -v n="$o_dn" -v s="$o_ds" 'BEGIN { printf "%.4f", (n > 0 ? s / n : 0) }')
+    on=$(awk -v n="$n_dn" -v s="$n_ds" 'BEGIN { printf "%.4f", (n > 0 ? s / n : 0) }')
+    echo "round $r: a decoded token: compute alone $compute s, reads alone $reads s ($(awk -v b="$o_b" -v t="$o_t" 'BEGIN { printf "%.1f MiB", (t > 0 ? b / t / 1048576 : 0) }') at $gbs GB/s), limit $limit s; stock $stock s, smoe off $off s, on $on s: on / off $(ratio "$on" "$off")x"
+    rows+="| $r | $compute s | $reads s | $limit s | $stock s ($(ratio "$stock" "$limit")×) | $off s ($(ratio "$off" "$limit")×) | $on s (**$(ratio "$on" "$limit")×**) | $(ratio "$on" "$off")× | ${n_r}% | ${n_w}% |"$'\n'
+  done
+  echo
+  echo "| round | compute alone | reads alone | limit | stock capped (÷ limit) | smoe, lookahead off | smoe, lookahead on | on ÷ off | recall | read, never claimed |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  printf '%s' "$rows"
+}
+
 inplace() {
   broad_model
   vault "$BROAD" "$VAULT"
@@ -484,6 +569,7 @@ say "llama.cpp: $BIN_DIR; uptime: $(uptime)"
 case "$MODE" in
   capped) capped ;;
   long) long ;;
+  decode) decode ;;
   inplace) inplace ;;
   half) half ;;
   resident) resident ;;

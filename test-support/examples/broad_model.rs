@@ -6,7 +6,7 @@
 //! ```text
 //! broad_model OUT.gguf [--layers 24] [--experts 64] [--top-k 8]
 //!     [--embd 1024] [--expert-ff 768] [--heads 16] [--kv-heads 4]
-//!     [--seed 20240610] [--vocab GGUF]
+//!     [--seed 20240610] [--vocab GGUF] [--move 1]
 //! ```
 //!
 //! Weights are drawn from N(0, 1/fan_in), the token embeddings and the
@@ -14,7 +14,11 @@
 //! the hidden state as much as the embedding does, so the greedy decode
 //! wanders instead of repeating one token, and different tokens pick
 //! different experts (with N(0, 0.02) a small model repeats one token and
-//! routes every step to the same experts, which flatters every cache). The
+//! routes every step to the same experts, which flatters every cache).
+//! `--move X` scales what each layer adds to the hidden state (its attention
+//! output and its experts' down projection) by X: with X above 1 the state
+//! moves more from one layer to the next, and the next layer's routing is
+//! harder to guess from this one's (issue 48's second model). The
 //! matrices are Q8_0, quantized as ggml's reference quantizer does
 //! (`quantize_row_q8_0_ref`: a block's scale is its largest magnitude over
 //! 127, stored as f16; each value rounded half away from zero). The
@@ -38,7 +42,7 @@ use smoe::internals::model::gguf::{header_bytes, GgmlType, Gguf, KeyValue, Tenso
 
 const USAGE: &str =
     "usage: broad_model OUT.gguf [--layers N] [--experts N] [--top-k N] [--embd N] \
-[--expert-ff N] [--heads N] [--kv-heads N] [--seed N] [--vocab GGUF]";
+[--expert-ff N] [--heads N] [--kv-heads N] [--seed N] [--vocab GGUF] [--move X]";
 
 /// The shape and seed of the model.
 struct Shape {
@@ -50,6 +54,8 @@ struct Shape {
     heads: u64,
     kv_heads: u64,
     seed: u64,
+    /// The scale of what a layer adds to the hidden state (`--move`).
+    movement: f64,
 }
 
 /// What fills a tensor.
@@ -89,6 +95,7 @@ fn run() -> Result<(), String> {
         heads: 16,
         kv_heads: 4,
         seed: 20240610,
+        movement: 1.0,
     };
     while let Some(a) = args.next() {
         let mut value = || {
@@ -109,6 +116,14 @@ fn run() -> Result<(), String> {
             "--kv-heads" => s.kv_heads = number(value()?)?,
             "--seed" => s.seed = number(value()?)?,
             "--vocab" => vocab = PathBuf::from(value()?),
+            "--move" => {
+                let v = value()?;
+                s.movement = v
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|m| m.is_finite() && *m > 0.0 && *m <= 100.0)
+                    .ok_or_else(|| format!("--move takes a number above 0, at most 100, not '{v}'"))?;
+            }
             _ if a.starts_with('-') => return Err(format!("unknown option {a}\n{USAGE}")),
             _ if out.is_none() => out = Some(PathBuf::from(a)),
             _ => return Err(format!("one output file only, not also {a}\n{USAGE}")),
@@ -315,7 +330,10 @@ fn tensors(s: &Shape, n_vocab: u64) -> (Vec<TensorInfo>, Vec<Fill>) {
         add(format!("{b}.attn_q.weight"), &[q, s.embd], q8(s.embd));
         add(format!("{b}.attn_k.weight"), &[kv, s.embd], q8(s.embd));
         add(format!("{b}.attn_v.weight"), &[kv, s.embd], q8(s.embd));
-        add(format!("{b}.attn_output.weight"), &[s.embd, q], q8(q));
+        let moved = |fan_in: u64| Fill::Q8 {
+            std: s.movement / (fan_in as f64).sqrt(),
+        };
+        add(format!("{b}.attn_output.weight"), &[s.embd, q], moved(q));
         add(format!("{b}.attn_q_norm.weight"), &[head_dim], Fill::Ones);
         add(format!("{b}.attn_k_norm.weight"), &[head_dim], Fill::Ones);
         add(format!("{b}.ffn_norm.weight"), &[s.embd], Fill::Ones);
@@ -327,7 +345,7 @@ fn tensors(s: &Shape, n_vocab: u64) -> (Vec<TensorInfo>, Vec<Fill>) {
         let (e, ff, d) = (s.experts, s.expert_ff, s.embd);
         add(format!("{b}.ffn_gate_exps.weight"), &[e, ff, d], q8(d));
         add(format!("{b}.ffn_up_exps.weight"), &[e, ff, d], q8(d));
-        add(format!("{b}.ffn_down_exps.weight"), &[e, d, ff], q8(ff));
+        add(format!("{b}.ffn_down_exps.weight"), &[e, d, ff], moved(ff));
     }
     (infos, fills)
 }

@@ -1,0 +1,199 @@
+//! Op offload through ggml's RPC device, the tests' stand-in for a GPU.
+
+use super::*;
+
+/// A running `ggml-rpc-server` on 127.0.0.1, killed when dropped.
+struct RpcServer {
+    child: std::process::Child,
+    endpoint: String,
+}
+
+impl RpcServer {
+    /// Starts the patched build's RPC server on a free port and waits until
+    /// it accepts connections (10 s at most).
+    fn start(bin_dir: &Path) -> RpcServer {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(bin_dir.join("ggml-rpc-server"))
+            .args(["-H", "127.0.0.1", "-p", &port.to_string(), "-t", "2"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("ggml-rpc-server starts");
+        let endpoint = format!("127.0.0.1:{port}");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::net::TcpStream::connect(&endpoint).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "ggml-rpc-server never listened on {endpoint}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        RpcServer { child, endpoint }
+    }
+}
+
+impl Drop for RpcServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The MiB of experts smoe's op offload line says it copied to the device, and
+/// of them copied ahead.
+fn copied_mib(line: &str) -> (f64, f64) {
+    let before = |end: &str| -> f64 {
+        let head = &line[..line
+            .find(end)
+            .unwrap_or_else(|| panic!("no '{end}' in {line}"))];
+        head.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    (
+        before(" MiB of experts copied"),
+        before(" MiB of them ahead"),
+    )
+}
+
+/// Op offload of a big batch's experts (issue 37), checked without a GPU:
+/// ggml's RPC backend, served on this machine, stands for one (the patch's
+/// test aid `SMOE_TEST_RPC_OFFLOAD=1` makes it ask for MUL_MAT_ID batches of
+/// 32 tokens or more, as CUDA does). With `-ngl 99` a long prompt's first
+/// layer computes its experts there: stock copies them from its mmap
+/// (`--cpu-moe`), smoe each claimed one from its ring slot. The greedy text
+/// is stock's, op offload on or off, and smoe says what it copied; the
+/// ring views' ops never go to the device (the claim and release ops, custom
+/// ops, stay on the CPU, which the patched RPC device now insists on).
+#[test]
+fn op_offload_through_an_rpc_device_keeps_stock_text() {
+    let Some(s) = setup_in_place("qwen3moe-q8_0.gguf") else {
+        return;
+    };
+    let bin_dir = s.bin.parent().unwrap().to_path_buf();
+    for t in ["llama-completion", "ggml-rpc-server"] {
+        if !bin_dir.join(t).is_file() {
+            smoe_test_support::skip_or_fail(&format!(
+                "{} is not built: run scripts/llama.sh build",
+                bin_dir.join(t).display()
+            ));
+            return;
+        }
+    }
+    let server = RpcServer::start(&bin_dir);
+    let cache = s.tmp.path().join("cache");
+    let complete = |name: &str, args: &[&str], env: &[(&str, &str)]| -> (String, String) {
+        let out = Command::new(bin_dir.join("llama-completion"))
+            .args([
+                "-m",
+                s.gguf.to_str().unwrap(),
+                "--rpc",
+                &server.endpoint,
+                "-ngl",
+                "99",
+            ])
+            .args([
+                "-n",
+                "16",
+                "--temp",
+                "0",
+                "--seed",
+                "1",
+                "-no-cnv",
+                "-t",
+                "2",
+                "-p",
+                LONG_PROMPT,
+            ])
+            .args(args)
+            .env_remove("SMOE")
+            .env_remove("SMOE_VAULT")
+            .env_remove("SMOE_OP_OFFLOAD")
+            .env_remove("SMOE_RING_SLOTS")
+            .env_remove("SMOE_UBATCH")
+            .env_remove("SMOE_PIN")
+            .env_remove("SMOE_COPY_AHEAD")
+            .env_remove("GGML_CUDA_REGISTER_HOST")
+            .env("SMOE_TEST_RPC_OFFLOAD", "1")
+            .env("SMOE_CACHE_DIR", &cache)
+            .envs(env.iter().copied())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{name} failed:\n{err}");
+        (String::from_utf8_lossy(&out.stdout).into_owned(), err)
+    };
+    let (stock, _) = complete("stock", &["--cpu-moe"], &[]);
+    let (smoe, err) = complete("smoe", &[], &[("SMOE", "1")]);
+    assert!(!stock.trim().is_empty());
+    assert_eq!(
+        smoe, stock,
+        "smoe's text with op offload differs from stock's\n{err}"
+    );
+    assert!(err.contains("smoe: op offload on RPC"), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("smoe: op offload: "))
+        .unwrap_or_else(|| panic!("no op offload statistics\n{err}"));
+    let batches: u64 = line["smoe: op offload: ".len()..]
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(
+        batches >= 1,
+        "no layer batch was computed on the device: {line}"
+    );
+    assert!(!line.contains(" 0.00 MiB of experts copied"), "{line}");
+    // gate and down are copied ahead (on the device's second backend) while up and gate
+    // compute: two of each layer's three weights, which are the same size here (the line
+    // rounds each figure to 0.01 MiB)
+    let (copied, ahead) = copied_mib(line);
+    assert!(
+        (ahead - copied * 2.0 / 3.0).abs() <= 0.01 + 0.01 * copied,
+        "not two thirds of the bytes copied ahead: {line}"
+    );
+    let (smoe_in_order, err) = complete(
+        "smoe-in-order",
+        &[],
+        &[("SMOE", "1"), ("SMOE_COPY_AHEAD", "0")],
+    );
+    assert_eq!(smoe_in_order, stock, "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("smoe: op offload: "))
+        .unwrap_or_else(|| panic!("no op offload statistics\n{err}"));
+    assert_eq!(copied_mib(line), (copied, 0.0), "{line}");
+
+    // A ring of 20 slots (a layer's 16 experts and a few) and batches of 32 tokens: each
+    // batch's device claims are released by the next claim op and their slots loaded
+    // again with other experts, batch after batch
+    let (stock_small, _) = complete("stock-ub32", &["--cpu-moe", "-ub", "32"], &[]);
+    let (smoe_small, err) = complete(
+        "smoe-ub32",
+        &["-ub", "32"],
+        &[
+            ("SMOE", "1"),
+            ("SMOE_RING_SLOTS", "20"),
+            ("SMOE_UBATCH", "0"),
+        ],
+    );
+    assert_eq!(smoe_small, stock_small, "{err}");
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("smoe: op offload: ") && !l.starts_with("smoe: op offload: 0 ")),
+        "{err}"
+    );
+
+    let (stock_off, _) = complete("stock-nopo", &["--cpu-moe", "--no-op-offload"], &[]);
+    let (smoe_off, err) = complete("smoe-nopo", &[], &[("SMOE", "1"), ("SMOE_OP_OFFLOAD", "0")]);
+    assert_eq!(smoe_off, stock_off, "{err}");
+    assert!(
+        err.contains("smoe: op offload is off (SMOE_OP_OFFLOAD=0)"),
+        "{err}"
+    );
+    assert!(!err.contains("smoe: op offload: "), "{err}");
+}
