@@ -43,6 +43,12 @@ constexpr uint32_t NODES_PER_WAVE = 24;
 // Graph nodes a guessed layer adds to the layer before it (llama_smoe_predict): its norm's
 // multiply, its router, a bias's two ops, the concatenation; and the norm, the sort and its view.
 constexpr uint32_t NODES_PER_GUESS = 6;
+// Lookahead's probes (llama_smoe::adapt): decoded tokens timed with guesses and without, and
+// the tokens that follow with the choice; guessing wins when its tokens take under GAIN of
+// the others' time (a win within the noise of two samples of 8 tokens is no win).
+constexpr uint32_t PROBE_TOKENS = 8;
+constexpr uint32_t RUN_TOKENS = 112;
+constexpr double GAIN = 0.97;
 // Graphs built again in a row (each after the ring shrank under the last one's waves)
 // before the claim gives up with a message: a ring that keeps shrinking faster than a
 // graph computes.
@@ -140,6 +146,20 @@ struct llama_smoe {
     // SMOE_LOOKAHEAD_WIDTH experts a token (0: the model's top-k)
     uint32_t lookahead = 1;
     uint32_t lookahead_width = 0;
+    // SMOE_LOOKAHEAD_ADAPT (default 1): guesses are queued only while they pay. A drive that
+    // decode keeps busy already gains nothing from bets and loses what the wrong ones read, so
+    // decoded tokens are timed in probes that alternate guessing and not, token by token
+    // (PROBE_TOKENS of each); guessing goes on for the next RUN_TOKENS only if its tokens
+    // took under GAIN of the others'. 0: guess in every decoded token
+    bool adapt = true;
+    bool guessing = true;               // the current ubatch queues its guesses
+    uint32_t probe_left = 2 * PROBE_TOKENS;  // tokens of the probe to come (alternating)
+    uint32_t run_left = 0;              // tokens of the run after a probe
+    double probe_on_s = 0, probe_off_s = 0;
+    uint32_t probe_on_n = 0, probe_off_n = 0;
+    uint64_t probes = 0, probes_won = 0;  // probes, and those after which it guessed
+    uint64_t tokens_guessed = 0;        // decoded tokens that queued guesses
+    bool ub_guessed = false;            // this ubatch queued a guess
     std::vector<uint32_t> guess;        // scratch: a layer's guessed experts, ranks first
     std::vector<uint32_t> guess_seen;   // expert -> guess_generation that last took it
     uint32_t guess_generation = 0;
@@ -317,8 +337,12 @@ struct llama_smoe {
         ub_narrow = false;
         const smoe_stats now = stats_now();
         const smoe_stats & was = ub_start;
+        const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - ub_t0).count();
         decode_tokens += (uint64_t) ub_tokens;
-        decode_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - ub_t0).count();
+        decode_s += took;
+        tokens_guessed += ub_guessed ? (uint64_t) ub_tokens : 0;
+        ub_guessed = false;
+        adapt_after(took / (double) std::max<int64_t>(1, ub_tokens));
         d_bytes_read += now.bytes_read - was.bytes_read;
         d_bytes_spec += now.bytes_speculative - was.bytes_speculative;
         d_unclaimed_net += (int64_t) now.bytes_speculative_unclaimed - (int64_t) was.bytes_speculative_unclaimed;
@@ -328,6 +352,40 @@ struct llama_smoe {
         d_busy_ns += now.busy_ns - was.busy_ns;
         d_idle_ns += now.drive_idle_ns - was.drive_idle_ns;
         d_demand += now.reads_demand - was.reads_demand;
+    }
+
+    // Lookahead's choice for the next decoded ubatch, from how long this one took a token:
+    // in a probe, alternately with and without guesses; after it, what the probe found
+    // faster, for RUN_TOKENS ubatches; then another probe.
+    void adapt_after(double token_s) {
+        if (!adapt) {
+            guessing = true;
+            return;
+        }
+        if (probe_left > 0) {
+            (guessing ? probe_on_s : probe_off_s) += token_s;
+            (guessing ? probe_on_n : probe_off_n) += 1;
+            probe_left--;
+            if (probe_left > 0) {
+                guessing = !guessing;
+                return;
+            }
+            probes++;
+            const double on = probe_on_s / std::max<uint32_t>(1, probe_on_n);
+            const double off = probe_off_s / std::max<uint32_t>(1, probe_off_n);
+            guessing = on < GAIN * off;
+            probes_won += guessing ? 1 : 0;
+            run_left = RUN_TOKENS;
+            return;
+        }
+        if (run_left > 0 && --run_left > 0) {
+            return;
+        }
+        // a new probe, its first token without guesses
+        probe_left = 2 * PROBE_TOKENS;
+        probe_on_s = probe_off_s = 0;
+        probe_on_n = probe_off_n = 0;
+        guessing = false;
     }
 
     // Active slots as the glue sees them: SMOE_TEST_SQUEEZE's cap once it has begun.
@@ -461,6 +519,7 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, uint32_t n_expert, const char
     const uint32_t layer_ahead = env_u32("SMOE_LAYER_AHEAD", UINT32_MAX, UINT32_MAX);
     const uint32_t lookahead = env_u32("SMOE_LOOKAHEAD", 1, 8);
     const uint32_t lookahead_width = env_u32("SMOE_LOOKAHEAD_WIDTH", 0, 1u << 20);
+    const bool lookahead_adapt = env_u32("SMOE_LOOKAHEAD_ADAPT", 1, 1) == 1;
     // op offload: a layer's next expert weight (up, gate, down: the same ids) copied to the
     // GPU on a stream of its own while the weight before it computes; 0 copies in order
     const bool copy_ahead = env_u32("SMOE_COPY_AHEAD", 1, 1) == 1;
@@ -480,6 +539,8 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, uint32_t n_expert, const char
     s->layer_ahead = layer_ahead;
     s->lookahead = lookahead;
     s->lookahead_width = lookahead_width;
+    s->adapt = lookahead_adapt;
+    s->guessing = !lookahead_adapt;  // adapting: the first probe's first token without
     s->copy_ahead = copy_ahead;
     s->squeeze = squeeze;
     s->fail_claims = fail_claims;
@@ -587,13 +648,19 @@ void llama_smoe_free(llama_smoe * s) {
         fprintf(stderr,
             "smoe: decode: %llu tokens in %.3f s (%.2f tokens/s); lookahead %u layers x %s experts: recall %.1f%% (%llu of %llu routed "
             "experts guessed), %llu guesses, %llu stale reads dropped; read %.2f MiB (%llu demand reads), %.2f MiB of it speculative, "
-            "%.2f MiB never claimed (%.1f%% of the bytes read); the drive idle %.3f s of %.3f s busy\n",
+            "%.2f MiB never claimed (%.1f%% of the bytes read); the drive idle %.3f s of %.3f s busy; guesses queued in %llu "
+            "of the tokens (%s)\n",
             (unsigned long long) s->decode_tokens, s->decode_s, s->decode_s > 0 ? (double) s->decode_tokens / s->decode_s : 0.0,
             s->lookahead, s->lookahead_width ? std::to_string(s->lookahead_width).c_str() : "top-k",
             s->d_routed ? 100.0 * (double) s->d_hits / (double) s->d_routed : 0.0, (unsigned long long) s->d_hits,
             (unsigned long long) s->d_routed, (unsigned long long) s->guess_sets, (unsigned long long) s->d_dropped,
             s->d_bytes_read / mib, (unsigned long long) s->d_demand, s->d_bytes_spec / mib, unclaimed / mib,
-            s->d_bytes_read ? 100.0 * (double) unclaimed / (double) s->d_bytes_read : 0.0, s->d_idle_ns / 1e9, s->d_busy_ns / 1e9);
+            s->d_bytes_read ? 100.0 * (double) unclaimed / (double) s->d_bytes_read : 0.0, s->d_idle_ns / 1e9, s->d_busy_ns / 1e9,
+            (unsigned long long) s->tokens_guessed,
+            s->lookahead == 0 ? "off"
+            : s->adapt        ? (std::to_string(s->probes_won) + " of " + std::to_string(s->probes) +
+                                 " probes found them faster; SMOE_LOOKAHEAD_ADAPT=0: every token").c_str()
+                              : "every token: SMOE_LOOKAHEAD_ADAPT=0");
     }
     if (s->gpu_dev != nullptr) {
         fprintf(stderr, "smoe: op offload: %llu layer batches of %llu tokens computed on %s, %.2f MiB of experts copied there "
@@ -966,6 +1033,7 @@ static void queue_guess(layer_claims * l, const ggml_tensor * guess) {
             return;
         }
         s->guess_sets++;
+        s->ub_guessed = true;
     }
 }
 
@@ -1062,7 +1130,7 @@ static void claim_wave(ggml_tensor * dst, const ggml_tensor * a, const ggml_tens
     }
     // the next layers' guessed experts, read behind this layer's demand reads (after its
     // resident experts are claimed: a bet never evicts them) while this layer computes
-    if (guess != nullptr && wave == 0 && 2 * l->experts.size() <= l->n_expert && !s->stopped()) {
+    if (guess != nullptr && wave == 0 && s->guessing && 2 * l->experts.size() <= l->n_expert && !s->stopped()) {
         queue_guess(l, guess);
     }
     const uint64_t must = std::max<uint64_t>(need, got == 0 && !l->left.empty() ? 1 : 0);

@@ -222,7 +222,15 @@ fn work(shared: &Shared, me: u32, files: &[File]) {
             return;
         }
         match shared.table.next_job() {
-            Some(job) => read_job(shared, files, job, &mut scratch),
+            Some(job) => {
+                // Bets begin only while no demand read is in progress: once
+                // one may, every worker that can take one is woken, one by
+                // one, each waking the next while bets wait.
+                if job.origin != Origin::Demand && shared.table.has_speculative() {
+                    shared.wake.one();
+                }
+                read_job(shared, files, job, &mut scratch);
+            }
             None => shared.wake.park(me, || {
                 shared.table.has_work() || shared.shutdown.load(Ordering::Acquire)
             }),
@@ -282,7 +290,11 @@ fn read_job(shared: &Shared, files: &[File], job: ReadJob, scratch: &mut Scratch
     }
     // Counted by who the load was for in the end: a claim that waited for
     // a bet while it was read made it demand.
-    match shared.table.finish_loaded(job, bytes) {
+    let (origin, bets_may_begin) = shared.table.finish_loaded(job, bytes);
+    if bets_may_begin && shared.table.has_speculative() {
+        shared.wake.one();
+    }
+    match origin {
         Origin::Demand => &c.reads_demand,
         Origin::Speculative => {
             c.bytes_speculative.fetch_add(bytes, Ordering::Relaxed);
@@ -323,6 +335,8 @@ fn fail(shared: &Shared, job: ReadJob, err: Error) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(job.id, err);
-    shared.table.finish_failed(job);
+    if shared.table.finish_failed(job) && shared.table.has_speculative() {
+        shared.wake.one();
+    }
     shared.landed.notify();
 }

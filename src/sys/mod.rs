@@ -685,7 +685,7 @@ pub fn page_cache_bytes() -> Option<u64> {
 /// `path`, or on that of its nearest existing ancestor when `path` does not
 /// exist yet (a directory about to be created): `statvfs`'s `f_bavail ×
 /// f_frsize`, the same call on Linux and Apple. `None` when no ancestor can be
-/// asked.
+/// asked, or its filesystem keeps no count (no blocks at all: ramfs).
 pub fn free_bytes(path: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     let mut at = Some(path);
@@ -703,6 +703,12 @@ pub fn free_bytes(path: &Path) -> Option<u64> {
             // SAFETY: `c_path` is a NUL-terminated string and `st` is valid
             // for writing one `statvfs`; both outlive the call.
             if unsafe { libc::statvfs(c_path.as_ptr(), &mut st) } != 0 {
+                return None;
+            }
+            // A filesystem of no blocks at all keeps no count (ramfs, some
+            // pseudo filesystems report 0 of 0): its free space is unknown,
+            // not zero.
+            if st.f_blocks == 0 {
                 return None;
             }
             #[allow(clippy::unnecessary_cast)] // the field types differ by platform

@@ -187,3 +187,38 @@ fn a_stale_bet_never_delays_a_demand_read() {
         "{st:?}"
     );
 }
+
+/// A bet begins only while no demand read is in progress: with 4 workers
+/// and a slow disk, a layer's two demand reads begin, and the bets queued
+/// behind them wait (two workers idle) until both have ended, so the demand
+/// reads have the drive to themselves; then the bets begin at once.
+#[test]
+fn bets_wait_while_a_demand_read_is_in_progress() {
+    let v = common::vault(3, 16, 20_000, &[]);
+    let read = Duration::from_millis(300);
+    let (s, began) = streamer(&v, 32, 4, read);
+    let offset = |layer, expert| s.expert_info(layer, expert).unwrap().offset;
+    let t0 = Instant::now();
+    s.prefetch_set(1, &[3, 4], Priority::Demand).unwrap();
+    s.prefetch_set(2, &[5, 6], Priority::Speculative).unwrap();
+    let mut first = vec![
+        began.recv_timeout(WAIT).unwrap(),
+        began.recv_timeout(WAIT).unwrap(),
+    ];
+    first.sort_unstable();
+    assert_eq!(first, vec![offset(1, 3), offset(1, 4)], "the demand reads first");
+    assert!(
+        began.recv_timeout(read / 2).is_err(),
+        "a bet began while the demand reads were in progress"
+    );
+    let mut bets = vec![
+        began.recv_timeout(WAIT).unwrap(),
+        began.recv_timeout(WAIT).unwrap(),
+    ];
+    let after = t0.elapsed();
+    bets.sort_unstable();
+    assert_eq!(bets, vec![offset(2, 5), offset(2, 6)]);
+    assert!(after >= read, "the bets began {after:?} after the demand reads");
+    claim_all(&v, &s, 1, &[3, 4]);
+    until(&s, "the bets are read", |st| st.reads_speculative == 2);
+}

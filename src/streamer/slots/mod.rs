@@ -221,6 +221,10 @@ pub(crate) struct SlotTable {
     fresh: CachePadded<AtomicU32>,
     demand: Queue<Item>,
     speculative: Queue<Item>,
+    /// Reads begun as demand and not finished: while any is, no speculative
+    /// read begins (`next_job`), so a bet never shares the drive with a read
+    /// the engine waits for.
+    demand_reading: CachePadded<AtomicU32>,
     /// Loads that replaced another expert (a statistic).
     evictions: CachePadded<AtomicU64>,
     /// Evictions of loads no claim ever took (READY): reads wasted, most
@@ -287,6 +291,7 @@ impl SlotTable {
             fresh: CachePadded::new(AtomicU32::new(0)),
             demand: Queue::with_capacity(cap),
             speculative: Queue::with_capacity(cap),
+            demand_reading: CachePadded::new(AtomicU32::new(0)),
             evictions: CachePadded::new(AtomicU64::new(0)),
             evicted_unclaimed: CachePadded::new(AtomicU64::new(0)),
             speculative_claimed_bytes: CachePadded::new(AtomicU64::new(0)),
@@ -698,12 +703,22 @@ impl SlotTable {
 
 // The workers' hand-off: begin a queued read, finish it.
 impl SlotTable {
-    /// The next read for a worker, demand first. None when both queues are
-    /// empty. Entries made stale by a promotion or a newer generation are
-    /// skipped.
+    /// The next read for a worker, demand first; a speculative (or
+    /// pre-warm) read only while no demand read is in progress, so that a
+    /// bet fills the drive's idle time and never takes bandwidth from a read
+    /// the engine waits for. None when there is nothing to begin. Entries
+    /// made stale by a promotion or a newer generation are skipped.
     pub(crate) fn next_job(&self) -> Option<ReadJob> {
         loop {
-            let item = self.demand.pop().or_else(|| self.speculative.pop())?;
+            let item = match self.demand.pop() {
+                Some(item) => item,
+                // Acquire: pairs with the Release decrement in `end_read`;
+                // a stale count only delays a bet or lets one overlap.
+                None if self.demand_reading.load(Ordering::Acquire) == 0 => {
+                    self.speculative.pop()?
+                }
+                None => return None,
+            };
             let (slot, generation) = split_ticket(item);
             let cell = &self.cells[slot as usize].word;
             // Acquire: the word written by the prefetch that queued the item.
@@ -721,6 +736,9 @@ impl SlotTable {
                     Ordering::Acquire,
                 ) {
                     Ok(_) => {
+                        if w.origin() == Origin::Demand {
+                            self.demand_reading.fetch_add(1, Ordering::Relaxed);
+                        }
                         // The id was stored before the ticket was pushed:
                         // this pop (Acquire) ordered that store before us.
                         let id = self.cells[slot as usize].id.load(Ordering::Relaxed);
@@ -737,9 +755,25 @@ impl SlotTable {
         }
     }
 
-    /// Whether either queue holds an item (possibly a stale one).
+    /// Whether `next_job` may find a read to begin (possibly a stale one):
+    /// a demand item, or a speculative one while no demand read is in
+    /// progress.
     pub(crate) fn has_work(&self) -> bool {
-        !self.demand.is_empty() || !self.speculative.is_empty()
+        !self.demand.is_empty()
+            || (!self.speculative.is_empty() && self.demand_reading.load(Ordering::Acquire) == 0)
+    }
+
+    /// Whether the speculative queue holds an item (possibly a stale one).
+    pub(crate) fn has_speculative(&self) -> bool {
+        !self.speculative.is_empty()
+    }
+
+    /// A begun read ended (loaded or failed). True when it was the last
+    /// demand read in progress: speculative reads may begin now (the caller
+    /// wakes workers for them).
+    fn end_read(&self, job: &ReadJob) -> bool {
+        // Release: pairs with `next_job`'s Acquire load.
+        job.origin == Origin::Demand && self.demand_reading.fetch_sub(1, Ordering::Release) == 1
     }
 
     /// Publishes a finished read: READY, with a fresh tick.
@@ -749,9 +783,15 @@ impl SlotTable {
     }
 
     /// Publishes a finished read of `bytes` bytes: READY, with a fresh
-    /// tick. Returns who the load was for in the end: a claim that waited
-    /// for it while it was read made it demand.
-    pub(crate) fn finish_loaded(&self, job: ReadJob, bytes: u64) -> Origin {
+    /// tick. Returns who the load was for in the end (a claim that waited
+    /// for it while it was read made it demand), and whether speculative
+    /// reads may begin now (it was the last demand read in progress).
+    pub(crate) fn finish_loaded(&self, job: ReadJob, bytes: u64) -> (Origin, bool) {
+        let origin = self.publish_loaded(job, bytes);
+        (origin, self.end_read(&job))
+    }
+
+    fn publish_loaded(&self, job: ReadJob, bytes: u64) -> Origin {
         self.touch(job.slot);
         let slot = &self.cells[job.slot as usize];
         slot.bytes.store(bytes, Ordering::Relaxed);
@@ -774,8 +814,14 @@ impl SlotTable {
     }
 
     /// Records a failed read: the error waits for the next claim of the id,
-    /// and the slot goes back to EMPTY.
-    pub(crate) fn finish_failed(&self, job: ReadJob) {
+    /// and the slot goes back to EMPTY. True when speculative reads may
+    /// begin now (it was the last demand read in progress).
+    pub(crate) fn finish_failed(&self, job: ReadJob) -> bool {
+        self.fail_read(job);
+        self.end_read(&job)
+    }
+
+    fn fail_read(&self, job: ReadJob) {
         // Release: the error (stored by the caller before this call) is
         // visible to the claim that Acquires the flag.
         self.failed[job.id as usize].store(1, Ordering::Release);

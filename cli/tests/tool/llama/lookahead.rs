@@ -39,7 +39,8 @@ fn decode_line(stderr: &str) -> (u64, u64, u64, u64, u64) {
 /// state is that layer's routing: every guess is right. Through a ring
 /// smaller than a token's experts the counters are exact (each decoded
 /// token: 7 guessed layers of 2 experts), the logits bitwise stock's, and
-/// `SMOE_LOOKAHEAD=0` guesses nothing.
+/// `SMOE_LOOKAHEAD=0` guesses nothing. (`SMOE_LOOKAHEAD_ADAPT=0`: guesses
+/// in every token; adapting, see `lookahead_adapts_by_probes`.)
 #[test]
 fn lookahead_counts_exactly_on_a_model_whose_routing_is_known() {
     let Some(s) = setup_in_place("derived/qwen3moe-q8_0-still.gguf") else {
@@ -57,6 +58,7 @@ fn lookahead_counts_exactly_on_a_model_whose_routing_is_known() {
             ("SMOE_RING_SLOTS", "12"),
             ("SMOE_PREWARM", "0"),
             ("SMOE_LOOKAHEAD", depth),
+            ("SMOE_LOOKAHEAD_ADAPT", "0"),
         ];
         let smoe = run(&format!("smoe-lookahead-{depth}"), &env);
         let err = smoe.stderr();
@@ -96,7 +98,7 @@ fn wrong_guesses_keep_stocks_logits() {
     let run = |name: &str, env: &[(&str, &str)]| {
         let mut all = vec![("SMOE_NO_REPACK", "1")];
         all.extend_from_slice(env);
-        run_predicting(&s.bin, &s.gguf, s.tmp.path(), name, PROMPT, 2, "24", &all)
+        run_predicting(&s.bin, &s.gguf, s.tmp.path(), name, PROMPT, 1, "24", &all)
     };
     let stock = run("stock", &[]);
     for (depth, width) in [("1", "0"), ("2", "6"), ("3", "16")] {
@@ -106,6 +108,7 @@ fn wrong_guesses_keep_stocks_logits() {
             ("SMOE_PREWARM", "0"),
             ("SMOE_LOOKAHEAD", depth),
             ("SMOE_LOOKAHEAD_WIDTH", width),
+            ("SMOE_LOOKAHEAD_ADAPT", "0"),
         ];
         let smoe = run(&format!("smoe-{depth}-{width}"), &env);
         let err = smoe.stderr();
@@ -117,4 +120,46 @@ fn wrong_guesses_keep_stocks_logits() {
         let (_, guessed, routed, guesses, _) = decode_line(&err);
         assert!(guesses > 0 && routed > 0 && guessed <= routed, "{err}");
     }
+}
+
+/// By default the glue guesses only while guessing pays: decoded tokens
+/// are timed in a probe that alternates guessing and not, 8 tokens each,
+/// and the next 112 follow the faster. The line says how many probes ran
+/// and how many tokens guessed; the logits stay stock's.
+#[test]
+fn lookahead_adapts_by_probes() {
+    let Some(s) = setup_in_place("derived/qwen3moe-q8_0-still.gguf") else {
+        return;
+    };
+    let run = |name: &str, env: &[(&str, &str)]| {
+        let mut all = vec![("SMOE_NO_REPACK", "1")];
+        all.extend_from_slice(env);
+        run_predicting(&s.bin, &s.gguf, s.tmp.path(), name, PROMPT, 1, "40", &all)
+    };
+    let stock = run("stock", &[]);
+    let env = [("SMOE", "1"), ("SMOE_RING_SLOTS", "12"), ("SMOE_PREWARM", "0")];
+    let smoe = run("smoe-adapt", &env);
+    let err = smoe.stderr();
+    assert!(same_logits(&smoe, &stock), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("smoe: decode: "))
+        .unwrap_or_else(|| panic!("{err}"));
+    let (tokens, _, _, guesses, _) = decode_line(&err);
+    assert!(tokens >= 39, "{line}");
+    // the probe's 8 tokens with guesses, 7 guessed layers each, and the
+    // rest of the tokens either all guessing (the probe found it faster) or
+    // none
+    assert!(line.contains(" of 1 probes found them faster"), "{line}");
+    let guessed_tokens: u64 = line[line.find("guesses queued in ").unwrap() + 18..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        guessed_tokens == 8 || guessed_tokens == tokens - 8,
+        "{line}"
+    );
+    assert_eq!(guesses, guessed_tokens * 7, "{line}");
 }
