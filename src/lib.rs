@@ -50,6 +50,7 @@ mod budget;
 mod config;
 mod error;
 mod fs_safe;
+mod limits;
 mod model;
 mod popularity;
 mod printable;

@@ -144,6 +144,18 @@ impl fmt::Write for Escaping<'_> {
     }
 }
 
+/// Lowercase hex of `bytes` (an identity, a vault id, a checksum): two
+/// digits a byte, printable whatever the bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,7 +27,7 @@ pub const CACHE_DIR_VAR: &str = "SMOE_CACHE_DIR";
 
 /// The identity of `model`: xxh3-128 over its kind, each file's size, and
 /// its tensor table (each tensor's name, file, offset, length, type and
-/// shape), in order. 16 bytes, shown as 32 hex digits ([`crate::vault::hex`]).
+/// shape), in order. 16 bytes, shown as 32 hex digits ([`crate::printable::hex`]).
 ///
 /// # Errors
 ///
@@ -81,7 +81,7 @@ pub type CacheDir = std::result::Result<(PathBuf, Option<String>), String>;
 /// (no absolute `HOME`): the caller then keeps no histogram, and says
 /// why.
 pub fn cache_dir(identity: &[u8; 16], env: impl Fn(&str) -> Option<OsString>) -> CacheDir {
-    let leaf = |base: PathBuf| base.join("smoe").join(crate::vault::hex(identity));
+    let leaf = |base: PathBuf| base.join("smoe").join(crate::printable::hex(identity));
     let set = |name: &str| env(name).filter(|v| !v.is_empty());
     let ignored = match set(CACHE_DIR_VAR) {
         Some(v) if Path::new(&v).is_absolute() => return Ok((leaf(PathBuf::from(v)), None)),

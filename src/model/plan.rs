@@ -203,7 +203,7 @@ pub fn plan(model: &Model) -> Result<(u32, u32, Vec<LayerPlan>)> {
 
     // Before anything is sized by them: a config.json, a header or a
     // tensor's name may claim any count, and the expert count any u64.
-    let max_ids = crate::vault::MAX_EXPERT_IDS;
+    let max_ids = crate::limits::MAX_EXPERT_IDS;
     let ids = n_layers.saturating_mul(n_experts);
     if ids > max_ids {
         let top_tensor = &model.tensors[top.tensor];

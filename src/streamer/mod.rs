@@ -900,7 +900,15 @@ mod imp {
             let n = shared.vault.n_experts();
             let settled = shared
                 .predictions
-                .settle(base, n, routed, |id| shared.table.drop_speculative(id));
+                .settle(base, n, routed, |id| {
+                    // A stale bet: dropped before its read, or, read, the
+                    // first to go from the ring.
+                    let dropped = shared.table.drop_speculative(id);
+                    if !dropped {
+                        shared.table.demote_unclaimed(id);
+                    }
+                    dropped
+                });
             if settled.routed == 0 && settled.dropped == 0 {
                 return;
             }

@@ -64,6 +64,10 @@ use pins::{Pinned, Pins, Seized, Skip};
 use word::{next_generation, pin_shard_of, ticket, AtomicWord, Word};
 use word::{EMPTY, EVICTING, GEN_MAX, QUEUED, READING};
 
+/// A speculative or pre-warm read begins only while fewer demand reads than
+/// this are in progress (`next_job`).
+const BETS_WHILE_DEMAND_READS_BELOW: u32 = 1;
+
 /// `map` entry: no slot.
 const NONE: u64 = u64::MAX;
 /// `map` entry: a prefetch is choosing a slot for this id.
@@ -612,6 +616,25 @@ impl SlotTable {
         true
     }
 
+    /// A bet on `id` that came to nothing: when it was read and no claim
+    /// has taken it (READY), its slot becomes the first an eviction takes
+    /// (its recency stamp the oldest there is), instead of being kept as an
+    /// unclaimed load for several turns of the ring. A hint: a race changes
+    /// only which slot is chosen.
+    pub(crate) fn demote_unclaimed(&self, id: u32) {
+        // Acquire: as in `prefetch_sparing`.
+        let m = self.map[id as usize].load(Ordering::Acquire);
+        if m == NONE || m == RESERVED {
+            return;
+        }
+        let (slot, generation) = split_ticket(m);
+        let cell = &self.cells[slot as usize];
+        let w = cell.word.load(Ordering::Relaxed);
+        if w.state() == READY && w.generation() == generation {
+            cell.stamp.store(victim::DEMOTED, Ordering::Relaxed);
+        }
+    }
+
     /// Takes a slot for `id`: a fresh one if any is left, else the least
     /// recently used idle one. Returns (slot, new generation, evicted).
     fn take_slot(&self, id: u32, origin: Origin, spare: Spare<'_>) -> Option<(u32, u64, bool)> {
@@ -714,7 +737,7 @@ impl SlotTable {
                 Some(item) => item,
                 // Acquire: pairs with the Release decrement in `end_read`;
                 // a stale count only delays a bet or lets one overlap.
-                None if self.demand_reading.load(Ordering::Acquire) == 0 => {
+                None if self.demand_reading.load(Ordering::Acquire) < BETS_WHILE_DEMAND_READS_BELOW => {
                     self.speculative.pop()?
                 }
                 None => return None,
@@ -760,7 +783,8 @@ impl SlotTable {
     /// progress.
     pub(crate) fn has_work(&self) -> bool {
         !self.demand.is_empty()
-            || (!self.speculative.is_empty() && self.demand_reading.load(Ordering::Acquire) == 0)
+            || (!self.speculative.is_empty()
+                && self.demand_reading.load(Ordering::Acquire) < BETS_WHILE_DEMAND_READS_BELOW)
     }
 
     /// Whether the speculative queue holds an item (possibly a stale one).
@@ -773,7 +797,8 @@ impl SlotTable {
     /// wakes workers for them).
     fn end_read(&self, job: &ReadJob) -> bool {
         // Release: pairs with `next_job`'s Acquire load.
-        job.origin == Origin::Demand && self.demand_reading.fetch_sub(1, Ordering::Release) == 1
+        job.origin == Origin::Demand
+            && self.demand_reading.fetch_sub(1, Ordering::Release) == BETS_WHILE_DEMAND_READS_BELOW
     }
 
     /// Publishes a finished read: READY, with a fresh tick.

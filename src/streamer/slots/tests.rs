@@ -307,3 +307,26 @@ fn a_bet_is_dropped_only_while_queued_unwanted() {
     assert!(!t.drop_speculative(5) && !t.drop_speculative(6));
     assert_eq!(load_all(&t).len(), 4, "3, 4, 5 and 6 are read");
 }
+
+/// A bet read and then settled against a set without it goes first: the
+/// next take evicts it rather than an older claimed slot.
+#[test]
+fn a_demoted_bet_is_the_next_victim() {
+    let t = SlotTable::new(3, 8);
+    for id in [0, 1] {
+        t.prefetch(id, Origin::Demand);
+        load_all(&t);
+        let Claimed::Ready { ticket, .. } = t.claim(id) else {
+            panic!("{id} not ready")
+        };
+        t.release(ticket).unwrap();
+    }
+    t.prefetch(5, Origin::Speculative);
+    load_all(&t);
+    // Without the demotion the unclaimed bet is kept: 0, the oldest
+    // claimed, would go. Demoted, the bet goes.
+    t.demote_unclaimed(5);
+    assert!(matches!(t.prefetch(6, Origin::Demand), Prefetched::Queued { evicted: true, .. }));
+    assert!(!t.present(5), "the demoted bet was evicted");
+    assert!(t.present(0) && t.present(1));
+}

@@ -63,6 +63,11 @@ impl Spare<'_> {
 /// claim and resident prefetch.
 const UNCLAIMED_TURNOVERS: u64 = 4;
 
+/// The stamp of a bet that came to nothing (`SlotTable::demote_unclaimed`):
+/// the oldest there is, and stale at once. No load or touch gives it (the
+/// load clock starts at 1).
+pub(super) const DEMOTED: u64 = 0;
+
 /// Low bits of a stamp: the order of touches within one tick of the load
 /// clock.
 const SEQ_BITS: u32 = 24;
@@ -220,7 +225,8 @@ fn scan_leaving<C: CellFields, const SKIPS: bool>(
         let tick = stamp >> SEQ_BITS;
         let r = rank(cell, tick);
         let age = !stamp;
-        if state == READY && tick >= stale_before {
+        // (a demoted bet counts as stale at once: `DEMOTED`)
+        if state == READY && stamp != DEMOTED && tick >= stale_before {
             if u_slot == u32::MAX || (r, age) > (u_rank, u_age) {
                 (u_rank, u_age, u_slot, u_word) = (r, age, i as u32, w);
             }
