@@ -27,7 +27,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 
 /// `-DLLAMA_SMOE=OFF`, the option's default, with find_package(smoe)
 /// disabled: the patched tree configures and builds llama-simple without
-/// smoe (no llama-smoe.cpp compiled, no smoe symbol linked), and it runs as
+/// smoe (none of the glue's sources compiled, no smoe symbol linked), and it runs as
 /// stock llama.cpp: `SMOE_VAULT` changes nothing, the text and every logit
 /// are those of the smoe build without a vault.
 #[test]
@@ -58,7 +58,11 @@ fn option_off_builds_stock_llama_simple() {
     assert_eq!(off, llama_dir().join("build-off/bin/llama-simple"));
 
     let build_off = llama_dir().join("build-off");
-    for object in ["llama-smoe.cpp.o", "llama-smoe.cpp.o.d"] {
+    for object in [
+        "llama-smoe.cpp.o",
+        "llama-smoe-lookahead.cpp.o",
+        "llama-smoe-offload.cpp.o",
+    ] {
         let found = find_named(&build_off, object);
         assert!(found.is_empty(), "option off, yet compiled: {found:?}");
     }
