@@ -898,9 +898,14 @@ mod imp {
             let _ = layer;
             let shared = &self.shared;
             let n = shared.vault.n_experts();
-            let settled = shared
-                .predictions
-                .settle(base, n, routed, |id| shared.table.drop_speculative(id));
+            // A bet the set does not name: its read is dropped if it has not
+            // begun, else, once read, its slot is the first to evict.
+            let settled = shared.predictions.settle(base, n, routed, |id| {
+                shared.table.drop_speculative(id) || {
+                    shared.table.demote_speculative(id);
+                    false
+                }
+            });
             if settled.routed == 0 && settled.dropped == 0 {
                 return;
             }

@@ -607,6 +607,44 @@ impl SlotTable {
         true
     }
 
+    /// Makes `id`'s load the first idle slot to evict when it is a bet that
+    /// was read and that no claim has taken (READY, speculative): called
+    /// for a bet its layer's set did not name. It stays in the ring, a hit
+    /// if a later claim wants it, but no longer counts as the head of a
+    /// burst about to be claimed, which an unclaimed load is spared as for
+    /// `UNCLAIMED_TURNOVERS` turns of the ring: wrong guesses would
+    /// otherwise take that many turns' worth of slots from the experts the
+    /// engine uses. Only the recency hint changes (stamp 0, which no load
+    /// or touch gives, is older than every other; `victim` counts it as
+    /// stale). A claim or a load racing with it wins: the stamp is swapped
+    /// only from the value read before the word was checked.
+    pub(crate) fn demote_speculative(&self, id: u32) {
+        let Some(entry) = self.map.get(id as usize) else {
+            return;
+        };
+        // Acquire: as in `drop_speculative`.
+        let m = entry.load(Ordering::Acquire);
+        if m == NONE || m == RESERVED {
+            return;
+        }
+        let (slot, generation) = split_ticket(m);
+        let cell = &self.cells[slot as usize];
+        let stamp = cell.stamp.load(Ordering::Relaxed);
+        // Acquire: the word's latest transition (a claim, a new load).
+        let w = cell.word.load(Ordering::Acquire);
+        if w.state() != READY
+            || w.generation() != generation
+            || w.origin() != Origin::Speculative
+            || w.is_held()
+        {
+            return;
+        }
+        // Relaxed: a hint; a touch since the load above keeps its stamp.
+        let _ = cell
+            .stamp
+            .compare_exchange(stamp, 0, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
     /// Takes a slot for `id`: a fresh one if any is left, else the least
     /// recently used idle one. Returns (slot, new generation, evicted).
     fn take_slot(&self, id: u32, origin: Origin, spare: Spare<'_>) -> Option<(u32, u64, bool)> {

@@ -317,7 +317,11 @@ impl SlotTable {
         // claimed slot (CONSUMED) is left, or when it has waited unclaimed
         // longer than UNCLAIMED_TURNOVERS turns of the ring (loads), so that
         // speculation that never came true does not pin the ring.
-        let stale_before = now.saturating_sub(UNCLAIMED_TURNOVERS * u64::from(self.slots()));
+        // At least 1: a demoted bet (stamp 0, `demote_speculative`) is stale
+        // from the first turn on.
+        let stale_before = now
+            .saturating_sub(UNCLAIMED_TURNOVERS * u64::from(self.slots()))
+            .max(1);
         let layer = id / self.shape.experts_per_layer;
         let adaptive = |cell: &Cell, tick| {
             let (group, rank) =
