@@ -26,6 +26,7 @@ import json
 import os
 import pathlib
 import re
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -156,8 +157,52 @@ class _OneExpertModule:
 # held by other claims before it raises smoe.RingFull.
 _RING_FULL_PATIENCE = 60.0
 
-# A builder makes one parameter's per-expert tensor from a lease.
-_Builder = Callable[[smoe.Lease], torch.Tensor]
+class _Claim:
+    """One claimed expert as the builders see it: the lease, and its bytes
+    as one ``uint8`` tensor (one DLPack export, made when first asked
+    for)."""
+
+    __slots__ = ("lease", "_whole")
+
+    def __init__(self, lease: smoe.Lease) -> None:
+        self.lease = lease
+        self._whole: torch.Tensor | None = None
+
+    def bytes(self, offset: int, count: int) -> torch.Tensor:
+        if offset + count > self.lease.size:
+            raise smoe.FormatError(
+                f"layer {self.lease.layer}: a layout item ({count} bytes at offset {offset}) runs "
+                f"past the claim's {self.lease.size} bytes"
+            )
+        if self._whole is None:
+            self._whole = torch.from_dlpack(self.lease)
+        return self._whole.narrow(0, offset, count)
+
+
+# Per thread: one tensor per (parameter, shape, dtype), reused for every
+# expert that parameter is copied for (a claim's compute ends before the
+# next claim's tensors are built, and threads never share one).
+_SCRATCH = threading.local()
+
+
+def _scratch(key: str, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    pool = _SCRATCH.__dict__.setdefault("pool", {})
+    found = pool.get((key, shape, dtype))
+    if found is None:
+        found = pool[(key, shape, dtype)] = torch.empty(shape, dtype=dtype)
+    return found
+
+
+def _aligned(tensor: torch.Tensor, key: str) -> torch.Tensor:
+    """``tensor`` where its data is 64-byte aligned and contiguous, else
+    its copy into a scratch tensor (which torch's allocator aligned)."""
+    if tensor.is_contiguous() and tensor.data_ptr() % _ALIGN == 0:
+        return tensor
+    return _scratch(key, tensor.shape, tensor.dtype).copy_(tensor)
+
+
+# A builder makes one parameter's per-expert tensor from a claim.
+_Builder = Callable[[_Claim], torch.Tensor]
 
 
 class _Layer:
@@ -246,9 +291,10 @@ class _Layer:
         sub_index = torch.full((rows, 1), expert, dtype=top_k_index.dtype, device=top_k_index.device)
         sub_weights = top_k_weights[token_idx, top_k_pos].unsqueeze(-1)
         params = {}
+        claim = _Claim(lease)
         for pname, build in self.builders.items():
             meta = getattr(module, pname)
-            tensor = build(lease)
+            tensor = build(claim)
             if tensor.dtype != meta.dtype or tensor.device != hidden_states.device:
                 tensor = tensor.to(device=hidden_states.device, dtype=meta.dtype)
             params[pname] = _OneExpert(expert, tensor, meta)
@@ -257,6 +303,7 @@ class _Layer:
             out = self.eager(
                 _OneExpertModule(module, params), hidden_states[token_idx], sub_index, sub_weights
             )
+        del params, claim
         return token_idx, out
 
 
@@ -284,20 +331,33 @@ def _layer_of(name: str) -> int | None:
 _ALIGN = 64
 
 
-def _role_view(role: str, shape: tuple[int, ...], transpose: bool) -> _Builder:
-    def build(lease: smoe.Lease) -> torch.Tensor:
-        tensor = lease.torch(role)
+def _role_view(item: dict[str, Any], shape: tuple[int, ...], transpose: bool, key: str) -> _Builder:
+    """One layout item as the parameter's per-expert tensor: a view of the
+    ring, or (transposed, or not 64-byte aligned) its copy in scratch."""
+    role = item["role"]
+    dtype = _TORCH_DTYPES.get(item["dtype"])
+    if dtype is not None and _numel(tuple(item["shape"])) * dtype.itemsize != item["bytes"]:
+        dtype = None  # lease.torch(role) says what is wrong
+
+    def view(claim: _Claim) -> torch.Tensor:
+        if dtype is None:
+            tensor = claim.lease.torch(role)
+        else:
+            # What lease.torch(role) makes, from the claim's one export.
+            tensor = claim.bytes(item["offset"], item["bytes"]).view(dtype).view(item["shape"])
         if tensor.dim() != len(shape) and tensor.numel() == _numel(shape):
             tensor = tensor.reshape(shape)
-        if transpose:
-            return tensor.t().contiguous()
+        return tensor.t() if transpose else tensor
+
+    def build(claim: _Claim) -> torch.Tensor:
         # A model read in place keeps its file's offsets: a safetensors
         # tensor starts wherever the header before it ends. Such a view is
         # copied into aligned memory, so the logits stay eager's bit for
         # bit (tests: qwen3moe float32, whose down_proj sits 56 bytes past
         # a 64-byte boundary).
-        return tensor.clone() if tensor.data_ptr() % _ALIGN else tensor
+        return _aligned(view(claim), key)
 
+    build.view = view  # type: ignore[attr-defined]
     return build
 
 
@@ -308,14 +368,44 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _fused(first: _Builder, second: _Builder, dim: int, interleaved: bool) -> _Builder:
-    def build(lease: smoe.Lease) -> torch.Tensor:
-        a, b = first(lease), second(lease)
+def _fused(first: _Builder, second: _Builder, dim: int, interleaved: bool, key: str) -> _Builder:
+    """``gate`` and ``up`` as one parameter: their concatenation (or
+    interleaving) along ``dim``, made in scratch from the ring's views."""
+    view_a, view_b = first.view, second.view  # type: ignore[attr-defined]
+
+    def build(claim: _Claim) -> torch.Tensor:
+        a, b = view_a(claim), view_b(claim)
         if interleaved:
             # gate and up alternate along the dimension: g0, u0, g1, u1, ...
             d = dim % a.dim()
-            return torch.stack((a, b), dim=d + 1).flatten(d, d + 1)
-        return torch.cat((a, b), dim=dim)
+            return _aligned(torch.stack((a, b), dim=d + 1).flatten(d, d + 1), key)
+        shape = list(a.shape)
+        shape[dim] += b.shape[dim]
+        return torch.cat((a, b), dim=dim, out=_scratch(key, torch.Size(shape), a.dtype))
+
+    return build
+
+
+def _adjacent(
+    gate: dict[str, Any], up: dict[str, Any], want: tuple[int, ...], key: str
+) -> _Builder | None:
+    """``gate`` and ``up`` stored one after the other in the claim, each
+    ``want`` halved along the first dimension: their concatenation is the
+    bytes from gate's start to up's end, a view (copied only when it is not
+    64-byte aligned)."""
+    dtype = _TORCH_DTYPES.get(gate["dtype"])
+    if (
+        dtype is None
+        or up["dtype"] != gate["dtype"]
+        or up["offset"] != gate["offset"] + gate["bytes"]
+        or gate["bytes"] != up["bytes"]
+        or gate["bytes"] + up["bytes"] != _numel(want) * dtype.itemsize
+    ):
+        return None
+    offset, count = gate["offset"], gate["bytes"] + up["bytes"]
+
+    def build(claim: _Claim) -> torch.Tensor:
+        return _aligned(claim.bytes(offset, count).view(dtype).view(want), key)
 
     return build
 
@@ -332,16 +422,16 @@ def _builders(
     transposed = bool(module.is_transposed)
     builders: dict[str, _Builder] = {}
 
-    def direct(role: str, want: tuple[int, ...]) -> _Builder | None:
+    def direct(role: str, want: tuple[int, ...], key: str) -> _Builder | None:
         item = items.get(role)
         if item is None:
             return None
         have = tuple(item["shape"])
         per_expert = "{expert}" in item.get("tensor", "")
         if have == want or (_numel(have) == _numel(want) and len(want) == 1):
-            return _role_view(role, want, transpose=False)
+            return _role_view(item, want, transpose=False, key=key)
         if per_expert and transposed and len(have) == 2 and have[::-1] == want:
-            return _role_view(role, have, transpose=True)
+            return _role_view(item, have, transpose=True, key=key)
         return None
 
     for pname, param in module.named_parameters(recurse=False):
@@ -354,16 +444,20 @@ def _builders(
             role = pname[: -len("_proj")]
         else:
             role = pname
-        build = direct(role, want)
+        build = direct(role, want, pname)
         if build is None and role in ("gate_up", "gate_up_bias"):
             suffix = "_bias" if role.endswith("_bias") else ""
             half = list(want)
             dim = -1 if (transposed and not suffix) else 0
             if half[dim] % 2 == 0:
                 half[dim] //= 2
-                gate, up = direct("gate" + suffix, tuple(half)), direct("up" + suffix, tuple(half))
+                gate, up = direct("gate" + suffix, tuple(half), pname), direct("up" + suffix, tuple(half), pname)
                 if gate is not None and up is not None:
-                    build = _fused(gate, up, dim, interleaved=not module.is_concatenated)
+                    concatenated = bool(module.is_concatenated)
+                    if concatenated and dim == 0:
+                        build = _adjacent(items["gate" + suffix], items["up" + suffix], want, pname)
+                    if build is None:
+                        build = _fused(gate, up, dim, interleaved=not concatenated, key=pname)
         if build is None:
             roles = ", ".join(f"{r} {tuple(i['shape'])}" for r, i in items.items())
             raise smoe.FormatError(
