@@ -10,13 +10,23 @@ gets without smoe. docs/python.md ("Measured") quotes its output.
         save_pretrained: no network, no downloaded weights.
     python-bench.py run DIR --cap 1400M [--tokens 8 --rounds 2 ...]
         as root: each run in a memory cgroup (v2, else v1) capped at
-        --cap, the page cache dropped before it, smoe and accelerate
-        alternating for --rounds rounds; prints a table and whether the
-        generated tokens are the same.
+        --cap, the page cache dropped before it, the --sides alternating
+        for --rounds rounds; prints a table and whether the generated
+        tokens are the same.
+
+Sides (--sides, comma-separated; default smoe,offload):
+    smoe        smoe.transformers, capped, with its lookahead (--lookahead,
+                --lookahead-width)
+    smoe-off    the same with lookahead=0
+    offload     transformers + accelerate's disk offload, capped
+--in-memory adds, once, uncapped: the model in memory (eager: the
+yardstick), smoe with every expert in its ring (warmed by a first pass:
+its compute alone) and the drive (the ring's reads alone: random experts
+read through the streamer as fast as it can, capped).
 
 The Python environment needs torch, transformers ≥ 5, safetensors,
-accelerate and the smoe package (`pip install './python[transformers]'
-accelerate`).
+the smoe package (`pip install './python[transformers]'`) and, for the
+offload side, accelerate.
 """
 
 from __future__ import annotations
@@ -174,18 +184,26 @@ def run(args: argparse.Namespace) -> None:
     if weights == 0:
         die(f"{model}: no safetensors files (python-bench.py make {model})")
     cap = parse_size(args.cap)
+    sides = [side.strip() for side in args.sides.split(",") if side.strip()]
+    for side in sides:
+        if side not in CAPPED_SIDES:
+            die(f"--sides: {side!r} is not one of {', '.join(CAPPED_SIDES)}")
     print(
         f"model {model.name}: {weights / 2**30:.2f} GiB of weights; memory cap {cap / 2**30:.2f} GiB "
         f"({weights / cap:.2f}× smaller); {args.tokens} tokens greedy after a {args.prompt_tokens}-token "
-        f"prompt; torch threads {args.threads}; {args.rounds} rounds, alternating; accelerate with "
-        f"experts_implementation={args.offload_experts!r}",
+        f"prompt; torch threads {args.threads}; {args.rounds} rounds of {', '.join(sides)}, alternating; "
+        f"smoe lookahead {args.lookahead} layers × {args.lookahead_width or 'top-k'} experts a token, "
+        f"workers {args.workers or 'as the library chooses'}; "
+        f"accelerate with experts_implementation={args.offload_experts!r}",
         flush=True,
     )
-    results: dict[str, list[dict]] = {"smoe": [], "offload": [], "memory": []}
-    plan = [(r, mode) for r in range(args.rounds) for mode in ("smoe", "offload")]
+    results: dict[str, list[dict]] = {side: [] for side in (*CAPPED_SIDES, *UNCAPPED_SIDES)}
+    plan = [(r, mode) for r in range(args.rounds) for mode in sides]
     if args.in_memory:
-        # The yardstick: the model in memory (no cap), compute alone.
-        plan.append((0, "memory"))
+        # The yardsticks, uncapped: the model in memory (compute alone);
+        # smoe with every expert resident (its compute alone); the drive
+        # (capped: the reads alone).
+        plan += [(0, "memory"), (0, "resident"), (0, "drive")]
     group = None
     try:
         for round_, mode in plan:
@@ -212,9 +230,15 @@ def run(args: argparse.Namespace) -> None:
                 args.offload_experts,
                 "--offload-dir",
                 args.offload_dir,
+                "--lookahead",
+                str(0 if mode == "smoe-off" else args.lookahead),
+                "--lookahead-width",
+                str(args.lookahead_width),
+                "--workers",
+                str(args.workers),
             ]
             start = time.monotonic()
-            join = None if mode == "memory" else group.join
+            join = None if mode in ("memory", "resident") else group.join
             done = subprocess.run(child, capture_output=True, text=True, preexec_fn=join)
             wall = time.monotonic() - start
             if done.returncode != 0:
@@ -226,10 +250,18 @@ def run(args: argparse.Namespace) -> None:
             group.remove()
             result["wall"] = wall
             results[mode].append(result)
+            if mode == "drive":
+                print(
+                    f"drive: {result['bytes'] / 2**30:.2f} GiB of random experts in {result['seconds']:.2f} s: "
+                    f"{result['bytes'] / result['seconds'] / 1e9:.2f} GB/s through the streamer",
+                    flush=True,
+                )
+                continue
             print(
                 f"round {round_ + 1} {mode:8} {result['tokens_per_s']:7.3f} tokens/s, first token "
                 f"{result['first_token_s']:6.2f} s, load {result['load_s']:6.2f} s, read "
-                f"{result['read_bytes'] / 2**30:6.2f} GiB during decode, peak {result['peak'] / 2**30:.2f} GiB",
+                f"{result['read_bytes'] / 2**30:6.2f} GiB during decode, peak {result['peak'] / 2**30:.2f} GiB"
+                + (f"; {prediction(result['decode'])}" if result.get("decode") else ""),
                 flush=True,
             )
     finally:
@@ -238,40 +270,82 @@ def run(args: argparse.Namespace) -> None:
     table(results, args)
 
 
+CAPPED_SIDES = ("smoe", "smoe-off", "offload")
+UNCAPPED_SIDES = ("memory", "resident", "drive")
+NAMES = {
+    "smoe": "`smoe.transformers`, lookahead",
+    "smoe-off": "`smoe.transformers`, no lookahead",
+    "offload": "transformers + accelerate disk offload",
+    "memory": "in memory, no cap (eager; compute alone)",
+    "resident": "smoe, every expert in the ring, no cap (its compute alone)",
+}
+
+
+def prediction(d: dict) -> str:
+    """The decode's lookahead figures: recall, bets wasted, drive idle."""
+    parts = []
+    if d["prediction_routed"]:
+        parts.append(f"recall {d['prediction_hits'] / d['prediction_routed']:.1%}")
+    if d["bytes_read"]:
+        parts.append(
+            f"speculative {d['bytes_speculative'] / d['bytes_read']:.0%} of the bytes read, "
+            f"unclaimed {d['bytes_speculative_unclaimed'] / d['bytes_read']:.1%}"
+        )
+    if d["busy_ns"]:
+        parts.append(f"drive idle {d['drive_idle_ns'] / d['busy_ns']:.0%} of the busy time")
+    return ", ".join(parts)
+
+
 def table(results: dict[str, list[dict]], args: argparse.Namespace) -> None:
-    smoe, offload = results["smoe"], results["offload"]
     med = lambda rows, key: statistics.median(r[key] for r in rows)  # noqa: E731
-    print()
-    print("| | tokens/s (median) | first token | load | read per token | peak memory |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for name, rows in (("smoe.transformers", smoe), ("accelerate disk offload", offload)):
-        per_token = med(rows, "read_bytes") / max(1, args.tokens - 1)
-        print(
-            f"| {name} | {med(rows, 'tokens_per_s'):.3f} | {med(rows, 'first_token_s'):.2f} s | "
-            f"{med(rows, 'load_s'):.2f} s | {per_token / 2**20:.0f} MiB | {med(rows, 'peak') / 2**30:.2f} GiB |"
-        )
     memory = results["memory"]
-    if memory:
-        m = memory[0]
-        print(
-            f"| in memory, no cap (eager; compute alone) | {m['tokens_per_s']:.3f} | {m['first_token_s']:.2f} s | "
-            f"{m['load_s']:.2f} s | {m['read_bytes'] / max(1, args.tokens - 1) / 2**20:.0f} MiB | {m['peak'] / 2**30:.2f} GiB (not capped) |"
-        )
-    ratios = [s["tokens_per_s"] / o["tokens_per_s"] for s, o in zip(smoe, offload)]
     print()
-    print("smoe ÷ offload, round by round: " + ", ".join(f"{r:.2f}" for r in ratios))
-    if memory:
-        print(f"smoe ÷ in memory: {med(smoe, 'tokens_per_s') / memory[0]['tokens_per_s']:.2f}")
-    same = all(r["tokens"] == smoe[0]["tokens"] for r in smoe + offload + memory)
-    print(f"tokens: {'identical' if same else 'DIFFER'} ({smoe[0]['tokens']})")
-    if not same:
-        print(f"accelerate's: {[r['tokens'] for r in offload]}; in memory: {[r['tokens'] for r in memory]}")
-    stats = smoe[-1].get("smoe")
-    if stats:
+    print("| | tokens/s (median) | ÷ in memory | first token | load | read per token | peak memory |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for side in (*CAPPED_SIDES, "memory", "resident"):
+        rows = results[side]
+        if not rows:
+            continue
+        per_token = med(rows, "read_bytes") / max(1, args.tokens - 1)
+        ratio = f"{med(rows, 'tokens_per_s') / memory[0]['tokens_per_s']:.2f}" if memory else "-"
+        peak = f"{med(rows, 'peak') / 2**30:.2f} GiB" + (" (not capped)" if side in UNCAPPED_SIDES else "")
         print(
-            f"smoe: ring {stats['ring_slots']} slots × {stats['slot_bytes'] / 2**20:.2f} MiB, "
-            f"claims {stats['claims']}, hits {stats['hits']}, bytes read {stats['bytes_read'] / 2**30:.2f} GiB"
+            f"| {NAMES[side]} | {med(rows, 'tokens_per_s'):.3f} | {ratio} | {med(rows, 'first_token_s'):.2f} s | "
+            f"{med(rows, 'load_s'):.2f} s | {per_token / 2**20:.0f} MiB | {peak} |"
         )
+    print()
+    for side in ("smoe", "smoe-off"):
+        for i, r in enumerate(results[side]):
+            if r.get("decode"):
+                print(f"{side} round {i + 1}: decode {prediction(r['decode'])}")
+    for a, b in (("smoe", "smoe-off"), ("smoe", "offload"), ("smoe-off", "offload")):
+        if results[a] and results[b]:
+            ratios = [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(results[a], results[b])]
+            print(f"{a} ÷ {b}, round by round: " + ", ".join(f"{r:.2f}" for r in ratios))
+    drive = results["drive"]
+    if drive and results["smoe"]:
+        rate = drive[0]["bytes"] / drive[0]["seconds"]
+        smoe_read = med(results["smoe"], "smoe_read_bytes") / max(1, args.tokens - 1)
+        print(
+            f"reads alone: {smoe_read / 2**20:.0f} MiB a token (smoe with lookahead, median) at the "
+            f"drive's {rate / 1e9:.2f} GB/s through the streamer: {smoe_read / rate * 1000:.0f} ms a token"
+        )
+    for side in ("memory", "resident"):
+        if results[side]:
+            print(f"{side}: {1000 / results[side][0]['tokens_per_s']:.0f} ms a token")
+    timed = [r for side in (*CAPPED_SIDES, "memory", "resident") for r in results[side]]
+    same = all(r["tokens"] == timed[0]["tokens"] for r in timed)
+    print(f"tokens: {'identical' if same else 'DIFFER'} ({timed[0]['tokens']})")
+    if not same:
+        for side in (*CAPPED_SIDES, "memory", "resident"):
+            print(f"{side}: {[r['tokens'] for r in results[side]]}")
+    for side in ("smoe", "smoe-off"):
+        stats = results[side][-1].get("smoe") if results[side] else None
+        if stats:
+            print(
+                f"{side}: ring {stats['ring_slots']} slots × {stats['slot_bytes'] / 2**20:.2f} MiB, "
+                f"claims {stats['claims']}, hits {stats['hits']}, bytes read {stats['bytes_read'] / 2**30:.2f} GiB"
+            )
 
 
 def parse_size(text: str) -> int:
@@ -300,17 +374,27 @@ def one_run(args: argparse.Namespace, cleanup: list[str]) -> None:
     import transformers
 
     model_dir = pathlib.Path(args.dir)
+    if args.mode == "drive":
+        drive(args)
+        return
     t0 = time.monotonic()
-    if args.mode == "smoe":
+    if args.mode in ("smoe", "smoe-off", "resident"):
         import smoe.transformers
 
-        # The ring: what the weights may take beside the dense ones.
-        dense = dense_bytes(model_dir)
+        # The ring: what the weights may take beside the dense ones; for
+        # "resident", every expert.
         with smoe.Streamer(model_dir, ring_slots=1, prewarm=False, freq_path="") as probe:
             slot = probe.stats()["slot_bytes"]
-        slots = max(1, (args.weights_memory - dense) // slot)
+            experts = expert_count(probe)
+        if args.mode == "resident":
+            slots = experts
+        else:
+            slots = max(1, (args.weights_memory - dense_bytes(model_dir)) // slot)
+        keywords = {"lookahead": args.lookahead, "workers": args.workers}
+        if args.lookahead_width:
+            keywords["lookahead_width"] = args.lookahead_width
         model = smoe.transformers.from_pretrained(
-            model_dir, ring_slots=slots, prewarm=False, freq_path="", dtype=torch.bfloat16
+            model_dir, ring_slots=slots, prewarm=False, freq_path="", dtype=torch.bfloat16, **keywords
         )
     elif args.mode == "memory":
         model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -332,25 +416,37 @@ def one_run(args: argparse.Namespace, cleanup: list[str]) -> None:
     load = time.monotonic() - t0
     generator = torch.Generator().manual_seed(11)
     ids = torch.randint(3, model.config.vocab_size, (1, args.prompt_tokens), generator=generator)
+    streamer = getattr(model, "smoe_streamer", None)
     stamps: list[float] = []
     io_start: list[int] = []
+    stats_start: list[dict] = []
 
     class Stamp(transformers.StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):
             stamps.append(time.monotonic())
             if len(stamps) == 1:
                 io_start.append(read_bytes())
+                if streamer is not None:
+                    stats_start.append(streamer.stats())
             return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
+    def generate():
+        with torch.no_grad():
+            return model.generate(
+                ids,
+                max_new_tokens=args.tokens,
+                min_new_tokens=args.tokens,
+                do_sample=False,
+                stopping_criteria=transformers.StoppingCriteriaList([Stamp()]),
+            )
+
+    if args.mode == "resident":
+        # A first pass loads the experts the tokens route to; the second,
+        # timed, finds every one of them in the ring.
+        generate()
+        stamps.clear(), io_start.clear(), stats_start.clear()
     t1 = time.monotonic()
-    with torch.no_grad():
-        out = model.generate(
-            ids,
-            max_new_tokens=args.tokens,
-            min_new_tokens=args.tokens,
-            do_sample=False,
-            stopping_criteria=transformers.StoppingCriteriaList([Stamp()]),
-        )
+    out = generate()
     decode_read = read_bytes() - io_start[0]
     result = {
         "load_s": load,
@@ -360,10 +456,75 @@ def one_run(args: argparse.Namespace, cleanup: list[str]) -> None:
         "tokens": out[0, args.prompt_tokens :].tolist(),
         "max_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
-    if args.mode == "smoe":
-        result["smoe"] = model.smoe_streamer.stats()
-        model.smoe_streamer.close()
+    if streamer is not None:
+        end = streamer.stats()
+        result["smoe"] = end
+        # The decode's own counters (the prompt routes most experts of a
+        # layer: no lookahead there).
+        decode = {k: end[k] - stats_start[0][k] for k in DECODE_COUNTERS}
+        # Unclaimed bets of the whole run: the prompt makes none.
+        decode["bytes_speculative_unclaimed"] = end["bytes_speculative_unclaimed"]
+        result["decode"] = decode
+        result["smoe_read_bytes"] = decode["bytes_read"]
+        streamer.close()
     print(json.dumps(result))
+
+
+DECODE_COUNTERS = (
+    "bytes_read",
+    "claims",
+    "hits",
+    "bytes_speculative",
+    "prediction_routed",
+    "prediction_hits",
+    "speculative_dropped",
+    "busy_ns",
+    "drive_idle_ns",
+)
+
+
+def expert_count(streamer) -> int:
+    """Every (layer, expert) of the streamer's model."""
+    count = 0
+    for layer in streamer.metadata["layer_blob_layouts"]:
+        expert = 0
+        while True:
+            try:
+                streamer.expert_info(int(layer), expert)
+            except Exception:  # smoe.NotFound: past the layer's last
+                break
+            expert += 1
+        count += expert
+    return count
+
+
+def drive(args: argparse.Namespace) -> None:
+    """The reads alone: random experts (seeded; each read once) through a
+    streamer with the smoe side's ring, a layer's set at a time as the
+    backend hands them over, claimed and released at once."""
+    import random
+
+    import smoe
+
+    model_dir = pathlib.Path(args.dir)
+    with smoe.Streamer(model_dir, ring_slots=1, prewarm=False, freq_path="") as probe:
+        slot = probe.stats()["slot_bytes"]
+        layers = sorted(int(layer) for layer in probe.metadata["layer_blob_layouts"])
+        experts = expert_count(probe) // len(layers)
+    slots = max(1, (args.weights_memory - dense_bytes(model_dir)) // slot)
+    picks = random.Random(5).sample([(layer, e) for layer in layers for e in range(experts)], 512)
+    by_layer: dict[int, list[int]] = {}
+    for layer, expert in picks:
+        by_layer.setdefault(layer, []).append(expert)
+    with smoe.Streamer(model_dir, ring_slots=slots, prewarm=False, freq_path="", workers=args.workers) as s:
+        start = time.monotonic()
+        for layer, todo in by_layer.items():
+            s.prefetch_set(layer, todo)
+            while todo:
+                with s.claim_any(layer, todo, timeout=60) as lease:
+                    todo.remove(lease.expert)
+        seconds = time.monotonic() - start
+        print(json.dumps({"bytes": s.stats()["bytes_read"], "seconds": seconds, "reads": len(picks)}))
 
 
 def read_bytes() -> int:
@@ -426,13 +587,24 @@ def main() -> None:
         default=tempfile.gettempdir(),
         help="where accelerate's offload folder is made (not a tmpfs: that would be memory)",
     )
-    r.add_argument("--in-memory", action="store_true", help="also time the model in memory, uncapped")
+    r.add_argument(
+        "--in-memory",
+        action="store_true",
+        help="also time, once: the model in memory and smoe with every expert resident (both "
+        "uncapped), and the drive through the streamer (capped)",
+    )
+    r.add_argument("--sides", default="smoe,offload", help="what is timed, alternating: " + ", ".join(CAPPED_SIDES))
+    r.add_argument("--lookahead", type=int, default=1, help="the smoe side's lookahead (layers ahead; smoe-off: 0)")
+    r.add_argument(
+        "--lookahead-width", type=int, default=0, help="experts a token each guess takes (0: the model's top-k)"
+    )
+    r.add_argument("--workers", type=int, default=0, help="smoe's I/O workers (0: the library's choice)")
     r.add_argument("--tokens", type=int, default=8)
     r.add_argument("--prompt-tokens", type=int, default=16)
     r.add_argument("--rounds", type=int, default=2)
     r.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     c = sub.add_parser("_child")
-    c.add_argument("mode", choices=["smoe", "offload", "memory"])
+    c.add_argument("mode", choices=[*CAPPED_SIDES, *UNCAPPED_SIDES])
     c.add_argument("dir")
     c.add_argument("--tokens", type=int, required=True)
     c.add_argument("--prompt-tokens", type=int, required=True)
@@ -440,6 +612,9 @@ def main() -> None:
     c.add_argument("--weights-memory", type=int, required=True)
     c.add_argument("--offload-experts", required=True)
     c.add_argument("--offload-dir", required=True)
+    c.add_argument("--lookahead", type=int, required=True)
+    c.add_argument("--lookahead-width", type=int, required=True)
+    c.add_argument("--workers", type=int, required=True)
     args = parser.parse_args()
     {"make": make, "run": run, "_child": child}[args.command](args)
 

@@ -196,8 +196,8 @@ class Streamer:
 class LeaseView:
     """A counted view of a lease's bytes, as an object: the claim stays held while it lives.
 
-    The object behind each buffer of a lease, and the base of ``Lease.numpy()``'s
-    arrays. The buffer protocol (read-only, format ``B``); nothing releases it.
+    The base of ``Lease.numpy()``'s arrays. The buffer protocol (read-only,
+    format ``B``); nothing releases it.
     """
 
     def __buffer__(self, flags: int, /) -> memoryview: ...
@@ -206,10 +206,12 @@ class LeaseView:
 class Lease:
     """A claimed expert: its bytes stay in their slot, unchanged, until released.
 
-    Read-only views without a copy: ``lease.numpy(role)``,
-    ``lease.torch(role)``, ``numpy.from_dlpack(lease)``,
-    ``torch.from_dlpack(lease)``, ``memoryview(lease)``,
-    ``numpy.frombuffer(lease, ...)``, ``torch.frombuffer(lease, ...)``.
+    Read-only views without a copy: ``lease.numpy()`` (the claim) or
+    ``lease.numpy(role)``, ``lease.torch(role)``, ``numpy.from_dlpack(lease)``,
+    ``torch.from_dlpack(lease)``. A lease exports no buffer:
+    ``memoryview(lease)``, ``numpy.frombuffer(lease)`` and
+    ``numpy.asarray(lease)`` raise ``BufferError`` (a consumer could release
+    the buffer while its array lives). A copy: ``lease.numpy().tobytes()``.
     A release while a view is alive is deferred until the last view is gone
     (``strict=True``: raises ``BufferError``). After ``release()`` the
     methods raise ``smoe.Stale``.
@@ -247,8 +249,8 @@ class Lease:
     ) -> object:
         """A DLPack ≥ 1.0 capsule: uint8, one dimension, read-only, CPU."""
     def __dlpack_device__(self) -> tuple[int, int]: ...
-    def __buffer__(self, flags: int, /) -> memoryview: ...
-    def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+    # No __buffer__ or __array__ here: both raise BufferError at run time,
+    # and without them a type checker refuses memoryview(lease) too.
     def __enter__(self) -> Lease: ...
     def __exit__(
         self,

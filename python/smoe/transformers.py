@@ -13,7 +13,10 @@ Per experts layer and forward call, the layer's routed experts go to
 hands it over, by the model's own eager code, from torch views of the ring
 (``Lease.torch``); the outputs are summed in the eager implementation's
 order, so the logits equal ``experts_implementation="eager"``'s bit for bit.
-No code per model: every class whose experts use the interface works, and a
+In decode, with ``lookahead=1`` (off by default), while a layer computes,
+the next layer's experts are guessed from its state with that layer's norm and
+router and queued as speculative prefetches. Each forward pass is the
+streamer's busy time (``prewarm_pause``). No code per model: every class whose experts use the interface works, and a
 model that does not is refused. docs/python.md in the repository has the
 rules and the costs.
 """
@@ -26,6 +29,7 @@ import json
 import os
 import pathlib
 import re
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -156,8 +160,52 @@ class _OneExpertModule:
 # held by other claims before it raises smoe.RingFull.
 _RING_FULL_PATIENCE = 60.0
 
-# A builder makes one parameter's per-expert tensor from a lease.
-_Builder = Callable[[smoe.Lease], torch.Tensor]
+class _Claim:
+    """One claimed expert as the builders see it: the lease, and its bytes
+    as one ``uint8`` tensor (one DLPack export, made when first asked
+    for)."""
+
+    __slots__ = ("lease", "_whole")
+
+    def __init__(self, lease: smoe.Lease) -> None:
+        self.lease = lease
+        self._whole: torch.Tensor | None = None
+
+    def bytes(self, offset: int, count: int) -> torch.Tensor:
+        if offset + count > self.lease.size:
+            raise smoe.FormatError(
+                f"layer {self.lease.layer}: a layout item ({count} bytes at offset {offset}) runs "
+                f"past the claim's {self.lease.size} bytes"
+            )
+        if self._whole is None:
+            self._whole = torch.from_dlpack(self.lease)
+        return self._whole.narrow(0, offset, count)
+
+
+# Per thread: one tensor per (parameter, shape, dtype), reused for every
+# expert that parameter is copied for (a claim's compute ends before the
+# next claim's tensors are built, and threads never share one).
+_SCRATCH = threading.local()
+
+
+def _scratch(key: str, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    pool = _SCRATCH.__dict__.setdefault("pool", {})
+    found = pool.get((key, shape, dtype))
+    if found is None:
+        found = pool[(key, shape, dtype)] = torch.empty(shape, dtype=dtype)
+    return found
+
+
+def _aligned(tensor: torch.Tensor, key: str) -> torch.Tensor:
+    """``tensor`` where its data is 64-byte aligned and contiguous, else
+    its copy into a scratch tensor (which torch's allocator aligned)."""
+    if tensor.is_contiguous() and tensor.data_ptr() % _ALIGN == 0:
+        return tensor
+    return _scratch(key, tensor.shape, tensor.dtype).copy_(tensor)
+
+
+# A builder makes one parameter's per-expert tensor from a claim.
+_Builder = Callable[[_Claim], torch.Tensor]
 
 
 class _Layer:
@@ -180,6 +228,9 @@ class _Layer:
         eager = type(module).forward.__wrapped__  # type: ignore[attr-defined]
         self.eager: Callable[..., torch.Tensor] = eager
         self.signature = inspect.signature(eager)
+        # The guesses of the next layers' experts queued while this layer
+        # computes (from_pretrained's lookahead); None: none.
+        self.lookahead: _Lookahead | None = None
 
     def forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
         bound = self.signature.bind(module, *args, **kwargs)
@@ -194,6 +245,11 @@ class _Layer:
             return torch.zeros_like(hidden_states)
         outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.streamer.prefetch_set(self.layer, hit)
+        if self.lookahead is not None:
+            # After this layer's demand set, before its first wait: the
+            # bets are read once the set's reads are done, while this
+            # layer computes.
+            self.lookahead.queue(len(hit))
         todo = list(hit)
         while todo:
             with self._claim_any(todo) as lease:
@@ -246,9 +302,10 @@ class _Layer:
         sub_index = torch.full((rows, 1), expert, dtype=top_k_index.dtype, device=top_k_index.device)
         sub_weights = top_k_weights[token_idx, top_k_pos].unsqueeze(-1)
         params = {}
+        claim = _Claim(lease)
         for pname, build in self.builders.items():
             meta = getattr(module, pname)
-            tensor = build(lease)
+            tensor = build(claim)
             if tensor.dtype != meta.dtype or tensor.device != hidden_states.device:
                 tensor = tensor.to(device=hidden_states.device, dtype=meta.dtype)
             params[pname] = _OneExpert(expert, tensor, meta)
@@ -257,7 +314,163 @@ class _Layer:
             out = self.eager(
                 _OneExpertModule(module, params), hidden_states[token_idx], sub_index, sub_weights
             )
+        del params, claim
         return token_idx, out
+
+
+class _Guess:
+    """How one layer's experts are guessed from an earlier layer's state:
+    the layer's FFN norm (``None`` when the state is normalized already)
+    and its router (weight, bias, and a selection bias such as
+    DeepSeek-V3's ``e_score_correction_bias``, added to the sigmoid of the
+    logits as its router does)."""
+
+    def __init__(self, layer: _Layer, norm: torch.nn.Module | None, router: torch.nn.Module, top_k: int) -> None:
+        self.layer = layer
+        self.norm = norm
+        self.router = router
+        self.top_k = top_k
+        experts = router.weight.shape[0]
+        bias = getattr(router, "bias", None)
+        self.has_bias = isinstance(bias, torch.Tensor) and tuple(bias.shape) == (experts,)
+        correction = getattr(router, "e_score_correction_bias", None)
+        self.has_correction = isinstance(correction, torch.Tensor) and tuple(correction.shape) == (experts,)
+
+    def picks(self, state: torch.Tensor, width: int | None) -> list[int]:
+        """Each token's ``width`` (default: the router's top-k) most likely
+        experts, best first, token by token within a rank; no repeats."""
+        # forward() itself, not the module: no hook of the norm runs (the
+        # lookahead's own would take this for that layer's state).
+        x = state if self.norm is None else self.norm.forward(state)
+        weight = self.router.weight
+        bias = self.router.bias.to(weight.dtype) if self.has_bias else None
+        scores = torch.nn.functional.linear(x.to(weight.dtype), weight, bias)
+        if self.has_correction:
+            scores = scores.float().sigmoid() + self.router.e_score_correction_bias
+        k = min(width or self.top_k, scores.shape[-1])
+        ranked = torch.topk(scores, k, dim=-1).indices.T.reshape(-1).tolist()
+        return list(dict.fromkeys(ranked))
+
+
+class _Lookahead:
+    """In decode, while one layer computes, the next layers' experts
+    guessed from its post-attention residual (its FFN norm's input, caught
+    by a forward pre-hook) and queued as speculation: bets that the
+    library reads after the layer's own reads, and that the next layers'
+    demand sets settle (docs/c-api.md, "Predictions"). Outputs never
+    change: the guesses only choose reads."""
+
+    def __init__(self, source: _Layer, guesses: list[_Guess], width: int | None) -> None:
+        self.source = source
+        self.guesses = guesses
+        self.width = width
+        self.state = threading.local()
+
+    def catch(self, _module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        """Forward pre-hook: keeps the state the guesses start from."""
+        if args and isinstance(args[0], torch.Tensor):
+            self.state.value = args[0]
+
+    def queue(self, routed: int) -> None:
+        """Queues the guesses when the source layer's routed set (``routed``
+        experts) is at most half its experts: a decode step (a prompt reads
+        most experts of every layer anyway)."""
+        state = self.state.__dict__.pop("value", None)
+        if state is None or 2 * routed > self.source.num_experts:
+            return
+        with torch.no_grad():
+            state = state.reshape(-1, state.shape[-1])
+            for guess in self.guesses:
+                picks = guess.picks(state, self.width)
+                if picks:
+                    guess.layer.streamer.prefetch_set(guess.layer.layer, picks, speculative=True)
+
+
+def _router_of(block: torch.nn.Module, experts: int) -> torch.nn.Module | None:
+    """The MoE block's router: its child (other than the experts) whose
+    ``weight`` has one row per expert (``gate``, ``router``; a shared
+    expert's one-row gate is not)."""
+    for name, child in block.named_children():
+        weight = getattr(child, "weight", None)
+        if (
+            isinstance(weight, torch.Tensor)
+            and weight.dim() == 2
+            and weight.shape[0] == experts
+            and "_smoe_experts" not in child.__dict__
+        ):
+            return child
+    return None
+
+
+def _wire_lookahead(
+    model: torch.nn.Module, layers: list[tuple[str, _Layer]], depth: int, width: int | None
+) -> int:
+    """Gives each streamed layer the guesses of the next ``depth`` layers
+    with routed experts; returns how many layers guess. A layer guesses
+    from its decoder layer's ``post_attention_layernorm`` input, normalized
+    by each guessed layer's own norm; a model without that norm guesses
+    from the MoE block's input (normalized already) with the routers
+    alone. A layer whose router is not found is not guessed (nor, the
+    chain being broken, any after it from before it)."""
+    modules = dict(model.named_modules())
+    top_k = getattr(model.config, "num_experts_per_tok", None)
+    plan = []
+    for name, layer in sorted(layers, key=lambda item: item[1].layer):
+        block_name = name.rpartition(".")[0]
+        block = modules.get(block_name)
+        match = re.match(r"(.*(?:^|\.)layers\.\d+)\.", name)
+        decoder = modules.get(match.group(1)) if match else None
+        norm = getattr(decoder, "post_attention_layernorm", None)
+        router = _router_of(block, layer.num_experts) if block is not None else None
+        k = getattr(router, "top_k", top_k)
+        plan.append(
+            (
+                layer,
+                block,
+                norm if isinstance(norm, torch.nn.Module) else None,
+                router,
+                int(k) if isinstance(k, int) and k > 0 else None,
+            )
+        )
+    wired = 0
+    for i, (layer, block, norm, _, _) in enumerate(plan):
+        guesses = []
+        for target, _, target_norm, router, k in plan[i + 1 : i + 1 + depth]:
+            if router is None or k is None or (norm is not None and target_norm is None):
+                break
+            guesses.append(_Guess(target, target_norm if norm is not None else None, router, k))
+        if not guesses or block is None:
+            continue
+        lookahead = _Lookahead(layer, guesses, width)
+        (norm if norm is not None else block).register_forward_pre_hook(lookahead.catch)
+        layer.lookahead = lookahead
+        wired += 1
+    return wired
+
+
+class _Busy:
+    """``prewarm_pause(True)`` when a forward pass of the model starts and
+    ``False`` when the last one running ends (threads may run the model at
+    once): the library's pre-warm waits meanwhile, and its ``busy_ns`` and
+    ``drive_idle_ns`` count the passes."""
+
+    def __init__(self, streamer: smoe.Streamer) -> None:
+        self.streamer = streamer
+        self.lock = threading.Lock()
+        self.running = 0
+
+    def enter(self, _module: torch.nn.Module, _args: Any) -> None:
+        with self.lock:
+            if self.running == 0:
+                self.streamer.prewarm_pause(True)
+            self.running += 1
+
+    def leave(self, _module: torch.nn.Module, _args: Any, _output: Any) -> None:
+        with self.lock:
+            self.running = max(0, self.running - 1)
+            if self.running == 0:
+                with contextlib.suppress(smoe.ClosedError):
+                    self.streamer.prewarm_pause(False)
 
 
 def _experts_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -284,20 +497,33 @@ def _layer_of(name: str) -> int | None:
 _ALIGN = 64
 
 
-def _role_view(role: str, shape: tuple[int, ...], transpose: bool) -> _Builder:
-    def build(lease: smoe.Lease) -> torch.Tensor:
-        tensor = lease.torch(role)
+def _role_view(item: dict[str, Any], shape: tuple[int, ...], transpose: bool, key: str) -> _Builder:
+    """One layout item as the parameter's per-expert tensor: a view of the
+    ring, or (transposed, or not 64-byte aligned) its copy in scratch."""
+    role = item["role"]
+    dtype = _TORCH_DTYPES.get(item["dtype"])
+    if dtype is not None and _numel(tuple(item["shape"])) * dtype.itemsize != item["bytes"]:
+        dtype = None  # lease.torch(role) says what is wrong
+
+    def view(claim: _Claim) -> torch.Tensor:
+        if dtype is None:
+            tensor = claim.lease.torch(role)
+        else:
+            # What lease.torch(role) makes, from the claim's one export.
+            tensor = claim.bytes(item["offset"], item["bytes"]).view(dtype).view(item["shape"])
         if tensor.dim() != len(shape) and tensor.numel() == _numel(shape):
             tensor = tensor.reshape(shape)
-        if transpose:
-            return tensor.t().contiguous()
+        return tensor.t() if transpose else tensor
+
+    def build(claim: _Claim) -> torch.Tensor:
         # A model read in place keeps its file's offsets: a safetensors
         # tensor starts wherever the header before it ends. Such a view is
         # copied into aligned memory, so the logits stay eager's bit for
         # bit (tests: qwen3moe float32, whose down_proj sits 56 bytes past
         # a 64-byte boundary).
-        return tensor.clone() if tensor.data_ptr() % _ALIGN else tensor
+        return _aligned(view(claim), key)
 
+    build.view = view  # type: ignore[attr-defined]
     return build
 
 
@@ -308,14 +534,44 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _fused(first: _Builder, second: _Builder, dim: int, interleaved: bool) -> _Builder:
-    def build(lease: smoe.Lease) -> torch.Tensor:
-        a, b = first(lease), second(lease)
+def _fused(first: _Builder, second: _Builder, dim: int, interleaved: bool, key: str) -> _Builder:
+    """``gate`` and ``up`` as one parameter: their concatenation (or
+    interleaving) along ``dim``, made in scratch from the ring's views."""
+    view_a, view_b = first.view, second.view  # type: ignore[attr-defined]
+
+    def build(claim: _Claim) -> torch.Tensor:
+        a, b = view_a(claim), view_b(claim)
         if interleaved:
             # gate and up alternate along the dimension: g0, u0, g1, u1, ...
             d = dim % a.dim()
-            return torch.stack((a, b), dim=d + 1).flatten(d, d + 1)
-        return torch.cat((a, b), dim=dim)
+            return _aligned(torch.stack((a, b), dim=d + 1).flatten(d, d + 1), key)
+        shape = list(a.shape)
+        shape[dim] += b.shape[dim]
+        return torch.cat((a, b), dim=dim, out=_scratch(key, torch.Size(shape), a.dtype))
+
+    return build
+
+
+def _adjacent(
+    gate: dict[str, Any], up: dict[str, Any], want: tuple[int, ...], key: str
+) -> _Builder | None:
+    """``gate`` and ``up`` stored one after the other in the claim, each
+    ``want`` halved along the first dimension: their concatenation is the
+    bytes from gate's start to up's end, a view (copied only when it is not
+    64-byte aligned)."""
+    dtype = _TORCH_DTYPES.get(gate["dtype"])
+    if (
+        dtype is None
+        or up["dtype"] != gate["dtype"]
+        or up["offset"] != gate["offset"] + gate["bytes"]
+        or gate["bytes"] != up["bytes"]
+        or gate["bytes"] + up["bytes"] != _numel(want) * dtype.itemsize
+    ):
+        return None
+    offset, count = gate["offset"], gate["bytes"] + up["bytes"]
+
+    def build(claim: _Claim) -> torch.Tensor:
+        return _aligned(claim.bytes(offset, count).view(dtype).view(want), key)
 
     return build
 
@@ -332,16 +588,16 @@ def _builders(
     transposed = bool(module.is_transposed)
     builders: dict[str, _Builder] = {}
 
-    def direct(role: str, want: tuple[int, ...]) -> _Builder | None:
+    def direct(role: str, want: tuple[int, ...], key: str) -> _Builder | None:
         item = items.get(role)
         if item is None:
             return None
         have = tuple(item["shape"])
         per_expert = "{expert}" in item.get("tensor", "")
         if have == want or (_numel(have) == _numel(want) and len(want) == 1):
-            return _role_view(role, want, transpose=False)
+            return _role_view(item, want, transpose=False, key=key)
         if per_expert and transposed and len(have) == 2 and have[::-1] == want:
-            return _role_view(role, have, transpose=True)
+            return _role_view(item, have, transpose=True, key=key)
         return None
 
     for pname, param in module.named_parameters(recurse=False):
@@ -354,16 +610,20 @@ def _builders(
             role = pname[: -len("_proj")]
         else:
             role = pname
-        build = direct(role, want)
+        build = direct(role, want, pname)
         if build is None and role in ("gate_up", "gate_up_bias"):
             suffix = "_bias" if role.endswith("_bias") else ""
             half = list(want)
             dim = -1 if (transposed and not suffix) else 0
             if half[dim] % 2 == 0:
                 half[dim] //= 2
-                gate, up = direct("gate" + suffix, tuple(half)), direct("up" + suffix, tuple(half))
+                gate, up = direct("gate" + suffix, tuple(half), pname), direct("up" + suffix, tuple(half), pname)
                 if gate is not None and up is not None:
-                    build = _fused(gate, up, dim, interleaved=not module.is_concatenated)
+                    concatenated = bool(module.is_concatenated)
+                    if concatenated and dim == 0:
+                        build = _adjacent(items["gate" + suffix], items["up" + suffix], want, pname)
+                    if build is None:
+                        build = _fused(gate, up, dim, interleaved=not concatenated, key=pname)
         if build is None:
             roles = ", ".join(f"{r} {tuple(i['shape'])}" for r, i in items.items())
             raise smoe.FormatError(
@@ -434,6 +694,15 @@ def from_pretrained(
     overrides...). ``model_class`` is the transformers class to load
     (default ``AutoModelForCausalLM``).
 
+    ``lookahead`` (default 0: off) is how many layers ahead a decode
+    step guesses: while a layer computes, each token's top-k experts of
+    the next layers with routed experts, by their FFN norms and routers
+    applied to this layer's post-attention residual, are queued as
+    speculative prefetches (bets the layers' real sets settle).
+    ``lookahead_width`` is how many experts a token each guess takes
+    (default: the router's top-k). Off when the ring holds every expert.
+    The guesses never change an output: only which reads are queued.
+
     The routed experts' parameters stay on the ``meta`` device, never
     read into memory; the dense weights (attention, routers, shared
     experts, embeddings) load as transformers loads them. The model's
@@ -458,6 +727,10 @@ def from_pretrained(
             f"(config.json beside model.safetensors or its index) or a vault packed from one"
         )
     streamer_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in _STREAMER_KEYWORDS}
+    depth = _count_keyword(kwargs.pop("lookahead", 0), "lookahead", minimum=0)
+    width = kwargs.pop("lookahead_width", None)
+    if width is not None:
+        width = _count_keyword(width, "lookahead_width", minimum=1)
     cls = AutoModelForCausalLM if model_class is None else model_class
 
     config = kwargs.pop("config", None)
@@ -522,6 +795,7 @@ def from_pretrained(
             )
         model.config.name_or_path = str(path)
         modules = dict(model.named_modules())
+        streamed = []
         for name, layer, builders in plans:
             module = modules[name]
             loaded = [p for p in builders if getattr(module, p).device.type != "meta"]
@@ -530,12 +804,28 @@ def from_pretrained(
                     f"{model_name}: transformers gave {name}.{loaded[0]} memory; smoe.transformers "
                     f"does not know this version's loader (transformers {_VERSION})"
                 )
-            module.__dict__["_smoe_experts"] = _Layer(name, module, streamer, layer, builders)
+            module.__dict__["_smoe_experts"] = streamed_layer = _Layer(name, module, streamer, layer, builders)
+            streamed.append((name, streamed_layer))
+        # Nothing to read ahead through a ring that holds every expert.
+        experts = sum(layer.num_experts for _, layer in streamed)
+        if depth > 0 and streamer.stats()["ring_slots"] < experts:
+            _wire_lookahead(model, streamed, depth, width)
+        busy = _Busy(streamer)
+        model.register_forward_pre_hook(busy.enter)
+        model.register_forward_hook(busy.leave, always_call=True)
         model.__dict__["smoe_streamer"] = streamer
         return model
     except BaseException:
         streamer.close()
         raise
+
+
+def _count_keyword(value: Any, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"smoe.transformers.from_pretrained: {name} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise smoe.ArgumentError(f"smoe.transformers.from_pretrained: {name} must be at least {minimum}, not {value}")
+    return value
 
 
 def _skeleton(cls: Any, config: Any) -> tuple[torch.nn.Module, str, list[tuple[str, torch.nn.Module]]]:

@@ -69,7 +69,7 @@ impl Layouts {
 
 fn parse_layers(meta: &str) -> Result<HashMap<u32, Vec<Item>>, String> {
     let none = "the metadata has no layer_blob_layouts (a synthetic vault has none): \
-                there are no roles, only the bytes (memoryview(lease))";
+                there are no roles, only the bytes (lease.numpy())";
     if meta.is_empty() {
         return Err(none.to_owned());
     }

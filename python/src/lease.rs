@@ -1,24 +1,28 @@
 //! `smoe.Lease`: one claim, and the views of its bytes.
 //!
-//! The rule this module keeps: no view (a `memoryview`, a numpy array, a
-//! DLPack tensor, a torch tensor) ever shows a slot whose claim was
-//! released, and no claim is released while one does. Every view counts
-//! itself in the lease's [`Held`] and uncounts itself when it is gone;
-//! `release()` (or the end of a `with` block) releases the claim at once
-//! when no view is alive, and otherwise marks it, so that the last view to
-//! go releases it (under `strict=True` it raises instead). A view is an
-//! object the consumer keeps, whose only way to end is its own death: a
-//! [`LeaseView`] (the object behind every buffer, and the base of
-//! `lease.numpy()`'s arrays) or a DLPack tensor (`dlpack`). A held claim
-//! keeps its streamer's [`Core`] alive, so the ring outlives every view,
-//! even past `close()`; the claim's release lets go of it, so the last
-//! release of a closed streamer tears it down.
+//! The rule this module keeps: no view (a numpy array, a DLPack tensor, a
+//! torch tensor) ever shows a slot whose claim was released, and no claim
+//! is released while one does. Every view counts itself in the lease's
+//! [`Held`] and uncounts itself when it is gone; `release()` (or the end of
+//! a `with` block) releases the claim at once when no view is alive, and
+//! otherwise marks it, so that the last view to go releases it (under
+//! `strict=True` it raises instead). A view is an object the consumer
+//! keeps, whose only way to end is its own death: a [`LeaseView`] (the
+//! base of `lease.numpy()`'s arrays) or a DLPack tensor (`dlpack`). A held
+//! claim keeps its streamer's [`Core`] alive, so the ring outlives every
+//! view, even past `close()`; the claim's release lets go of it, so the
+//! last release of a closed streamer tears it down.
+//!
+//! A `Lease` exports no buffer ([`NO_BUFFER`]): a buffer's consumer may
+//! end it while its array lives (numpy keeps a lease's buffer in a
+//! `memoryview` whose `release()` is public), and nothing then holds the
+//! claim, whatever the exporter does.
 
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use pyo3::exceptions::{PyBufferError, PyImportError};
+use pyo3::exceptions::{PyBufferError, PyImportError, PyRuntimeWarning};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -150,20 +154,19 @@ impl Drop for View {
 /// A view of a lease's bytes, as an object: the claim stays held while it
 /// lives.
 ///
-/// Every buffer of a lease (``memoryview(lease)``,
-/// ``torch.frombuffer(lease)``) is exported by one of these, made for it,
-/// and ``lease.numpy()``'s arrays rest on one (``array.base``): a consumer
-/// that keeps the buffer's object keeps the claim. It has the buffer
-/// protocol (the claim's bytes, read-only, format ``B``) and nothing that
-/// releases it: it goes with the last reference to it.
+/// ``lease.numpy()``'s arrays rest on one (``array.base``). It has the
+/// buffer protocol (the claim's bytes, read-only, format ``B``) and nothing
+/// that releases it: it goes with the last reference to it, and a buffer
+/// of it keeps a reference.
 #[pyclass(frozen, module = "smoe", name = "LeaseView")]
 pub(crate) struct LeaseView(View);
 
 #[pymethods]
 impl LeaseView {
-    /// The buffer protocol, as the lease's; every buffer's object is this
-    /// view itself. No ``__releasebuffer__``: a buffer released (a
-    /// ``memoryview.release()``) only drops its reference to this view.
+    /// The buffer protocol; every buffer's object is this view itself. No
+    /// ``__releasebuffer__``: a buffer released (a ``memoryview.release()``)
+    /// only drops its reference to this view, and numpy, finding no
+    /// releasebuffer slot, keeps the view itself as an array's base.
     unsafe fn __getbuffer__(
         slf: Bound<'_, Self>,
         view: *mut ffi::Py_buffer,
@@ -184,6 +187,12 @@ impl LeaseView {
             info.layer, info.expert, info.size
         )
     }
+}
+
+/// The refusal of the buffer protocol on a lease: [`NO_BUFFER`] as a
+/// `BufferError`.
+fn no_buffer() -> PyErr {
+    PyBufferError::new_err(NO_BUFFER.to_string_lossy().into_owned())
 }
 
 /// Fills `view` with the `size` bytes at `data`, read-only, one dimension
@@ -243,12 +252,14 @@ unsafe fn fill_buffer(
 /// A claimed expert: its bytes stay in their slot, unchanged, until the
 /// lease is released.
 ///
-/// Read them without a copy through ``lease.numpy(role)``,
-/// ``lease.torch(role)``, DLPack (``numpy.from_dlpack(lease)``,
-/// ``torch.from_dlpack(lease)``) or the buffer protocol
-/// (``memoryview(lease)``, ``numpy.frombuffer(lease, ...)``); every view
+/// Read them without a copy through ``lease.numpy()`` (the claim, or
+/// ``lease.numpy(role)``), ``lease.torch(role)`` or DLPack
+/// (``numpy.from_dlpack(lease)``, ``torch.from_dlpack(lease)``); every view
 /// is read-only (a torch tensor by contract: torch has no read-only
-/// tensors). ``release()``, or the end of a ``with lease:`` block, releases
+/// tensors). A lease exports no buffer (``memoryview(lease)``,
+/// ``numpy.frombuffer(lease)`` raise ``BufferError``): a consumer could
+/// release a buffer while its array lives. A copy:
+/// ``lease.numpy().tobytes()``. ``release()``, or the end of a ``with lease:`` block, releases
 /// the claim: at once if no view is alive, else when the last view is gone
 /// (``Streamer(..., strict=True)``: raises instead). After ``release()``
 /// the lease's methods raise ``smoe.Stale``; ``layer``, ``expert``,
@@ -361,6 +372,16 @@ impl Lease {
 /// `Py_buffer.format` for unsigned bytes; CPython never writes through it.
 const FORMAT_BYTES: &CStr = c"B";
 
+/// Why a lease exports no buffer, and what to use instead: the refusal of
+/// `memoryview(lease)`, `numpy.frombuffer(lease)`, `numpy.asarray(lease)`,
+/// `bytes(lease)`, `torch.frombuffer(lease)`.
+const NO_BUFFER: &CStr = c"a smoe.Lease exports no buffer: its consumer could release the buffer \
+     while an array made from it lives (numpy.frombuffer(lease).base is a memoryview whose \
+     release() is public), and the claim would then be freed under the array. Views that hold \
+     the claim: lease.numpy() (the claim as uint8) or lease.numpy(role), \
+     numpy.from_dlpack(lease), lease.torch(role), torch.from_dlpack(lease); a copy: \
+     lease.numpy().tobytes()";
+
 #[pymethods]
 impl Lease {
     /// The layer claimed.
@@ -381,7 +402,7 @@ impl Lease {
         self.held.info.hit
     }
 
-    /// The claim's bytes (what ``memoryview(lease)`` shows).
+    /// The claim's bytes (what ``lease.numpy()`` shows).
     #[getter]
     fn size(&self) -> u64 {
         self.held.info.size
@@ -414,8 +435,8 @@ impl Lease {
         }
         if views.alive > 0 && self.held.strict {
             return Err(PyBufferError::new_err(format!(
-                "layer {} expert {}: {} view(s) of this lease are alive (a memoryview, a \
-                 numpy array, a DLPack tensor); strict=True refuses to defer the release",
+                "layer {} expert {}: {} view(s) of this lease are alive (a numpy array, a \
+                 torch tensor, a DLPack capsule); strict=True refuses to defer the release",
                 self.held.info.layer, self.held.info.expert, views.alive
             )));
         }
@@ -594,7 +615,7 @@ impl Lease {
         }
         if copy == Some(true) {
             return Err(PyBufferError::new_err(
-                "a lease is exported without a copy; copy it after (numpy.array(lease))",
+                "a lease is exported without a copy; copy it after (lease.numpy().copy())",
             ));
         }
         match max_version {
@@ -615,34 +636,33 @@ impl Lease {
         Ok(dlpack::CPU_DEVICE)
     }
 
-    /// The buffer protocol: the claim's ``size`` bytes, read-only, one
-    /// dimension of unsigned bytes. Each buffer's object is a new
-    /// ``smoe.LeaseView``: a counted view for as long as the consumer keeps
-    /// it (``torch.frombuffer`` keeps it for its tensor's life).
+    /// Refused (``BufferError``): a lease exports no buffer, because its
+    /// consumer could release the buffer while an array made from it lives
+    /// (see the message). ``lease.numpy()``, ``numpy.from_dlpack(lease)``
+    /// and ``lease.torch(role)`` are views that hold the claim. The reason
+    /// is also a ``RuntimeWarning``: some consumers replace the
+    /// ``BufferError`` with their own error (``torch.frombuffer`` raises
+    /// "could not retrieve a contiguous buffer").
     unsafe fn __getbuffer__(
         slf: Bound<'_, Self>,
-        view: *mut ffi::Py_buffer,
-        flags: c_int,
+        _view: *mut ffi::Py_buffer,
+        _flags: c_int,
     ) -> PyResult<()> {
         let py = slf.py();
-        let lease = slf.get();
-        let object = lease.view_object(py)?;
-        let (data, size) = (lease.held.data(), lease.held.size());
-        // SAFETY: `view` is the Py_buffer CPython hands `bf_getbuffer`; the
-        // bytes stay valid while `object`, which the buffer keeps, lives:
-        // its count keeps the claim held (its slot never reloaded) and the
-        // streamer, and so its ring, alive. Refused, the object is dropped
-        // here and its count with it.
-        unsafe { fill_buffer(object.into_any(), data, size, view, flags) }
+        // Under `-W error` the warning is an exception: the BufferError
+        // goes out all the same.
+        let _ = PyErr::warn(py, &py.get_type::<PyRuntimeWarning>(), NO_BUFFER, 1);
+        Err(no_buffer())
     }
 
-    /// Never called: each buffer's object is its ``LeaseView``, whose type
-    /// has no releasebuffer slot, so CPython calls none. The slot is here
-    /// for the consumers that look at the lease's type: numpy.frombuffer
-    /// and numpy.asarray keep the buffer of a type that has one in a
-    /// memoryview (which keeps the ``LeaseView``); without it they would
-    /// keep the lease and let the buffer go, and its count with it.
-    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+    /// Refused as the buffer protocol is: numpy.asarray(lease) and
+    /// numpy.array(lease), which would otherwise make an object array of
+    /// the lease in silence, say what to use.
+    #[pyo3(signature = (dtype = None, copy = None))]
+    fn __array__(&self, dtype: Option<Bound<'_, PyAny>>, copy: Option<bool>) -> PyResult<()> {
+        let _ = (dtype, copy);
+        Err(no_buffer())
+    }
 
     fn __repr__(&self) -> String {
         let info = &self.held.info;

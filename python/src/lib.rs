@@ -6,7 +6,7 @@
 //! - `streamer`: `smoe.Streamer`; its blocking waits release the GIL and
 //!   take it back every 50 ms for a moment, to run signal handlers.
 //! - `lease`: `smoe.Lease`, one claim, and the rule that no view outlives
-//!   its claim (the buffer protocol here, DLPack in `dlpack`).
+//!   its claim (numpy's views here, DLPack in `dlpack`).
 //! - `config`: the settings' keywords and the counters' names, held to the
 //!   library's structs by the compiler.
 //! - `layout`: the metadata's blob layouts, for typed numpy views.

@@ -42,7 +42,7 @@ def test_every_expert_slice_is_the_file_s_bytes(expected, name):
         assert meta["source"]["kind"] == fixture["format"]
         for (layer, expert), items in sorted(by_expert.items()):
             with s.claim(layer, expert, timeout=10) as lease:
-                whole = memoryview(lease)
+                whole = lease.numpy()
                 layout = {i["role"]: i for i in meta["layer_blob_layouts"][str(layer)]}
                 for item in items:
                     want = file_bytes(item["file"], item["offset"], item["nbytes"])
@@ -51,7 +51,7 @@ def test_every_expert_slice_is_the_file_s_bytes(expected, name):
                     assert not view.flags.writeable
                     assert view.tobytes() == want, (layer, expert, item["role"])
                     start = layout[item["role"]]["offset"]
-                    assert whole[start : start + item["nbytes"]] == want
+                    assert whole[start : start + item["nbytes"]].tobytes() == want
                     # Safetensors shapes are row-major already; GGUF's are
                     # ne[], innermost first.
                     shape = item["shape"] if fixture["format"] == "safetensors" else item["shape"][::-1]
@@ -61,7 +61,7 @@ def test_every_expert_slice_is_the_file_s_bytes(expected, name):
                     else:
                         assert view.dtype == numpy.uint8 and view.shape == (item["nbytes"],)
                     del view
-                whole.release()
+                del whole
         assert s.stats()["slots_held"] == 0
 
 

@@ -193,18 +193,36 @@ def test_views_cross_threads(mixtral):
     assert held(mixtral) == 0
 
 
-def test_torch_frombuffer_is_a_counted_view(mixtral):
-    """Issue 47, item 2: ``torch.frombuffer(lease)`` was not counted as a
-    view: ``release()`` freed the claim with the tensor alive, and the
-    tensor showed whatever the slot was loaded with next. It counts now,
-    as ``lease.torch()`` does, until the tensor is gone."""
+def test_torch_frombuffer_is_refused(mixtral):
+    """Issue 47, item 1: a lease exports no buffer (a consumer may release
+    a buffer while its array lives), so ``torch.frombuffer(lease)`` is
+    refused. torch replaces the lease's BufferError with its own
+    RuntimeError ("could not retrieve a contiguous buffer"), so the reason
+    comes as a RuntimeWarning too, naming the views that hold the claim;
+    nothing is counted."""
     import warnings
 
     lease = mixtral.claim(0, 1, timeout=10)
-    with warnings.catch_warnings():
-        # torch: "The given buffer is not writable..." (read-only by contract)
-        warnings.simplefilter("ignore", UserWarning)
-        whole = torch.frombuffer(lease, dtype=torch.uint8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises((BufferError, RuntimeError)):
+            torch.frombuffer(lease, dtype=torch.uint8)
+    ours = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert ours, f"no RuntimeWarning: {[str(w.message) for w in caught]}"
+    for way in ("lease.torch(role)", "torch.from_dlpack(lease)", "lease.numpy()"):
+        assert way in ours[0], f"{way!r} not named in: {ours[0]}"
+    assert "exports no buffer" in ours[0] and "release" in ours[0], ours[0]
+    lease.release()
+    assert held(mixtral) == 0
+
+
+def test_torch_from_dlpack_is_a_counted_view(mixtral):
+    """``torch.from_dlpack(lease)``, the claim's bytes as one uint8 tensor
+    (what ``torch.frombuffer`` gave), counts as a view until the tensor is
+    gone: the slot is never reloaded under it."""
+    lease = mixtral.claim(0, 1, timeout=10)
+    whole = torch.from_dlpack(lease)
+    assert whole.dtype == torch.uint8 and whole.shape == (lease.size,)
     want = whole.clone()
     lease.release()
     assert held(mixtral) == 1, "the tensor is a view: the slot stays held"
@@ -217,14 +235,10 @@ def test_torch_frombuffer_is_a_counted_view(mixtral):
     assert held(mixtral) == 0
 
 
-def test_strict_refuses_a_release_while_a_frombuffer_tensor_is_alive():
-    import warnings
-
+def test_strict_refuses_a_release_while_a_from_dlpack_tensor_is_alive():
     with smoe.Streamer(MODELS / "mixtral-bf16", ring_slots=4, strict=True, **QUIET) as s:
         lease = s.claim(0, 1, timeout=10)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            whole = torch.frombuffer(lease, dtype=torch.uint8)
+        whole = torch.from_dlpack(lease)
         with pytest.raises(BufferError, match="strict=True"):
             lease.release()
         del whole

@@ -411,3 +411,186 @@ def test_dtype_auto_is_the_checkpoint_s(checkpoints, prompt, dtype_name):
         model.smoe_streamer.close()
     assert got.dtype == want.dtype == DTYPES[dtype_name]
     assert torch.equal(got, want)
+
+
+# ---------------------------------------------------------------- lookahead
+
+DECODE_STEPS = 6
+_EAGER_DECODE: dict = {}
+
+
+def decode(model, prompt):
+    """Greedy decoding: the tokens and every step's logits."""
+    with torch.no_grad():
+        out = model.generate(
+            prompt,
+            max_new_tokens=DECODE_STEPS,
+            min_new_tokens=DECODE_STEPS,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    return out.sequences, out.logits
+
+
+def eager_decode(path, prompt):
+    if str(path) not in _EAGER_DECODE:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, experts_implementation="eager")
+        _EAGER_DECODE[str(path)] = decode(model, prompt)
+    return _EAGER_DECODE[str(path)]
+
+
+@pytest.mark.parametrize("lookahead", [0, 1, 2])
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("name", MODELS_BUILT)
+def test_lookahead_leaves_the_logits_eager_s(checkpoints, prompt, name, dtype_name, lookahead):
+    """Decoding with the lookahead on (1 and 2 layers ahead) and off: every
+    step's logits are eager's bit for bit; the guesses only choose reads.
+    A decode step routes 4 of 8 experts (half: the lookahead guesses), the
+    prompt more (it does not). The counters say whether bets were made."""
+    path = checkpoints[(name, dtype_name)]
+    want_tokens, want_logits = eager_decode(path, prompt)
+    # Fewer slots than the model's experts (16 or 24), more than a layer's
+    # routed set and its bets.
+    model = st.from_pretrained(path, ring_slots=12, strict=True, lookahead=lookahead, **QUIET)
+    streamer = model.smoe_streamer
+    try:
+        tokens, logits = decode(model, prompt)
+        stats = streamer.stats()
+    finally:
+        streamer.close()
+    assert torch.equal(tokens, want_tokens)
+    assert len(logits) == len(want_logits) == DECODE_STEPS
+    for step, (got, want) in enumerate(zip(logits, want_logits)):
+        assert torch.equal(got, want), f"step {step}: max |difference| {(got - want).abs().max().item()}"
+    assert stats["slots_held"] == 0
+    if lookahead:
+        assert stats["prediction_routed"] > 0 and stats["prediction_hits"] > 0, stats
+        assert stats["prediction_hits"] <= stats["prediction_routed"]
+    else:
+        assert stats["prediction_routed"] == stats["prediction_hits"] == stats["bytes_speculative"] == 0, stats
+
+
+def test_lookahead_is_off_by_default(checkpoints, prompt):
+    model = st.from_pretrained(checkpoints[("qwen3moe", "bfloat16")], ring_slots=12, **QUIET)
+    try:
+        decode(model, prompt)
+        stats = model.smoe_streamer.stats()
+    finally:
+        model.smoe_streamer.close()
+    assert stats["prediction_routed"] == stats["bytes_speculative"] == 0, stats
+
+
+@pytest.fixture(scope="session")
+def constant_residual(tmp_path_factory):
+    """A Qwen3-MoE of 4 layers whose attention and experts add nothing to
+    the residual stream (``o_proj`` and every expert's ``down_proj`` are
+    zero): each layer's FFN norm sees the same state, so the lookahead's
+    guess of layer L+1 from layer L's state is exactly L+1's routing."""
+    config = transformers.Qwen3MoeConfig(
+        **COMMON,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        num_hidden_layers=4,
+        num_experts=EXPERTS,
+        head_dim=16,
+    )
+    torch.manual_seed(2024)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("self_attn.o_proj.weight") or name.endswith("mlp.experts.down_proj"):
+                param.zero_()
+    path = tmp_path_factory.mktemp("constant-residual")
+    model.save_pretrained(path)
+    return path
+
+
+def test_the_recall_is_exact_when_the_routing_is_predictable(constant_residual, prompt):
+    """Each decode step bets on layers 1, 2, 3 (from layers 0, 1, 2) with
+    each token's top-4, which is exactly what their routers then pick: the
+    recall is 100 %, and the counters count every routed expert of every
+    guessed layer of every decode step, no more."""
+    model = st.from_pretrained(constant_residual, ring_slots=12, lookahead=1, **QUIET)
+    streamer = model.smoe_streamer
+    try:
+        tokens, _ = decode(model, prompt)
+        stats = streamer.stats()
+    finally:
+        streamer.close()
+    want_tokens, _ = eager_decode(constant_residual, prompt)
+    assert torch.equal(tokens, want_tokens)
+    # generate's first forward is the prompt (no bets: it routes more than
+    # half of each layer's experts); each later one is a decode step.
+    routed = (DECODE_STEPS - 1) * 3 * TOP_K
+    assert stats["prediction_routed"] == routed, stats
+    assert stats["prediction_hits"] == routed, stats
+    assert stats["speculative_dropped"] == 0, stats
+
+
+def test_lookahead_is_off_when_the_ring_holds_every_expert(checkpoints, prompt):
+    model = st.from_pretrained(checkpoints[("qwen3moe", "bfloat16")], ring_slots=64, lookahead=1, **QUIET)
+    try:
+        decode(model, prompt)
+        stats = model.smoe_streamer.stats()
+    finally:
+        model.smoe_streamer.close()
+    assert stats["prediction_routed"] == stats["bytes_speculative"] == 0, stats
+
+
+def test_a_wider_lookahead_bets_on_more_experts(constant_residual, prompt):
+    """``lookahead_width``: each token's 6 best experts instead of the
+    router's 4: every routed expert is still named (recall 100 %), and the
+    2 more a layer and step are bets the real sets do not name (dropped
+    before they are read, or read and never claimed)."""
+    model = st.from_pretrained(constant_residual, ring_slots=12, lookahead=1, lookahead_width=6, **QUIET)
+    streamer = model.smoe_streamer
+    try:
+        decode(model, prompt)
+        stats = streamer.stats()
+    finally:
+        streamer.close()
+    routed = (DECODE_STEPS - 1) * 3 * TOP_K
+    assert stats["prediction_routed"] == stats["prediction_hits"] == routed, stats
+    assert stats["speculative_dropped"] > 0 or stats["bytes_speculative_unclaimed"] > 0, stats
+
+
+@pytest.mark.parametrize(
+    "keywords, error, words",
+    [
+        ({"lookahead": -1}, smoe.ArgumentError, "lookahead must be at least 0, not -1"),
+        ({"lookahead": True}, TypeError, "lookahead must be an int, not bool"),
+        ({"lookahead": 1.5}, TypeError, "lookahead must be an int, not float"),
+        ({"lookahead_width": 0}, smoe.ArgumentError, "lookahead_width must be at least 1, not 0"),
+        ({"lookahead_width": "4"}, TypeError, "lookahead_width must be an int, not str"),
+    ],
+)
+def test_lookahead_settings_are_checked(checkpoints, keywords, error, words):
+    with pytest.raises(error, match=words):
+        st.from_pretrained(checkpoints[("olmoe", "float32")], **keywords, **QUIET)
+
+
+def test_a_forward_pass_is_the_engine_s_busy_time(checkpoints, prompt):
+    """Each forward pass calls prewarm_pause(True) at its start and
+    prewarm_pause(False) at its end: busy_ns grows during passes only, and
+    an exception in a pass still ends its busy time."""
+    import time
+
+    model = st.from_pretrained(checkpoints[("mixtral", "float32")], ring_slots=6, **QUIET)
+    streamer = model.smoe_streamer
+    try:
+        assert streamer.stats()["busy_ns"] == 0
+        with torch.no_grad():
+            model(prompt)
+        busy = streamer.stats()["busy_ns"]
+        assert busy > 0
+        time.sleep(0.05)
+        assert streamer.stats()["busy_ns"] == busy, "idle between passes"
+        with pytest.raises(Exception):
+            with torch.no_grad():
+                model(torch.tensor([[VOCAB + 5]]))  # a token id past the embedding
+        after = streamer.stats()["busy_ns"]
+        time.sleep(0.05)
+        assert streamer.stats()["busy_ns"] == after, "a failed pass ends its busy time too"
+    finally:
+        streamer.close()

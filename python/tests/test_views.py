@@ -18,24 +18,78 @@ def held(s: smoe.Streamer) -> int:
     return s.stats()["slots_held"]
 
 
-def test_memoryview_is_read_only_and_exactly_the_claim(vault, streamer):
-    with streamer.claim(0, 2, timeout=10) as lease:
-        view = memoryview(lease)
-        assert view.readonly and view.format == "B" and view.nbytes == lease.size
-        assert view.tobytes() == vault_bytes(vault, streamer, 0, 2)
-        with pytest.raises(TypeError):
-            view[0] = 1
-        view.release()
+# What the refusal of the buffer protocol must name: the safe views and a
+# copy.
+SAFE_WAYS = ("lease.numpy()", "numpy.from_dlpack(lease)", "lease.torch(", "lease.numpy().tobytes()")
 
 
-def test_numpy_frombuffer_is_a_read_only_view(vault, streamer):
+def refused(call) -> str:
+    """The BufferError ``call`` raises; the same reason comes as a
+    RuntimeWarning (for consumers that replace the error with their own)."""
+    with pytest.warns(RuntimeWarning, match="exports no buffer"):
+        with pytest.raises(BufferError) as caught:
+            call()
+    return str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "consumer",
+    ["memoryview", "numpy.frombuffer", "numpy.asarray", "numpy.array", "bytes", "PyObject_GetBuffer"],
+)
+def test_a_lease_exports_no_buffer(vault, consumer):
+    """Issue 47, item 1: a buffer of the lease could be released under its
+    array. numpy.frombuffer(lease) and numpy.asarray(lease) keep the buffer
+    in a memoryview of numpy's making (``arr.base``), and its
+    ``release()`` ends the buffer, and with it the last reference to
+    anything that could hold the claim: the claim was freed with the array
+    alive, which then showed another expert's bytes, and after ``close()``
+    unmapped memory. No exporter can prevent that, so a lease exports no
+    buffer: every consumer of the buffer protocol gets a BufferError that
+    says why and names the views that hold the claim, and a copy. Nothing
+    is counted: a strict release succeeds after it."""
+    import ctypes
+
+    def get_buffer(lease):
+        call = ctypes.pythonapi.PyObject_GetBuffer
+        call.argtypes = [ctypes.py_object, ctypes.c_void_p, ctypes.c_int]
+        call.restype = ctypes.c_int
+        py_buffer = ctypes.create_string_buffer(256)  # more than a Py_buffer
+        call(lease, ctypes.addressof(py_buffer), 0)  # PyBUF_SIMPLE
+
+    calls = {
+        "memoryview": memoryview,
+        "numpy.frombuffer": lambda lease: numpy.frombuffer(lease, dtype=numpy.uint8),
+        "numpy.asarray": numpy.asarray,
+        "numpy.array": numpy.array,
+        "bytes": bytes,
+        "PyObject_GetBuffer": get_buffer,
+    }
+    with smoe.Streamer(vault, ring_slots=4, strict=True, **QUIET) as s:
+        lease = s.claim(0, 2, timeout=10)
+        message = refused(lambda: calls[consumer](lease))
+        for way in SAFE_WAYS:
+            assert way in message, f"{way!r} not named in: {message}"
+        assert "release" in message, f"the reason is not given: {message}"
+        assert held(s) == 1
+        lease.release()
+        assert held(s) == 0
+
+
+def test_lease_numpy_is_the_claim_read_only(vault, streamer):
+    """What memoryview(lease) and numpy.frombuffer(lease) gave, the pinned
+    way: the claim's bytes, read-only, at the slot's address."""
     with streamer.claim(0, 2, timeout=10) as lease:
-        array = numpy.frombuffer(lease, dtype=numpy.uint8)
+        array = lease.numpy()
         assert not array.flags.writeable and array.size == lease.size
         assert array.ctypes.data == streamer.ring_region()[0] + lease.slot_index * streamer.stats()["slot_bytes"]
         with pytest.raises(ValueError):
             array[0] = 1
         assert array.tobytes() == vault_bytes(vault, streamer, 0, 2)
+        view = memoryview(array)
+        assert view.readonly and view.nbytes == lease.size
+        with pytest.raises(TypeError):
+            view[0] = 1
+        view.release()
         del array
 
 
@@ -52,12 +106,13 @@ def test_a_writable_buffer_is_refused(vault):
     PyBUF_WRITABLE = 0x0001
     with smoe.Streamer(vault, ring_slots=4, strict=True, **QUIET) as s:
         lease = s.claim(0, 1, timeout=10)
-        with pytest.raises(BufferError, match="a lease is read-only"):
-            get_buffer(lease, ctypes.addressof(py_buffer), PyBUF_WRITABLE)
-        with pytest.raises((BufferError, TypeError)):
-            (ctypes.c_char * lease.size).from_buffer(lease)
-        with pytest.raises(TypeError):
-            io.BytesIO(b"xy").readinto(lease)
+        with pytest.warns(RuntimeWarning, match="exports no buffer"):
+            with pytest.raises(BufferError, match="exports no buffer"):
+                get_buffer(lease, ctypes.addressof(py_buffer), PyBUF_WRITABLE)
+            with pytest.raises((BufferError, TypeError)):
+                (ctypes.c_char * lease.size).from_buffer(lease)
+            with pytest.raises(TypeError):
+                io.BytesIO(b"xy").readinto(lease)
         lease.release()
 
 
@@ -77,13 +132,13 @@ def test_lease_numpy_without_a_role_is_the_claim(vault, streamer):
 
 def test_release_waits_for_the_last_view(streamer):
     lease = streamer.claim(1, 2, timeout=10)
-    view = memoryview(lease)
-    array = numpy.frombuffer(lease, dtype=numpy.uint8)
-    first = bytes(view[:16])
+    view = lease.numpy()
+    array = numpy.from_dlpack(lease)
+    first = view[:16].tobytes()
     lease.release()
     assert lease.released
     assert held(streamer) == 1, "a view is alive: the slot stays held"
-    assert bytes(view[:16]) == first == array[:16].tobytes()
+    assert view[:16].tobytes() == first == array[:16].tobytes()
     del view
     assert held(streamer) == 1
     del array
@@ -92,7 +147,7 @@ def test_release_waits_for_the_last_view(streamer):
 
 def test_with_block_defers_too(streamer):
     with streamer.claim(1, 2, timeout=10) as lease:
-        array = numpy.frombuffer(lease, dtype=numpy.uint8)
+        array = lease.numpy()
     assert lease.released and held(streamer) == 1
     del array
     assert held(streamer) == 0
@@ -103,8 +158,7 @@ def test_a_released_lease_s_methods_raise(streamer):
     lease.release()
     for call in (
         lease.release,
-        lambda: memoryview(lease),
-        lambda: numpy.frombuffer(lease, dtype=numpy.uint8),
+        lambda: lease.numpy(),
         lambda: lease.__dlpack__(max_version=(1, 0)),
         lease.__dlpack_device__,
         lambda: lease.numpy("gate"),
@@ -127,14 +181,14 @@ def test_a_lease_dropped_unreleased_is_released(streamer):
 def test_strict_refuses_a_deferred_release(vault):
     with smoe.Streamer(vault, ring_slots=4, strict=True, **QUIET) as s:
         lease = s.claim(0, 1, timeout=10)
-        view = memoryview(lease)
+        view = lease.numpy()
         with pytest.raises(BufferError, match="strict=True"):
             lease.release()
         assert not lease.released and held(s) == 1
         with pytest.raises(BufferError):
             with lease:
                 pass
-        view.release()
+        del view
         lease.release()
         assert held(s) == 0
 
@@ -143,10 +197,10 @@ def test_strict_with_block_unwinding_defers(vault):
     with smoe.Streamer(vault, ring_slots=4, strict=True, **QUIET) as s:
         with pytest.raises(KeyError):
             with s.claim(0, 1, timeout=10) as lease:
-                view = memoryview(lease)
+                view = lease.numpy()
                 raise KeyError("the error on its way out is not masked")
         assert lease.released and held(s) == 1
-        view.release()
+        del view
         assert held(s) == 0
 
 
@@ -164,13 +218,13 @@ def test_a_lease_outlives_its_streamer(vault):
     s = smoe.Streamer(vault, ring_slots=4, **QUIET)
     lease = s.claim(1, 3, timeout=10)
     want = vault_bytes(vault, s, 1, 3)
-    array = numpy.frombuffer(lease, dtype=numpy.uint8)
+    array = lease.numpy()
     s.close()
     del s
     gc.collect()
     # The ring stays mapped (and the claim held) until the lease and its
     # views are gone.
-    assert array.tobytes() == want == bytes(memoryview(lease))
+    assert array.tobytes() == want == lease.numpy().tobytes()
     lease.release()
     assert array.tobytes() == want
     del array, lease
@@ -256,7 +310,7 @@ def test_strict_streamer_with_block(vault):
             lease = s.claim(0, 1, timeout=10)
             raise KeyError("the error on its way out is not masked")
     assert s.closed
-    assert len(bytes(memoryview(lease))) == lease.size
+    assert len(lease.numpy().tobytes()) == lease.size
     lease.release()
 
 
@@ -344,14 +398,14 @@ def test_the_last_release_tears_a_closed_streamer_down(vault, tmp_path):
             time.sleep(0.01)
         assert tasks() > before, "the library's threads run"
         with s.claim(0, 1, timeout=10) as lease:
-            assert bytes(memoryview(lease)) == vault_bytes(vault, s, 0, 1)
+            assert lease.numpy().tobytes() == vault_bytes(vault, s, 0, 1)
     assert lease.released and (lease.layer, lease.expert) == (0, 1)
     assert histogram.exists(), "the teardown writes the claim histogram"
     assert tasks() == before, "the library's threads are joined"
     # Released before the close, then the close the last holder: the same.
     with smoe.Streamer(vault, ring_slots=4, workers=4, prewarm=False, freq_path="") as s:
         lease = s.claim(0, 2, timeout=10)
-        array = numpy.frombuffer(lease, dtype=numpy.uint8)
+        array = lease.numpy()
         lease.release()
     assert tasks() > before, "a view is alive: the ring and its threads stay"
     del array

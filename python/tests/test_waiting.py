@@ -40,7 +40,7 @@ def test_another_thread_runs_while_a_claim_waits(vault, gated):
         waited = time.monotonic() - start
         assert len(ran) == 1000
         assert not lease.hit
-        assert bytes(memoryview(lease)) == vault_bytes(vault, s, 0, 1)
+        assert lease.numpy().tobytes() == vault_bytes(vault, s, 0, 1)
     assert 0.15 < waited < 10
 
 

@@ -118,7 +118,7 @@ impl Streamer {
             // first to go from the ring.
             let dropped = shared.table.drop_speculative(id);
             if !dropped {
-                shared.table.demote_unclaimed(id);
+                shared.table.demote_speculative(id);
             }
             dropped
         });

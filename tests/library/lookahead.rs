@@ -222,3 +222,34 @@ fn bets_wait_while_a_demand_read_is_in_progress() {
     claim_all(&v, &s, 1, &[3, 4]);
     until(&s, "the bets are read", |st| st.reads_speculative == 2);
 }
+
+/// A bet its layer's set did not name, whose read had already landed, is
+/// the first slot to evict: it stays in the ring for a later token, but it
+/// no longer keeps a slot from the experts the engine uses. (An unclaimed
+/// load is otherwise spared for 4 turns of the ring, as the head of a burst
+/// about to be claimed: in a decode whose ring barely holds a token's
+/// experts, the wrong guesses of a few tokens then took a third of the
+/// slots, and every claim after them missed.) A ring of 8: layer 0's
+/// experts 0-5 computed, a bet on layer 1's {0, 7}, read; the router picks
+/// {7, 3}. The read of 3 takes the wrong bet's slot, not an expert the
+/// engine claimed.
+#[test]
+fn a_wrong_bet_that_was_read_is_the_first_to_go() {
+    let v = common::vault(3, 16, 20_000, &[]);
+    let (s, _began) = streamer(&v, 8, 1, Duration::ZERO);
+    s.prefetch_set(0, &[0, 1, 2, 3, 4, 5], Priority::Demand)
+        .unwrap();
+    claim_all(&v, &s, 0, &[0, 1, 2, 3, 4, 5]);
+    s.prefetch_set(1, &[0, 7], Priority::Speculative).unwrap();
+    until(&s, "the bet is read", |st| st.reads_speculative == 2);
+    s.prefetch_set(1, &[7, 3], Priority::Demand).unwrap();
+    claim_all(&v, &s, 1, &[7, 3]);
+    let st = s.stats();
+    assert_eq!((st.prediction_routed, st.prediction_hits), (2, 1), "{st:?}");
+    assert_eq!(st.evicted_unclaimed, 1, "the wrong bet was evicted: {st:?}");
+    assert!(!s.is_resident(1, 0), "the wrong bet's slot went to 3");
+    for e in 0..6 {
+        assert!(s.is_resident(0, e), "layer 0's expert {e} stays: {st:?}");
+    }
+    assert!(s.is_resident(1, 7) && s.is_resident(1, 3));
+}

@@ -616,23 +616,41 @@ impl SlotTable {
         true
     }
 
-    /// A bet on `id` that came to nothing: when it was read and no claim
-    /// has taken it (READY), its slot becomes the first an eviction takes
-    /// (its recency stamp the oldest there is), instead of being kept as an
-    /// unclaimed load for several turns of the ring. A hint: a race changes
-    /// only which slot is chosen.
-    pub(crate) fn demote_unclaimed(&self, id: u32) {
-        // Acquire: as in `prefetch_sparing`.
-        let m = self.map[id as usize].load(Ordering::Acquire);
+    /// Makes `id`'s load the first idle slot to evict when it is a bet that
+    /// was read and that no claim has taken (READY, speculative): called
+    /// for a bet its layer's set did not name. It stays in the ring, a hit
+    /// if a later claim wants it, but no longer counts as the head of a
+    /// burst about to be claimed, which an unclaimed load is spared as for
+    /// `UNCLAIMED_TURNOVERS` turns of the ring: wrong guesses would
+    /// otherwise take that many turns' worth of slots from the experts the
+    /// engine uses. Only the recency hint changes (`victim::DEMOTED`, which no
+    /// load or touch gives, is older than every other and counts as stale). A claim or a load racing with it wins: the stamp is swapped
+    /// only from the value read before the word was checked.
+    pub(crate) fn demote_speculative(&self, id: u32) {
+        let Some(entry) = self.map.get(id as usize) else {
+            return;
+        };
+        // Acquire: as in `drop_speculative`.
+        let m = entry.load(Ordering::Acquire);
         if m == NONE || m == RESERVED {
             return;
         }
         let (slot, generation) = split_ticket(m);
         let cell = &self.cells[slot as usize];
-        let w = cell.word.load(Ordering::Relaxed);
-        if w.state() == READY && w.generation() == generation {
-            cell.stamp.store(victim::DEMOTED, Ordering::Relaxed);
+        let stamp = cell.stamp.load(Ordering::Relaxed);
+        // Acquire: the word's latest transition (a claim, a new load).
+        let w = cell.word.load(Ordering::Acquire);
+        if w.state() != READY
+            || w.generation() != generation
+            || w.origin() != Origin::Speculative
+            || w.is_held()
+        {
+            return;
         }
+        // Relaxed: a hint; a touch since the load above keeps its stamp.
+        let _ = cell
+            .stamp
+            .compare_exchange(stamp, victim::DEMOTED, Ordering::Relaxed, Ordering::Relaxed);
     }
 
     /// Takes a slot for `id`: a fresh one if any is left, else the least

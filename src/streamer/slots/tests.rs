@@ -325,7 +325,7 @@ fn a_demoted_bet_is_the_next_victim() {
     load_all(&t);
     // Without the demotion the unclaimed bet is kept: 0, the oldest
     // claimed, would go. Demoted, the bet goes.
-    t.demote_unclaimed(5);
+    t.demote_speculative(5);
     assert!(matches!(t.prefetch(6, Origin::Demand), Prefetched::Queued { evicted: true, .. }));
     assert!(!t.present(5), "the demoted bet was evicted");
     assert!(t.present(0) && t.present(1));

@@ -323,6 +323,8 @@ impl SlotTable {
         // claimed slot (CONSUMED) is left, or when it has waited unclaimed
         // longer than UNCLAIMED_TURNOVERS turns of the ring (loads), so that
         // speculation that never came true does not pin the ring.
+        // (A demoted bet, `DEMOTED`, is stale from the first turn on: the
+        // scan tells it apart.)
         let stale_before = now.saturating_sub(UNCLAIMED_TURNOVERS * u64::from(self.slots()));
         let layer = id / self.shape.experts_per_layer;
         let adaptive = |cell: &Cell, tick| {
