@@ -155,7 +155,6 @@ pub fn hex(bytes: &[u8]) -> String {
     s
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

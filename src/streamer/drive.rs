@@ -89,7 +89,9 @@ impl DriveClock {
     pub(crate) fn times(&self) -> DriveTimes {
         let now = Instant::now();
         let s = self.state();
-        let open = |since: Option<Instant>| since.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+        let open = |since: Option<Instant>| {
+            since.map_or(Duration::ZERO, |t| now.saturating_duration_since(t))
+        };
         let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         DriveTimes {
             busy_ns: ns(s.busy + open(s.busy_since)),

@@ -122,7 +122,9 @@ fn run() -> Result<(), String> {
                     .parse::<f64>()
                     .ok()
                     .filter(|m| m.is_finite() && *m > 0.0 && *m <= 100.0)
-                    .ok_or_else(|| format!("--move takes a number above 0, at most 100, not '{v}'"))?;
+                    .ok_or_else(|| {
+                        format!("--move takes a number above 0, at most 100, not '{v}'")
+                    })?;
             }
             _ if a.starts_with('-') => return Err(format!("unknown option {a}\n{USAGE}")),
             _ if out.is_none() => out = Some(PathBuf::from(a)),

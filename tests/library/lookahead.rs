@@ -116,8 +116,11 @@ fn the_prediction_counters_are_exact_on_a_known_routing() {
     drop(s);
     while began.try_recv().is_ok() {}
     let (s, began) = streamer(&v, 32, 1, Duration::from_millis(300));
-    s.prefetch_set(2, &[0, 4, 7], Priority::Speculative).unwrap();
-    let first = began.recv_timeout(WAIT).expect("the bet's first read begins");
+    s.prefetch_set(2, &[0, 4, 7], Priority::Speculative)
+        .unwrap();
+    let first = began
+        .recv_timeout(WAIT)
+        .expect("the bet's first read begins");
     assert_eq!(first, s.expert_info(2, 0).unwrap().offset);
     s.prefetch_set(2, &[0, 9], Priority::Demand).unwrap();
     claim_all(&v, &s, 2, &[0, 9]);
@@ -133,7 +136,10 @@ fn the_prediction_counters_are_exact_on_a_known_routing() {
     reads.extend(began.try_iter());
     assert_eq!(reads.len(), 2, "only 0 and 9 were read: {reads:?}");
     for e in [4, 7] {
-        assert!(!s.is_resident(2, e), "the dropped bet on {e} is not in the ring");
+        assert!(
+            !s.is_resident(2, e),
+            "the dropped bet on {e} is not in the ring"
+        );
     }
     // A layer with no bet outstanding counts nothing.
     s.prefetch_set(0, &[1], Priority::Demand).unwrap();
@@ -181,11 +187,7 @@ fn a_stale_bet_never_delays_a_demand_read() {
     );
     let st = s.stats();
     assert_eq!(st.speculative_dropped, 7, "{st:?}");
-    assert_eq!(
-        (st.reads_speculative, st.reads_demand),
-        (1, 2),
-        "{st:?}"
-    );
+    assert_eq!((st.reads_speculative, st.reads_demand), (1, 2), "{st:?}");
 }
 
 /// A bet begins only while no demand read is in progress: with 4 workers
@@ -206,7 +208,11 @@ fn bets_wait_while_a_demand_read_is_in_progress() {
         began.recv_timeout(WAIT).unwrap(),
     ];
     first.sort_unstable();
-    assert_eq!(first, vec![offset(1, 3), offset(1, 4)], "the demand reads first");
+    assert_eq!(
+        first,
+        vec![offset(1, 3), offset(1, 4)],
+        "the demand reads first"
+    );
     assert!(
         began.recv_timeout(read / 2).is_err(),
         "a bet began while the demand reads were in progress"
@@ -218,7 +224,10 @@ fn bets_wait_while_a_demand_read_is_in_progress() {
     let after = t0.elapsed();
     bets.sort_unstable();
     assert_eq!(bets, vec![offset(2, 5), offset(2, 6)]);
-    assert!(after >= read, "the bets began {after:?} after the demand reads");
+    assert!(
+        after >= read,
+        "the bets began {after:?} after the demand reads"
+    );
     claim_all(&v, &s, 1, &[3, 4]);
     until(&s, "the bets are read", |st| st.reads_speculative == 2);
 }

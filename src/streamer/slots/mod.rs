@@ -648,9 +648,12 @@ impl SlotTable {
             return;
         }
         // Relaxed: a hint; a touch since the load above keeps its stamp.
-        let _ = cell
-            .stamp
-            .compare_exchange(stamp, victim::DEMOTED, Ordering::Relaxed, Ordering::Relaxed);
+        let _ = cell.stamp.compare_exchange(
+            stamp,
+            victim::DEMOTED,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
     }
 
     /// Takes a slot for `id`: a fresh one if any is left, else the least
@@ -755,7 +758,9 @@ impl SlotTable {
                 Some(item) => item,
                 // Acquire: pairs with the Release decrement in `end_read`;
                 // a stale count only delays a bet or lets one overlap.
-                None if self.demand_reading.load(Ordering::Acquire) < BETS_WHILE_DEMAND_READS_BELOW => {
+                None if self.demand_reading.load(Ordering::Acquire)
+                    < BETS_WHILE_DEMAND_READS_BELOW =>
+                {
                     self.speculative.pop()?
                 }
                 None => return None,

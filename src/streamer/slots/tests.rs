@@ -282,24 +282,42 @@ fn stale_and_foreign_tickets() {
 fn a_bet_is_dropped_only_while_queued_unwanted() {
     let t = SlotTable::new(8, 8);
     // Queued and unwanted: dropped; the worker skips the stale entry.
-    assert!(matches!(t.prefetch(1, Origin::Speculative), Prefetched::Queued { .. }));
+    assert!(matches!(
+        t.prefetch(1, Origin::Speculative),
+        Prefetched::Queued { .. }
+    ));
     assert!(t.drop_speculative(1));
     assert!(!t.present(1), "the bet's map entry is gone");
     assert_eq!(t.next_job(), None, "the dropped read never starts");
     assert!(!t.drop_speculative(1), "nothing left to drop");
     // Being read: kept.
-    assert!(matches!(t.prefetch(2, Origin::Speculative), Prefetched::Queued { .. }));
+    assert!(matches!(
+        t.prefetch(2, Origin::Speculative),
+        Prefetched::Queued { .. }
+    ));
     let job = t.next_job().unwrap();
-    assert!(!t.drop_speculative(2), "a read in progress is never dropped");
+    assert!(
+        !t.drop_speculative(2),
+        "a read in progress is never dropped"
+    );
     t.finish_ok(job);
-    assert!(!t.drop_speculative(2), "a loaded bet stays, for a later claim");
+    assert!(
+        !t.drop_speculative(2),
+        "a loaded bet stays, for a later claim"
+    );
     assert!(matches!(t.claim(2), Claimed::Ready { hit: true, .. }));
     // Wanted by a claim, by a demand prefetch, or queued as demand or
     // pre-warm: kept.
-    assert!(matches!(t.prefetch(3, Origin::Speculative), Prefetched::Queued { .. }));
+    assert!(matches!(
+        t.prefetch(3, Origin::Speculative),
+        Prefetched::Queued { .. }
+    ));
     assert!(matches!(t.claim(3), Claimed::Pending { queued: false }));
     assert!(!t.drop_speculative(3), "a claim waits for it");
-    assert!(matches!(t.prefetch(4, Origin::Speculative), Prefetched::Queued { .. }));
+    assert!(matches!(
+        t.prefetch(4, Origin::Speculative),
+        Prefetched::Queued { .. }
+    ));
     assert!(t.refresh(4, Origin::Demand));
     assert!(!t.drop_speculative(4), "a demand prefetch promoted it");
     t.prefetch(5, Origin::Demand);
@@ -326,7 +344,10 @@ fn a_demoted_bet_is_the_next_victim() {
     // Without the demotion the unclaimed bet is kept: 0, the oldest
     // claimed, would go. Demoted, the bet goes.
     t.demote_speculative(5);
-    assert!(matches!(t.prefetch(6, Origin::Demand), Prefetched::Queued { evicted: true, .. }));
+    assert!(matches!(
+        t.prefetch(6, Origin::Demand),
+        Prefetched::Queued { evicted: true, .. }
+    ));
     assert!(!t.present(5), "the demoted bet was evicted");
     assert!(t.present(0) && t.present(1));
 }

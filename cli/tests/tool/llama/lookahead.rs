@@ -63,7 +63,10 @@ fn lookahead_counts_exactly_on_a_model_whose_routing_is_known() {
         let smoe = run(&format!("smoe-lookahead-{depth}"), &env);
         let err = smoe.stderr();
         assert!(smoe.out.status.success(), "{err}");
-        assert!(same_logits(&smoe, &stock), "lookahead {depth}: not stock's logits\n{err}");
+        assert!(
+            same_logits(&smoe, &stock),
+            "lookahead {depth}: not stock's logits\n{err}"
+        );
         let (tokens, guessed, routed, guesses, _) = decode_line(&err);
         assert!(tokens >= 15, "{err}");
         // 7 layers after the first, top-2 each: every routed expert was guessed
@@ -137,7 +140,11 @@ fn lookahead_adapts_by_probes() {
         run_predicting(&s.bin, &s.gguf, s.tmp.path(), name, PROMPT, 1, "40", &all)
     };
     let stock = run("stock", &[]);
-    let env = [("SMOE", "1"), ("SMOE_RING_SLOTS", "12"), ("SMOE_PREWARM", "0")];
+    let env = [
+        ("SMOE", "1"),
+        ("SMOE_RING_SLOTS", "12"),
+        ("SMOE_PREWARM", "0"),
+    ];
     let smoe = run("smoe-adapt", &env);
     let err = smoe.stderr();
     assert!(same_logits(&smoe, &stock), "{err}");

@@ -164,7 +164,10 @@ fn a_raise_that_cannot_be_allocated_is_halved() {
     for (refuse_above, expected) in [("300000", 71), ("100000", 32)] {
         let env = ubatch_env(
             "16",
-            &[("LD_PRELOAD", preload), ("SMOE_TEST_REFUSE_ABOVE", refuse_above)],
+            &[
+                ("LD_PRELOAD", preload),
+                ("SMOE_TEST_REFUSE_ABOVE", refuse_above),
+            ],
         );
         let run = run_long(&s, &format!("smoe-refused-{refuse_above}"), 1, &env);
         let err = String::from_utf8_lossy(&run.out.stderr);
@@ -212,8 +215,16 @@ fn a_dense_draft_model_loads_as_stock() {
         cmd.output().unwrap()
     };
     let stock = run(&[]);
-    assert!(stock.status.success(), "{}", String::from_utf8_lossy(&stock.stderr));
-    let streamed = run(&[("SMOE", "1"), ("SMOE_RING_SLOTS", "8"), ("SMOE_PREWARM", "0")]);
+    assert!(
+        stock.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stock.stderr)
+    );
+    let streamed = run(&[
+        ("SMOE", "1"),
+        ("SMOE_RING_SLOTS", "8"),
+        ("SMOE_PREWARM", "0"),
+    ]);
     let err = String::from_utf8_lossy(&streamed.stderr);
     assert!(streamed.status.success(), "{err}");
     assert!(
@@ -223,7 +234,10 @@ fn a_dense_draft_model_loads_as_stock() {
         )),
         "{err}"
     );
-    assert!(evictions(&err) > 0, "the MoE model streamed through 8 slots: {err}");
+    assert!(
+        evictions(&err) > 0,
+        "the MoE model streamed through 8 slots: {err}"
+    );
     assert!(!stock.stdout.is_empty());
     assert_eq!(
         String::from_utf8_lossy(&streamed.stdout),
