@@ -78,7 +78,7 @@
 #   BENCH_ARGS      more arguments for llama-bench in resident, both runs (say
 #                   "--cpu-strict 1": each thread on its own core)
 #   LOOKAHEAD       decode: SMOE_LOOKAHEAD of the run with lookahead (default
-#                   the glue's); LOOKAHEAD_WIDTH and LOOKAHEAD_ADAPT likewise
+#                   1); LOOKAHEAD_WIDTH and LOOKAHEAD_ADAPT likewise
 #                   SMOE_LOOKAHEAD_WIDTH and SMOE_LOOKAHEAD_ADAPT
 #   DECODE_PROMPT   decode: the prompt (default one sentence of 18 tokens)
 #   BROAD_MOVE      the broad model's --move (default 1): what each layer adds
@@ -459,10 +459,10 @@ decode() {
   broad_model
   local text="${DECODE_PROMPT:-The river carries small stones down from the hills, and the town below}"
   local look=() cache="$WORK/decode-cache"
-  [ -n "${LOOKAHEAD:-}" ] && look+=(SMOE_LOOKAHEAD="$LOOKAHEAD")
+  look+=(SMOE_LOOKAHEAD="${LOOKAHEAD:-1}")
   [ -n "${LOOKAHEAD_WIDTH:-}" ] && look+=(SMOE_LOOKAHEAD_WIDTH="$LOOKAHEAD_WIDTH")
   [ -n "${LOOKAHEAD_ADAPT:-}" ] && look+=(SMOE_LOOKAHEAD_ADAPT="$LOOKAHEAD_ADAPT")
-  echo "== decode: $(basename "$BROAD") ($(du -hL "$BROAD" | cut -f1), experts $(awk -v b="$EXPERT_BYTES" 'BEGIN { printf "%.2f GiB", b / 1073741824 }'), --move $BROAD_MOVE), memory.max $CAP, cold page cache, -t $THREADS, $CAPPED_SLOTS ring slots, $N_PREDICT tokens, lookahead ${LOOKAHEAD:-default} x ${LOOKAHEAD_WIDTH:-top-k}, adapting ${LOOKAHEAD_ADAPT:-1}"
+  echo "== decode: $(basename "$BROAD") ($(du -hL "$BROAD" | cut -f1), experts $(awk -v b="$EXPERT_BYTES" 'BEGIN { printf "%.2f GiB", b / 1073741824 }'), --move $BROAD_MOVE), memory.max $CAP, cold page cache, -t $THREADS, $CAPPED_SLOTS ring slots, $N_PREDICT tokens, lookahead ${LOOKAHEAD:-1} x ${LOOKAHEAD_WIDTH:-top-k}, adapting ${LOOKAHEAD_ADAPT:-1}"
   local gbs secs
   gbs=$(drive "$BROAD") || exit 1
   read -r gbs secs <<<"$gbs"

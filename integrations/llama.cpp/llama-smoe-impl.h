@@ -150,7 +150,7 @@ struct llama_smoe {
     // applying their routers (and FFN norms) to L's state, and queue them as speculation;
     // each layer's real set settles its guess (smoe drops the stale reads). 0: off. Width:
     // SMOE_LOOKAHEAD_WIDTH experts a token (0: the model's top-k)
-    uint32_t lookahead = 1;
+    uint32_t lookahead = 0;
     uint32_t lookahead_width = 0;
     // SMOE_LOOKAHEAD_ADAPT (default 1): guesses are queued only while they pay. A drive that
     // decode keeps busy already gains nothing from bets and loses what the wrong ones read, so

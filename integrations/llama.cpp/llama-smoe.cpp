@@ -107,7 +107,9 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, uint32_t n_expert, const char
     }
     cfg.pinned     = env_u32("SMOE_PIN", can_register ? 1 : 0, 1);
     const uint32_t layer_ahead = env_u32("SMOE_LAYER_AHEAD", UINT32_MAX, UINT32_MAX);
-    const uint32_t lookahead = env_u32("SMOE_LOOKAHEAD", 1, 8);
+    // off by default: measured on decode that the drive bounds (scripts/llama-bench.sh decode,
+    // docs/llama.md "Lookahead"), guesses never paid for their wrong reads
+    const uint32_t lookahead = env_u32("SMOE_LOOKAHEAD", 0, 8);
     const uint32_t lookahead_width = env_u32("SMOE_LOOKAHEAD_WIDTH", 0, 1u << 20);
     const bool lookahead_adapt = env_u32("SMOE_LOOKAHEAD_ADAPT", 1, 1) == 1;
     // op offload: a layer's next expert weight (up, gate, down: the same ids) copied to the

@@ -125,7 +125,9 @@ fn wrong_guesses_keep_stocks_logits() {
     }
 }
 
-/// By default the glue guesses only while guessing pays: decoded tokens
+/// Lookahead is off by default (`SMOE_LOOKAHEAD=0`: measured, it did not
+/// pay on decode the drive bounds). On, the glue guesses only while guessing
+/// pays: decoded tokens
 /// are timed in a probe that alternates guessing and not, 8 tokens each,
 /// and the next 112 follow the faster. The line says how many probes ran
 /// and how many tokens guessed; the logits stay stock's.
@@ -144,8 +146,13 @@ fn lookahead_adapts_by_probes() {
         ("SMOE", "1"),
         ("SMOE_RING_SLOTS", "12"),
         ("SMOE_PREWARM", "0"),
+        ("SMOE_LOOKAHEAD", "1"),
     ];
     let smoe = run("smoe-adapt", &env);
+    // off by default: no guess, no probe
+    let off = run("smoe-default", &env[..3]);
+    assert!(same_logits(&off, &stock), "{}", off.stderr());
+    assert_eq!(decode_line(&off.stderr()).3, 0, "{}", off.stderr());
     let err = smoe.stderr();
     assert!(same_logits(&smoe, &stock), "{err}");
     let line = err
