@@ -14,7 +14,7 @@ use std::ffi::{c_void, CStr};
 use pyo3::ffi;
 use pyo3::prelude::*;
 
-use crate::lease::View;
+use crate::held::View;
 
 /// `(kDLCPU, 0)`: the device of every lease.
 pub(crate) const CPU_DEVICE: (i32, i32) = (K_DL_CPU, 0);

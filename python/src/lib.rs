@@ -20,10 +20,12 @@
 mod config;
 mod dlpack;
 mod errors;
+mod held;
 mod interrupt;
 mod layout;
 mod lease;
 mod pack;
+mod shared;
 mod streamer;
 mod synth;
 #[cfg(feature = "test-hooks")]
