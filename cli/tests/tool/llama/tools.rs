@@ -567,7 +567,8 @@ fn llama_bench(source: Source) {
 }
 
 /// llama-cli, one turn (`-st`, plain I/O), replies as stock does, with a
-/// vault and with the experts streamed from the GGUF in place (`SMOE=1`).
+/// vault, with the experts streamed from the GGUF in place (`SMOE=1`), and
+/// with `--smoe`, the common argument that stands for `SMOE=1`.
 #[test]
 fn llama_cli_prints_stocks_text() {
     let Some(Setup {
@@ -579,8 +580,9 @@ fn llama_cli_prints_stocks_text() {
     else {
         return;
     };
-    let cli = |smoe: Option<Source>| {
+    let cli = |smoe: Option<Source>, args: &[&str]| {
         let mut cmd = Command::new(tool(&bin, "llama-cli"));
+        cmd.args(args);
         cmd.arg("-m")
             .arg(&gguf)
             .args([
@@ -596,11 +598,13 @@ fn llama_cli_prints_stocks_text() {
                 "--simple-io",
             ])
             .env("SMOE_NO_REPACK", "1")
+            .env_remove("SMOE")
+            .env_remove("SMOE_VAULT")
+            .env("SMOE_RING_SLOTS", "3")
+            .env("SMOE_CACHE_DIR", tmp.path().join("cache"))
             .stdin(std::process::Stdio::null());
         if let Some(source) = smoe {
-            cmd.envs(source.env(&gguf, &vault))
-                .env("SMOE_RING_SLOTS", "3")
-                .env("SMOE_CACHE_DIR", tmp.path().join("cache"));
+            cmd.envs(source.env(&gguf, &vault));
         }
         cmd.output().unwrap()
     };
@@ -613,7 +617,7 @@ fn llama_cli_prints_stocks_text() {
         let rest = &text[start..];
         rest[..rest.find("[ Prompt:").unwrap_or(rest.len())].to_owned()
     };
-    let stock = cli(None);
+    let stock = cli(None, &[]);
     assert!(
         stock.status.success(),
         "{}",
@@ -622,7 +626,7 @@ fn llama_cli_prints_stocks_text() {
     let want = reply(&stock);
     assert!(want.len() > PROMPT.len() + 4, "no reply: {want:?}");
     for source in [Source::Vault, Source::Model] {
-        let smoe = cli(Some(source));
+        let smoe = cli(Some(source), &[]);
         let stderr = String::from_utf8_lossy(&smoe.stderr);
         assert!(smoe.status.success(), "{source:?}: {stderr}");
         assert_eq!(reply(&smoe), want, "{source:?}");
@@ -631,4 +635,14 @@ fn llama_cli_prints_stocks_text() {
             "{source:?}: {stderr}"
         );
     }
+    // `--smoe`, llama.cpp's common argument, is SMOE=1: the model streams
+    // from its own file
+    let flag = cli(None, &["--smoe"]);
+    let stderr = String::from_utf8_lossy(&flag.stderr);
+    assert!(flag.status.success(), "--smoe: {stderr}");
+    assert_eq!(reply(&flag), want, "--smoe");
+    assert!(
+        stderr.contains(&Source::Model.named(&gguf, &vault)) && stderr.contains("smoe: claims "),
+        "--smoe: {stderr}"
+    );
 }
