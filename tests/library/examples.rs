@@ -252,3 +252,63 @@ fn documented_static_libs_match_rustc() {
         );
     }
 }
+
+/// The README's C example, as it stands there, builds with the flags its
+/// build lines give and prints what its last line says it prints, on the
+/// vault its `smoe synth` line makes: the README is compiled, not only read.
+#[test]
+#[cfg(target_os = "linux")]
+fn the_readmes_c_example_runs_as_it_says() {
+    let (Some(lib), Some(tool)) = (native::staticlib(), smoe_tool()) else {
+        skip_or_fail("libsmoe.a or the smoe tool is not built: run cargo build --release");
+        return;
+    };
+    let readme = fs::read_to_string(manifest_dir().join("README.md")).unwrap();
+    let section = readme
+        .split("## From C")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("README.md has a \"From C\" section");
+    let code = section
+        .split("```c\n")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .expect("the section holds a ```c block");
+    let want = section
+        .lines()
+        .find_map(|l| l.strip_prefix("./example /tmp/vault    # "))
+        .expect("the section says what ./example prints");
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("example.c");
+    fs::write(&source, code).unwrap();
+    let exe = dir.path().join("example");
+    // The README's own build line: its flags, with this build's paths.
+    let line = section
+        .lines()
+        .find(|l| l.starts_with("cc ") && l.contains("libsmoe.a"))
+        .expect("the section's build line");
+    let mut cc = Command::new(native::default_c_compiler());
+    for word in line.split_whitespace().skip(1) {
+        match word {
+            "include" => cc.arg(native::include_dir()),
+            "example.c" => cc.arg(&source),
+            "target/release/libsmoe.a" => cc.arg(&lib),
+            "example" => cc.arg(&exe),
+            _ => cc.arg(word),
+        };
+    }
+    native::run(&mut cc);
+    let vault = dir.path().join("vault");
+    native::run(Command::new(tool).arg("synth").arg(&vault).args([
+        "--layers",
+        "2",
+        "--experts",
+        "4",
+        "--blob-kib",
+        "20",
+    ]));
+    let out = native::run(Command::new(&exe).arg(&vault));
+    let first = out.lines().next().unwrap_or("");
+    assert_eq!(first, want, "the README's example printed:\n{out}");
+    assert!(out.contains("claims 1, hits 0, bytes read "), "{out}");
+}
