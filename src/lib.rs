@@ -58,6 +58,7 @@ mod queue;
 mod router;
 mod sync;
 mod sys;
+mod tier;
 mod trace;
 mod try_alloc;
 
@@ -93,6 +94,13 @@ pub mod internals {
         pub use crate::streamer::elastic::{
             watermarks as elastic_watermarks, MIN_ACTIVE_SLOTS as ELASTIC_MIN_ACTIVE_SLOTS,
         };
+    }
+
+    /// The device tier's rule (`src/tier/`): which experts a host keeps in
+    /// device slots, for `smoe bench --sweep`'s simulation now and a C API
+    /// once the llama.cpp glue computes from VRAM (issue 50).
+    pub mod tier {
+        pub use crate::tier::{DeviceTier, Promotion, TierError, TierStats};
     }
 
     /// The claim histogram and its file (docs/format.md §4).

@@ -11,6 +11,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use smoe::internals::router::TraceTokens;
+use smoe::internals::tier::DeviceTier;
 
 /// The claim sequence of a trace as dense ids (0..distinct), in order.
 pub fn claims(tokens: &TraceTokens) -> Vec<u32> {
@@ -122,6 +123,40 @@ pub fn belady(seq: &[u32], slots: usize) -> SimResult {
     SimResult {
         claims: n as u64,
         hits,
+    }
+}
+
+/// The device tier's rule (the library's, `src/tier/`) with `slots` slots
+/// over the trace, one decode step a token: each claim looked up, each
+/// miss offered for admission, and the copies completing between tokens.
+pub fn tier(tokens: &TraceTokens, slots: usize) -> SimResult {
+    let mut ids: HashMap<(u32, u32), u32> = HashMap::new();
+    let mut t = DeviceTier::new(u32::try_from(slots).unwrap_or(u32::MAX));
+    let mut copies = Vec::new();
+    for token in tokens {
+        let mut missed = Vec::new();
+        for (layer, experts) in token {
+            for (i, &e) in experts.iter().enumerate() {
+                if experts[..i].contains(&e) {
+                    continue;
+                }
+                let next = ids.len() as u32;
+                let id = *ids.entry((*layer, e)).or_insert(next);
+                if t.lookup(id).is_none() {
+                    missed.push(id);
+                }
+            }
+        }
+        copies.extend(missed.into_iter().filter_map(|id| t.admit(id)));
+        t.step_done();
+        for p in copies.drain(..) {
+            t.loaded(p.slot, 0).expect("a promotion's slot is loading");
+        }
+    }
+    let s = t.stats();
+    SimResult {
+        claims: s.lookups,
+        hits: s.hits,
     }
 }
 
@@ -256,6 +291,27 @@ mod tests {
     }
 
     #[test]
+    fn the_tier_keeps_a_hot_set_that_one_off_experts_would_flush_from_an_lru() {
+        // experts 0..4 every token, and one expert never seen again: a tier of
+        // 4 keeps the hot four (4 of 5 uses, after the first token), where an
+        // LRU of 4 loses one of them to each newcomer
+        let t: TraceTokens = (0..100u32)
+            .map(|i| vec![(0, vec![0, 1, 2, 3]), (1, vec![i])])
+            .collect();
+        let tier = tier(&t, 4);
+        assert_eq!(tier.claims, 500);
+        assert_eq!(tier.hits, 99 * 4, "every hot use after the first token");
+        let lru = lru(&claims(&t), 4);
+        assert!(
+            lru.hits < tier.hits,
+            "lru {} vs tier {}",
+            lru.hits,
+            tier.hits
+        );
+        assert_eq!(super::tier(&t, 0).hits, 0);
+    }
+
+    #[test]
     fn sweep_sizes_cover_5_to_100_percent() {
         let s = sweep_sizes(256, 100);
         assert_eq!(s.first(), Some(&13));
@@ -304,6 +360,15 @@ mod tests {
                 b.rate()
             );
             assert!(b.hits >= l.hits);
+            let d = tier(&t, slots);
+            println!(
+                "{slots} slots: lru {:.1}%, device tier {:.1}%, belady {:.1}%",
+                l.rate() * 100.0,
+                d.rate() * 100.0,
+                b.rate() * 100.0
+            );
+            assert_eq!(d.claims, l.claims);
+            assert!(d.hits <= b.hits, "the tier beat the optimum at {slots}");
         }
     }
 }

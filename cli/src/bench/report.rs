@@ -435,6 +435,10 @@ pub struct SweepRow {
     /// Belady's optimum.
     #[serde(serialize_with = "round4")]
     pub belady: f64,
+    /// The device tier's rule (admission by use count, copies completing
+    /// between tokens; `src/tier/`) with as many device slots.
+    #[serde(serialize_with = "round4")]
+    pub device_tier: f64,
 }
 
 /// `smoe bench --trace --sweep`.
@@ -448,8 +452,8 @@ pub struct SweepResult {
     pub claims: u64,
     /// Experts in the vault.
     pub experts: u32,
-    /// The policy the command line named (the sweep simulates LRU and
-    /// Belady whatever it is).
+    /// The policy the command line named (the sweep simulates LRU, Belady
+    /// and the device tier whatever it is).
     pub policy: String,
     /// Experts claimed per layer.
     pub top_k: u32,
@@ -470,7 +474,7 @@ impl SweepResult {
             from: self.top_k_from,
         };
         let mut text = format!(
-            "sweep: {} tokens, {} demand claims at {} over {} experts, simulated; one token's working set: {}\n{:>8} {:>9} {:>8} {:>8}\n",
+            "sweep: {} tokens, {} demand claims at {} over {} experts, simulated; one token's working set: {}\n{:>8} {:>9} {:>8} {:>8} {:>8}\n",
             self.tokens,
             self.claims,
             top_k.text(),
@@ -479,7 +483,8 @@ impl SweepResult {
             "slots",
             "% experts",
             "LRU",
-            "Belady"
+            "Belady",
+            "tier"
         );
         let ws = self.working_set.experts();
         for r in &self.rows {
@@ -489,11 +494,12 @@ impl SweepResult {
                 ""
             };
             text.push_str(&format!(
-                "{:>8} {:>8.1}% {:>7.1}% {:>7.1}%{mark}\n",
+                "{:>8} {:>8.1}% {:>7.1}% {:>7.1}% {:>7.1}%{mark}\n",
                 r.ring_slots,
                 100.0 * f64::from(r.ring_slots) / f64::from(self.experts.max(1)),
                 r.lru * 100.0,
-                r.belady * 100.0
+                r.belady * 100.0,
+                r.device_tier * 100.0
             ));
         }
         text

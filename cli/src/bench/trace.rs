@@ -73,7 +73,7 @@ impl<'a> Replay<'a> {
         }
     }
 
-    /// LRU and Belady at each ring size of a sweep (and `extra`), with a
+    /// LRU, Belady and the device tier at each ring size of a sweep (and `extra`), with a
     /// progress bar.
     fn sweep_rows(&self, extra: u32) -> Vec<SweepRow> {
         let sizes = sim::sweep_sizes(self.entries, extra);
@@ -85,6 +85,7 @@ impl<'a> Replay<'a> {
                     ring_slots: n,
                     lru: sim::lru(&self.seq, n as usize).rate(),
                     belady: sim::belady(&self.seq, n as usize).rate(),
+                    device_tier: sim::tier(&self.tokens, n as usize).rate(),
                 };
                 bar.inc(1);
                 row

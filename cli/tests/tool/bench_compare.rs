@@ -86,13 +86,18 @@ fn sweep_gives_the_reference_lru_and_belady_figures() {
             .unwrap_or_else(|| panic!("no row for {n} slots"))
             .clone()
     };
-    for (n, lru, belady) in [
-        (25, 0.0, 0.327),
-        (64, 0.320, 0.604),
-        (128, 0.557, 0.818),
-        (256, 0.993, 0.993),
+    for (n, lru, belady, tier) in [
+        (25, 0.0, 0.327, 0.150),
+        (64, 0.320, 0.604, 0.335),
+        (128, 0.557, 0.818, 0.591),
+        (256, 0.993, 0.993, 0.993),
     ] {
         let r = at(n);
+        // the device tier's rule keeps what one-off experts flush from an LRU
+        assert!(
+            (r["device_tier"].as_f64().unwrap() - tier).abs() <= 0.001,
+            "{r}"
+        );
         assert!((r["lru"].as_f64().unwrap() - lru).abs() <= 0.001, "{r}");
         assert!(
             (r["belady"].as_f64().unwrap() - belady).abs() <= 0.001,
@@ -108,7 +113,10 @@ fn sweep_gives_the_reference_lru_and_belady_figures() {
     let o = bench_trace(&v, &t, &["--sweep"]);
     assert!(o.status.success());
     let out = text(&o.stdout);
-    assert!(out.contains("Belady") && out.contains("  100.0%"), "{out}");
+    assert!(
+        out.contains("Belady") && out.contains("tier") && out.contains("  100.0%"),
+        "{out}"
+    );
 }
 
 #[test]
