@@ -58,6 +58,14 @@
 #             claim took, as a table. A short prompt (DECODE_PROMPT), then
 #             N_PREDICT tokens (stock capped: STOCK_PREDICT, default 8, its
 #             text checked as the start of the others').
+#   routing   how much a cache of experts can serve of each model's decode
+#             (issue 50): for each --move in ROUTING_MOVES, the broad model's
+#             routing over ROUTING_N greedy tokens after DECODE_PROMPT,
+#             captured by the glue (SMOE_TRACE, no cap), and for the real
+#             Mixtral-8x7B trace where MIXTRAL_TRACE names it: smoe bench
+#             --sweep's hit rates at 10%, 25% and 50% of the experts for an
+#             exact LRU, the device tier's rule (src/tier/: admission by use
+#             count) and Belady's optimum. Not part of `all`.
 #   resident  the broad model, no cap, a ring of every expert (decode is all
 #             hits): llama-bench -p 361 -n RESIDENT_N with repacking off, stock and
 #             smoe alternating, tokens/s and their ratio per round.
@@ -80,7 +88,12 @@
 #   LOOKAHEAD       decode: SMOE_LOOKAHEAD of the run with lookahead (default
 #                   1); LOOKAHEAD_WIDTH and LOOKAHEAD_ADAPT likewise
 #                   SMOE_LOOKAHEAD_WIDTH and SMOE_LOOKAHEAD_ADAPT
-#   DECODE_PROMPT   decode: the prompt (default one sentence of 18 tokens)
+#   DECODE_PROMPT   decode, routing: the prompt (default one sentence of 18 tokens)
+#   ROUTING_MOVES   routing: the broad models' --move values (default "0.3 1 3")
+#   ROUTING_N       routing: tokens decoded per model (default 300)
+#   MIXTRAL_TRACE   routing: the shared Mixtral-8x7B trace, swept as well when
+#                   it exists (default ../shared/traces/mixtral-8x7b-decode.csv
+#                   beside the checkout)
 #   BROAD_MOVE      the broad model's --move (default 1): what each layer adds
 #                   to the hidden state, scaled; 3 makes the state move more
 #                   between layers (the next layer's experts harder to guess)
@@ -118,8 +131,8 @@ die() {
   exit 1
 }
 
-case "$MODE" in capped | long | decode | inplace | half | resident | all) ;; *)
-  echo "usage: scripts/llama-bench.sh [capped|long|decode|inplace|half|resident|all]" >&2
+case "$MODE" in capped | long | decode | routing | inplace | half | resident | all) ;; *)
+  echo "usage: scripts/llama-bench.sh [capped|long|decode|routing|inplace|half|resident|all]" >&2
   exit 2
   ;;
 esac
@@ -574,6 +587,54 @@ bench() {
   grep '^smoe: claims' "$WORK/$name.err" | sed 's/^/               /' || true
 }
 
+# sweep_row NAME TRACE TOP_K VAULT ENTRIES: one row of the routing table, from smoe bench
+# --sweep's text (slots, % experts, LRU, Belady, tier) at 10%, 25% and 50% of the experts
+sweep_row() {
+  local name=$1 trace=$2 top_k=$3 vault=$4 entries=$5 out
+  out=$("$SMOE" bench "$vault" --trace "$trace" --top-k "$top_k" --sweep) || die "smoe bench --sweep $trace failed"
+  local row="$name" p n cells
+  for p in 10 25 50; do
+    n=$(((entries * p + 50) / 100))
+    cells=$(awk -v n="$n" '$1 == n { printf "%s %s %s", $3, $5, $4 }' <<<"$out")
+    [ -n "$cells" ] || die "no sweep row of $n slots for $trace"
+    row+=" | ${cells// / | }"
+  done
+  echo "| $row |"
+}
+
+routing() {
+  local text="${DECODE_PROMPT:-The river carries small stones down from the hills, and the town below}"
+  local n="${ROUTING_N:-300}" moves="${ROUTING_MOVES:-0.3 1 3}"
+  local mixtral="${MIXTRAL_TRACE:-$ROOT/../shared/traces/mixtral-8x7b-decode.csv}"
+  [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "ROUTING_N must be a positive number, not '$n'"
+  local vault="$WORK/routing-vault-$BROAD_EXPERTS"
+  [ -f "$vault/experts.smoe" ] || "$SMOE" synth "$vault" --layers 24 --experts "$BROAD_EXPERTS" --blob-kib 4 >&2
+  echo "== routing: $n greedy tokens after \"$text\" (-t $THREADS, no cap), captured with SMOE_TRACE; smoe bench --sweep"
+  echo "| routing | LRU 10% | tier 10% | Belady 10% | LRU 25% | tier 25% | Belady 25% | LRU 50% | tier 50% | Belady 50% |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  local move trace
+  for move in $moves; do
+    [[ "$move" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "ROUTING_MOVES: '$move' is not a number"
+    BROAD_MOVE=$move
+    broad_model
+    trace="$WORK/routing-move$move.csv"
+    rm -f "$trace"
+    rm -rf "$WORK/routing-cache"
+    SMOE=1 SMOE_TRACE="$trace" SMOE_CACHE_DIR="$WORK/routing-cache" \
+      "$SIMPLE" -m "$BROAD" -n "$n" -t "$THREADS" "$text" >"$WORK/routing-move$move.out" 2>"$WORK/routing-move$move.err" ||
+      die "llama-simple on $BROAD failed: $WORK/routing-move$move.err"
+    [ -s "$trace" ] || die "no trace written: $WORK/routing-move$move.err"
+    sweep_row "$(basename "$BROAD") ($ENTRIES experts, top-8)" "$trace" 8 "$vault" "$ENTRIES"
+  done
+  if [ -f "$mixtral" ]; then
+    local mvault="$WORK/routing-vault-mixtral"
+    [ -f "$mvault/experts.smoe" ] || "$SMOE" synth "$mvault" --layers 32 --experts 8 --blob-kib 4 >&2
+    sweep_row "Mixtral-8x7B trace (256 experts, top-2)" "$mixtral" 2 "$mvault" 256
+  else
+    say "no Mixtral trace at $mixtral (MIXTRAL_TRACE): its row left out"
+  fi
+}
+
 resident() {
   broad_model
   local entries=$ENTRIES cache="$WORK/resident-cache"
@@ -596,6 +657,7 @@ case "$MODE" in
   capped) capped ;;
   long) long ;;
   decode) decode ;;
+  routing) routing ;;
   inplace) inplace ;;
   half) half ;;
   resident) resident ;;

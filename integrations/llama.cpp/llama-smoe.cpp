@@ -106,6 +106,11 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, uint32_t n_expert, const char
                         ggml_backend_reg_get_proc_address(reg, "ggml_backend_register_fixed_host_buffer") != nullptr);
     }
     cfg.pinned     = env_u32("SMOE_PIN", can_register ? 1 : 0, 1);
+    // the routing of every claim, written as a trace (docs/format.md §5.3) when the model is
+    // freed: for `smoe bench --trace`'s replays and sweeps of a real run's routing. The
+    // library refuses a path it may not replace, with a warning, and reads it at open only
+    const char * trace = std::getenv("SMOE_TRACE");
+    cfg.trace_path = trace != nullptr && *trace != '\0' ? trace : nullptr;
     const uint32_t layer_ahead = env_u32("SMOE_LAYER_AHEAD", UINT32_MAX, UINT32_MAX);
     // off by default: measured on decode that the drive bounds (scripts/llama-bench.sh decode,
     // docs/llama.md "Lookahead"), guesses never paid for their wrong reads

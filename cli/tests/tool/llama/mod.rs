@@ -173,6 +173,7 @@ fn run_predicting(
         "SMOE_TEST_REFUSE_ABOVE",
         "SMOE_TEST_FAIL_CLAIMS",
         "SMOE_POPULATE",
+        "SMOE_TRACE",
     ] {
         cmd.env_remove(var);
     }

@@ -304,3 +304,99 @@ fn ring_shrunk_mid_batch(source: Source) {
         assert!(line.contains(told), "{name}: {line}");
     }
 }
+
+/// `SMOE_TRACE` writes the run's routing as a trace `smoe bench` reads
+/// (issue 50's routing table): one row a (token, layer), every claim once,
+/// and refuses, with a warning, to write over a file that is not a trace.
+#[test]
+fn smoe_trace_records_every_claim_of_a_run() {
+    let Some(s) = setup_in_place("qwen3moe-q8_0.gguf") else {
+        return;
+    };
+    let trace = s.tmp.path().join("routing.csv");
+    let t = trace.to_str().unwrap();
+    let stock = run(&s.bin, &s.gguf, s.tmp.path(), "stock", &[]);
+    let traced = run(
+        &s.bin,
+        &s.gguf,
+        s.tmp.path(),
+        "traced",
+        &[("SMOE", "1"), ("SMOE_TRACE", t)],
+    );
+    assert!(traced.out.status.success(), "{}", traced.stderr());
+    assert_eq!(traced.logits, stock.logits, "a trace changes no logit");
+    let claims = number_after(&traced.stderr(), "smoe: claims ");
+    // read with this test's own parser: header, then token,layer,experts...
+    let text = std::fs::read_to_string(&trace).expect("the trace was written");
+    let mut lines = text.lines();
+    assert!(lines.next().unwrap().starts_with("token,layer,r0,r1"));
+    let mut entries = 0u64;
+    let mut decode_rows = 0;
+    let mut last_token = 0u64;
+    for line in lines {
+        let f: Vec<&str> = line.split(',').collect();
+        let token: u64 = f[0].parse().unwrap();
+        let layer: u32 = f[1].parse().unwrap();
+        let experts: Vec<u32> = f[2..]
+            .iter()
+            .filter(|x| !x.is_empty())
+            .map(|x| x.parse().unwrap())
+            .collect();
+        assert!(layer < 2 && experts.iter().all(|&e| e < 16), "{line}");
+        assert!(token == last_token || token == last_token + 1, "{line}");
+        last_token = token;
+        entries += experts.len() as u64;
+        if token > 0 {
+            // a decoded token claims the router's top-2 of each layer
+            assert_eq!(experts.len(), 2, "{line}");
+            decode_rows += 1;
+        }
+    }
+    assert_eq!(entries, claims, "every claim once:\n{text}");
+    let decoded: u64 = N_PREDICT.parse().unwrap();
+    assert_eq!(last_token + 1, decoded, "the prompt, then a token a step");
+    assert_eq!(decode_rows as u64, 2 * (decoded - 1));
+    // smoe bench replays it (the routing table's sweep)
+    let vault = s.tmp.path().join("sweep-vault");
+    let smoe = env!("CARGO_BIN_EXE_smoe");
+    let synth = Command::new(smoe)
+        .args([
+            "synth",
+            "--layers",
+            "2",
+            "--experts",
+            "16",
+            "--blob-kib",
+            "4",
+        ])
+        .arg(&vault)
+        .output()
+        .unwrap();
+    assert!(synth.status.success(), "{synth:?}");
+    let sweep = Command::new(smoe)
+        .arg("bench")
+        .arg(&vault)
+        .args(["--trace", t, "--top-k", "2", "--sweep"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&sweep.stdout);
+    assert!(sweep.status.success() && out.contains("tier"), "{sweep:?}");
+
+    // a file that is not a trace is never replaced: the model itself here
+    let before = std::fs::read(&s.gguf).unwrap();
+    let refused = run(
+        &s.bin,
+        &s.gguf,
+        s.tmp.path(),
+        "refused",
+        &[("SMOE", "1"), ("SMOE_TRACE", s.gguf.to_str().unwrap())],
+    );
+    assert!(refused.out.status.success(), "{}", refused.stderr());
+    assert!(refused.stderr().contains("trace"), "{}", refused.stderr());
+    assert_eq!(
+        std::fs::read(&s.gguf).unwrap(),
+        before,
+        "the model untouched"
+    );
+    assert_eq!(refused.logits, stock.logits);
+}
