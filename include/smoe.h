@@ -133,6 +133,13 @@ typedef enum smoe_status {
 typedef struct smoe_streamer smoe_streamer;
 
 /**
+ * A device tier (opaque). Made by `smoe_tier_new`, freed by
+ * `smoe_tier_free`; every other call may run on it from many threads at
+ * once (one at a time inside).
+ */
+typedef struct smoe_tier smoe_tier;
+
+/**
  * Streamer settings for `smoe_open`. Initialize with `smoe_config_init`,
  * then change fields; a `NULL` config means all defaults.
  */
@@ -458,6 +465,68 @@ typedef struct smoe_stats {
    */
   uint64_t drive_idle_ns;
 } smoe_stats;
+
+/**
+ * What `smoe_tier_admit` decided.
+ */
+typedef struct smoe_tier_promotion {
+  /**
+   * The device slot to copy the expert into, from its claimed ring slot,
+   * then `smoe_tier_loaded` (or `smoe_tier_failed`); -1: not admitted,
+   * nothing to do.
+   */
+  int32_t slot;
+  /**
+   * The layer of the expert the slot held, now gone from the device; -1
+   * when the slot was empty (or nothing was admitted).
+   */
+  int32_t evicted_layer;
+  /**
+   * That expert's index in its layer; -1 likewise.
+   */
+  int32_t evicted_expert;
+} smoe_tier_promotion;
+
+/**
+ * A device tier's counters since `smoe_tier_new`. The caller sets
+ * `struct_size` to `sizeof(smoe_tier_stats)`; see `smoe_tier_get_stats`.
+ */
+typedef struct smoe_tier_stats {
+  /**
+   * Set by the caller to `sizeof(smoe_tier_stats)`; the library sets it to
+   * the bytes it wrote.
+   */
+  uint32_t struct_size;
+  /**
+   * Experts looked up (every use of a decode step).
+   */
+  uint64_t lookups;
+  /**
+   * Lookups that found the expert ready in a device slot.
+   */
+  uint64_t hits;
+  /**
+   * Promotions handed out by `smoe_tier_admit`.
+   */
+  uint64_t promotions;
+  /**
+   * Promotions whose copy failed (`smoe_tier_failed`).
+   */
+  uint64_t failed;
+  /**
+   * Experts evicted without a single hit since they were loaded: copies
+   * that bought nothing.
+   */
+  uint64_t never_used;
+  /**
+   * Ready experts evicted.
+   */
+  uint64_t evictions;
+  /**
+   * Bytes reported copied (`smoe_tier_loaded`).
+   */
+  uint64_t bytes_copied;
+} smoe_tier_stats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -895,6 +964,131 @@ const char *SMOE_NONNULL smoe_vault_metadata(const struct smoe_streamer *SMOE_NU
  * be used after `smoe_close(s)`.
  */
 const char *SMOE_NONNULL smoe_warnings(const struct smoe_streamer *SMOE_NULLABLE s);
+
+/**
+ * Makes a device tier of `slots` device slots (0: a tier that never
+ * promotes) for a model of `n_layers` × `n_experts` routed experts.
+ *
+ * # Returns
+ * - `SMOE_OK`: `*out` holds the tier; free it with `smoe_tier_free`.
+ * - `SMOE_ERR_ARGUMENT`: `out` is NULL, `n_layers` or `n_experts` is 0, or
+ *   `n_layers × n_experts` or `slots` is over 1,048,576 (the library's id
+ *   cap); `*out` is not written.
+ * - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
+ *
+ * # Safety
+ * `out` is either NULL or valid for writing one pointer.
+ */
+enum smoe_status smoe_tier_new(uint32_t slots, uint32_t n_layers, uint32_t n_experts, struct smoe_tier *SMOE_NULLABLE *SMOE_NULLABLE out);
+
+/**
+ * Frees a tier made by `smoe_tier_new`. NULL is a no-op. The host's device
+ * memory is its own: nothing of it is touched.
+ *
+ * # Safety
+ * `t` is NULL or a tier from `smoe_tier_new`, not freed before and used by
+ * no other call during or after this one.
+ */
+void smoe_tier_free(struct smoe_tier *SMOE_NULLABLE t);
+
+/**
+ * A use of (`layer`, `expert`) in the decode step in progress. `*slot`
+ * receives its device slot when the expert's copy has completed (a hit:
+ * the slot is held, never overwritten, until `smoe_tier_step_done`), or -1
+ * (compute it from the ring). Counted for admission either way.
+ *
+ * # Returns
+ * - `SMOE_OK`: `*slot` written.
+ * - `SMOE_ERR_ARGUMENT`: `t` or `slot` is NULL, or the pair is outside the
+ *   tier's layers and experts; nothing is counted.
+ * - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
+ *
+ * # Safety
+ * `t` is NULL or a live tier; `slot` is NULL or valid for writing an
+ * `int32_t`.
+ */
+enum smoe_status smoe_tier_lookup(const struct smoe_tier *SMOE_NULLABLE t, uint32_t layer, uint32_t expert, int32_t *SMOE_NULLABLE slot);
+
+/**
+ * Whether (`layer`, `expert`), just computed from the ring, earns a device
+ * slot: an empty one, or the slot of the unheld ready expert with the
+ * fewest uses when this expert has more. `*out` says which slot to copy it
+ * into and what that evicts, or `slot` -1 (already there or loading, no
+ * slot free of the step, or not used more than the victim). Keep the
+ * expert's ring slot claimed until the copy is done.
+ *
+ * # Returns
+ * - `SMOE_OK`: `*out` written.
+ * - `SMOE_ERR_ARGUMENT`: `t` or `out` is NULL, or the pair is outside the
+ *   tier; nothing changes.
+ * - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
+ *
+ * # Safety
+ * `t` is NULL or a live tier; `out` is NULL or valid for writing one
+ * `smoe_tier_promotion`.
+ */
+enum smoe_status smoe_tier_admit(const struct smoe_tier *SMOE_NULLABLE t, uint32_t layer, uint32_t expert, struct smoe_tier_promotion *SMOE_NULLABLE out);
+
+/**
+ * The copy into `slot` has completed (`bytes` copied): its expert is a hit
+ * from the next lookup on.
+ *
+ * # Returns
+ * - `SMOE_OK`: recorded.
+ * - `SMOE_ERR_ARGUMENT`: `t` is NULL or `slot` is not a slot of the tier.
+ * - `SMOE_ERR_STALE`: no copy into `slot` is in flight (never admitted,
+ *   already loaded or failed); nothing changes.
+ * - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
+ *
+ * # Safety
+ * `t` is NULL or a live tier.
+ */
+enum smoe_status smoe_tier_loaded(const struct smoe_tier *SMOE_NULLABLE t, uint32_t slot, uint64_t bytes);
+
+/**
+ * The copy into `slot` failed or was abandoned: the slot is empty again,
+ * and its expert is computed from the ring until admitted again.
+ *
+ * # Returns
+ * As `smoe_tier_loaded`.
+ *
+ * # Safety
+ * `t` is NULL or a live tier.
+ */
+enum smoe_status smoe_tier_failed(const struct smoe_tier *SMOE_NULLABLE t, uint32_t slot);
+
+/**
+ * The decode step's graph has finished reading its device slots: they may
+ * be evicted from now on.
+ *
+ * # Returns
+ * - `SMOE_OK`: done.
+ * - `SMOE_ERR_ARGUMENT`: `t` is NULL.
+ * - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
+ *
+ * # Safety
+ * `t` is NULL or a live tier.
+ */
+enum smoe_status smoe_tier_step_done(const struct smoe_tier *SMOE_NULLABLE t);
+
+/**
+ * Fills `*out` with the tier's counters. The caller sets
+ * `out->struct_size` to `sizeof(smoe_tier_stats)`; the library writes
+ * min(`out->struct_size`, its own size) bytes and sets `out->struct_size`
+ * to that count.
+ *
+ * # Returns
+ * - `SMOE_OK`: written.
+ * - `SMOE_ERR_ARGUMENT`: `t` or `out` is NULL, or `out->struct_size` is
+ *   smaller than this first version or ends inside a field; nothing is
+ *   written.
+ * - `SMOE_ERR_INTERNAL`: a bug (a caught panic).
+ *
+ * # Safety
+ * `t` is NULL or a live tier; `out` is NULL or valid for reading its
+ * `struct_size` and writing that many bytes.
+ */
+enum smoe_status smoe_tier_get_stats(const struct smoe_tier *SMOE_NULLABLE t, struct smoe_tier_stats *SMOE_NULLABLE out);
 
 #ifdef __cplusplus
 }  // extern "C"

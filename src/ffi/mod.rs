@@ -63,9 +63,11 @@ use std::ptr::NonNull;
 use crate::{Error, ErrorKind};
 
 mod api;
+mod tier;
 mod types;
 
 pub use api::*;
+pub use tier::*;
 pub use types::{smoe_config, smoe_slot, smoe_stats, smoe_streamer};
 
 /// The version of the C ABI this library implements. Compare it with

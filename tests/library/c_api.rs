@@ -60,6 +60,32 @@ fn c_program_drives_the_whole_api() {
     }
 }
 
+/// The device tier's calls from C (`tests/c/tier_test.c`): a fake device
+/// whose copies complete a step late and sometimes fail, every hit's bytes
+/// checked, the counters exact, and every error path writing nothing.
+#[test]
+fn c_program_drives_the_device_tier() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = manifest_dir().join("tests/c/tier_test.c");
+    let library = dir.path().join("libsmoe.a");
+    std::fs::copy(native::lib_dir().join("libsmoe.a"), &library).unwrap();
+    for compiler in c_compilers() {
+        let program = dir.path().join(format!("tier_test_{compiler}"));
+        run(Command::new(&compiler)
+            .arg("-std=c11")
+            .args(WARNINGS)
+            .arg("-I")
+            .arg(manifest_dir().join("include"))
+            .arg(&source)
+            .arg(&library)
+            .args(native::native_static_libs())
+            .arg("-o")
+            .arg(&program));
+        let output = run(&mut Command::new(&program));
+        assert_eq!(output.trim(), "ok", "{compiler}: {output}");
+    }
+}
+
 /// A program built against an older header (`tests/c/smoe_v1.h`, smaller
 /// structs than the library's) never has a byte past its structs written:
 /// `tests/c/old_struct_test.c` puts canaries after each struct and checks
@@ -141,6 +167,14 @@ fn header_declares_every_spec_function() {
         "smoe_status smoe_ring_region(const smoe_streamer *s, void **base, uint64_t *bytes, uint64_t *slot_bytes);",
         "smoe_status smoe_expert_info(const smoe_streamer *s, uint32_t layer, uint32_t expert, uint64_t *size, uint64_t *padded_size, uint64_t *offset);",
         "const char *smoe_vault_metadata(const smoe_streamer *s);",
+        "smoe_status smoe_tier_new(uint32_t slots, uint32_t n_layers, uint32_t n_experts, smoe_tier **out);",
+        "void smoe_tier_free(smoe_tier *t);",
+        "smoe_status smoe_tier_lookup(const smoe_tier *t, uint32_t layer, uint32_t expert, int32_t *slot);",
+        "smoe_status smoe_tier_admit(const smoe_tier *t, uint32_t layer, uint32_t expert, smoe_tier_promotion *out);",
+        "smoe_status smoe_tier_loaded(const smoe_tier *t, uint32_t slot, uint64_t bytes);",
+        "smoe_status smoe_tier_failed(const smoe_tier *t, uint32_t slot);",
+        "smoe_status smoe_tier_step_done(const smoe_tier *t);",
+        "smoe_status smoe_tier_get_stats(const smoe_tier *t, smoe_tier_stats *out);",
         "const char *smoe_last_error(void);",
         "const char *smoe_status_str(smoe_status st);",
         "uint32_t smoe_abi_version(void);",

@@ -15,12 +15,28 @@ fn read(relative: &str) -> String {
 }
 
 /// Functions the header declares that Swift must not call, and why.
-const NOT_FOR_SWIFT: [(&str, &str); 1] = [(
-    "smoe_config_init",
-    "ABI v1's unsized initializer, kept for programs built before \
-     smoe_config_init_sized; Swift calls smoe_config_init_sized with \
-     MemoryLayout<smoe_config>.size, as the C macro does",
-)];
+/// The device tier's reason: a VRAM tier is for a discrete GPU's memory; on
+/// Apple silicon the ring already is the GPU's memory (docs/cuda.md, "Not
+/// planned"), so the Swift wrapper has no use for it.
+const TIER: &str = "the device tier is for a discrete GPU's memory; on Apple silicon \
+                    the ring already is the GPU's (docs/cuda.md)";
+
+const NOT_FOR_SWIFT: [(&str, &str); 9] = [
+    (
+        "smoe_config_init",
+        "ABI v1's unsized initializer, kept for programs built before \
+         smoe_config_init_sized; Swift calls smoe_config_init_sized with \
+         MemoryLayout<smoe_config>.size, as the C macro does",
+    ),
+    ("smoe_tier_new", TIER),
+    ("smoe_tier_free", TIER),
+    ("smoe_tier_lookup", TIER),
+    ("smoe_tier_admit", TIER),
+    ("smoe_tier_loaded", TIER),
+    ("smoe_tier_failed", TIER),
+    ("smoe_tier_step_done", TIER),
+    ("smoe_tier_get_stats", TIER),
+];
 
 /// The names of the functions the header declares: `smoe_name(` at the
 /// start of a declaration's name, after its return type (and after an
