@@ -5,7 +5,7 @@
 # Python: a machine with no toolchain runs it from prebuilt binaries
 # (LLAMA_BIN, SMOE_BIN, BROAD_BIN below).
 #
-#   sudo scripts/llama-bench.sh [capped|inplace|half|resident|all]   (default all)
+#   sudo scripts/llama-bench.sh [capped|long|decode|routing|inplace|half|resident|all]   (default all)
 #
 #   capped    a broad-routing random Qwen3-MoE of ~3.9 GB (24 layers x 64
 #             experts, top-8, Q8_0; test-support/examples/broad_model.rs), both runs
@@ -206,6 +206,7 @@ broad_model() {
   inspect=$("$SMOE" inspect "$BROAD") || die "smoe inspect $BROAD failed"
   EXPERT_BYTES=$(awk '/^expert bytes/ { print $3 }' <<<"$inspect")
   ENTRIES=$(awk '/^experts / { print $2 + 0 }' <<<"$inspect")
+  LAYERS=$(awk '/^shape / { print $2 + 0 }' <<<"$inspect")
   [ "${EXPERT_BYTES:-0}" -gt 0 ] && [ "${ENTRIES:-0}" -gt 0 ] || die "smoe inspect $BROAD: no experts"
 }
 
@@ -607,9 +608,9 @@ routing() {
   local n="${ROUTING_N:-300}" moves="${ROUTING_MOVES:-0.3 1 3}"
   local mixtral="${MIXTRAL_TRACE:-$ROOT/../shared/traces/mixtral-8x7b-decode.csv}"
   [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "ROUTING_N must be a positive number, not '$n'"
-  local vault="$WORK/routing-vault-$BROAD_EXPERTS"
-  [ -f "$vault/experts.smoe" ] || "$SMOE" synth "$vault" --layers 24 --experts "$BROAD_EXPERTS" --blob-kib 4 >&2
+  local vault
   echo "== routing: $n greedy tokens after \"$text\" (-t $THREADS, no cap), captured with SMOE_TRACE; smoe bench --sweep"
+  echo "(sizes rounded as the sweep rounds them: 26 of 256 slots is 10.2%; Belady keeps every miss, the tier may let one pass)"
   echo "| routing | LRU 10% | tier 10% | Belady 10% | LRU 25% | tier 25% | Belady 25% | LRU 50% | tier 50% | Belady 50% |"
   echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   local move trace
@@ -617,6 +618,9 @@ routing() {
     [[ "$move" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "ROUTING_MOVES: '$move' is not a number"
     BROAD_MOVE=$move
     broad_model
+    # a vault of the model's shape for the sweep (it streams nothing: only its shape counts)
+    vault="$WORK/routing-vault-${LAYERS}x$BROAD_EXPERTS"
+    [ -f "$vault/experts.smoe" ] || "$SMOE" synth "$vault" --layers "$LAYERS" --experts "$BROAD_EXPERTS" --blob-kib 4 >&2
     trace="$WORK/routing-move$move.csv"
     rm -f "$trace"
     rm -rf "$WORK/routing-cache"

@@ -61,7 +61,7 @@ LLAMA_CPP_PYTHON_VERSION=0.3.36
 LLAMA_CPP_PYTHON_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 INTEGRATION="$ROOT/integrations/llama.cpp"
 PATCH="$INTEGRATION/llama.cpp-smoe.patch"
-GLUE=(llama-smoe.h llama-smoe-impl.h llama-smoe.cpp llama-smoe-lookahead.cpp llama-smoe-offload.cpp)
+GLUE=(llama-smoe.h llama-smoe-impl.h llama-smoe.cpp llama-smoe-lookahead.cpp llama-smoe-offload.cpp llama-smoe-tier.cpp)
 
 say() { printf '[llama.sh] %s\n' "$*" >&2; }
 die() {

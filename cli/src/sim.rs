@@ -6,7 +6,8 @@
 //! within a row counts once for that row. A claim is a hit when the expert is
 //! resident; otherwise it is loaded, evicting (when the ring is full) the
 //! least recently used expert (LRU) or the resident expert whose next use is
-//! furthest in the future (Belady). Both run in O(n log n).
+//! furthest in the future (Belady). Both run in O(n log n). A third replays
+//! the device tier's rule ([`tier`]), O(n × slots) at worst.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -292,22 +293,22 @@ mod tests {
 
     #[test]
     fn the_tier_keeps_a_hot_set_that_one_off_experts_would_flush_from_an_lru() {
-        // experts 0..4 every token, and one expert never seen again: a tier of
-        // 4 keeps the hot four (4 of 5 uses, after the first token), where an
-        // LRU of 4 loses one of them to each newcomer
+        // four hot experts, two of them a token in turn, and in another
+        // layer an expert never seen again: the tier of 4 keeps the hot four
+        // (each token's other two unheld, so only the rule keeps a newcomer,
+        // used once, from evicting them), where an LRU of 4 loses every one
+        // to the newcomers between two uses
         let t: TraceTokens = (0..100u32)
-            .map(|i| vec![(0, vec![0, 1, 2, 3]), (1, vec![i])])
+            .map(|i| vec![(0, vec![(i % 2) * 2, (i % 2) * 2 + 1]), (1, vec![i])])
             .collect();
         let tier = tier(&t, 4);
-        assert_eq!(tier.claims, 500);
-        assert_eq!(tier.hits, 99 * 4, "every hot use after the first token");
+        assert_eq!(tier.claims, 300);
+        // tokens 0 and 1 fill the empty slots (0, 1, the first newcomer, 2);
+        // 3 evicts that newcomer once used twice (token 3); from token 4 on
+        // every hot use hits: 2 + 1 + 96 × 2
+        assert_eq!(tier.hits, 195, "{tier:?}");
         let lru = lru(&claims(&t), 4);
-        assert!(
-            lru.hits < tier.hits,
-            "lru {} vs tier {}",
-            lru.hits,
-            tier.hits
-        );
+        assert_eq!(lru.hits, 0);
         assert_eq!(super::tier(&t, 0).hits, 0);
     }
 
@@ -368,7 +369,7 @@ mod tests {
                 b.rate() * 100.0
             );
             assert_eq!(d.claims, l.claims);
-            assert!(d.hits <= b.hits, "the tier beat the optimum at {slots}");
+            // (Belady keeps every miss: a tier that lets some pass is not bound by it)
         }
     }
 }

@@ -98,6 +98,10 @@ struct layer_claims {
     std::vector<int> guess_for;      // the layers the guess tensor's rows are for, in order
     bool dev_next = false;           // the graph being built computes this layer on the GPU
     bool dev_held = false;           // `held` are claims of a batch computed on the GPU
+    // device tier (llama-smoe-tier.cpp): the graph has a device wave for this layer, and for
+    // the batch in progress each expert's device slot (-1: computed from the ring)
+    bool tier_graph = false;
+    std::vector<int32_t> tier_slot_of;
 };
 
 // What a wave op works on: its layer and which wave it is, and whether the batch's
@@ -120,6 +124,8 @@ struct staged_weight {
 } // namespace smoe_glue
 
 using namespace smoe_glue;
+
+void tier_drop(llama_smoe * s);
 
 struct llama_smoe {
     smoe_streamer * st = nullptr;
@@ -238,10 +244,35 @@ struct llama_smoe {
     uint64_t fail_claims = 0;
     uint64_t wait_ns = 0;
     uint64_t claim_ops = 0;
+    // The device tier (SMOE_VRAM bytes of the GPU's memory; llama-smoe-tier.cpp): hot experts
+    // kept in VRAM slots, computed there in decode. The rule (which expert, which slot, when
+    // a slot may be overwritten) is the library's (smoe_tier); the pool and the copies are
+    // here. An expert computed from the ring that the tier admits keeps its ring claim until
+    // the next ubatch begins, when its bytes are copied into its device slot.
+    smoe_tier * tier = nullptr;
+    uint32_t tier_slots = 0;          // K: device slots; the pool holds K + 1 (the last is zeros)
+    uint64_t tier_expert_bytes = 0;   // one expert's bytes over its roles
+    ggml_backend_dev_t tier_dev = nullptr;
+    ggml_backend_t tier_gpu = nullptr;  // the backend of the context that made the tier
+    bool tier_on = false;             // the newest context computes on tier_gpu
+    ggml_context * tier_ctx = nullptr;
+    ggml_backend_buffer_t tier_buf = nullptr;
+    std::unordered_map<const ggml_tensor *, ggml_tensor *> tier_pool_of;  // ring view -> pool
+    // per layer: its ring views, for the copies (each view's data is slot 0's slice)
+    std::vector<std::vector<const ggml_tensor *>> tier_views;
+    struct tier_copy {
+        uint32_t device_slot;
+        int il;
+        smoe_slot claim;              // the ring slot copied from, held until the copy
+    };
+    std::vector<tier_copy> tier_pending;
+    std::vector<std::unique_ptr<wave_op>> tier_ops;  // per layer: its device wave's ids op
+    uint64_t tier_copy_ns = 0;        // time the copies took, between graphs
 
     bool stopped() const { return failed || rebuild_pending; }
 
     ~llama_smoe() {
+        tier_drop(this);
         release_devices(false);
         for (auto & l : layers) {
             release_all(l);
@@ -446,6 +477,19 @@ struct llama_smoe {
         rebuild_pending = true;
     }
 };
+
+// The device tier (llama-smoe-tier.cpp). tier_make: the pool on `gpu` and the library's
+// tier, from SMOE_VRAM (a message and no tier when it cannot be made); tier_lookups: a
+// decode batch's experts the tier holds, taken out of the layer's set (start_batch);
+// tier_admit: the experts a layer computed from the ring that earn a device slot, their
+// claims kept for the copy (the release op); tier_flush: the copies, between graphs;
+// tier_drop: everything, the claims released; tier_report: the statistics line.
+void tier_make(llama_smoe * s, ggml_backend_t gpu);
+bool tier_lookups(layer_claims * l);
+void tier_admit(layer_claims * l);
+void tier_flush(llama_smoe * s);
+void tier_drop(llama_smoe * s);
+void tier_report(const llama_smoe * s);
 
 // "blk.N.ffn_{gate,up,down,gate_up}_exps.weight" -> (N, role); false for any other name.
 bool parse_expert_name(const char * name, int * layer, std::string * role);

@@ -102,9 +102,11 @@ bool llama_smoe_devices(llama_smoe * s, ggml_backend_t * backends, size_t n, boo
     // the newest context decides (a model's contexts compute one at a time): one that does
     // not offload builds no device layer, whatever an earlier context did
     s->gpu = nullptr;
+    s->tier_on = false;
     if (gpu == nullptr) {
         return op_offload;  // nothing to offload to: the ring views never are (smoe_can_offload)
     }
+    tier_make(s, gpu);  // SMOE_VRAM: the device tier, whether or not big batches offload
     if (!op_offload || env_u32("SMOE_OP_OFFLOAD", 1, 1) == 0) {
         fprintf(stderr, "smoe: op offload is off (%s): the routed experts are computed in host memory\n",
                 op_offload ? "SMOE_OP_OFFLOAD=0" : "asked");
@@ -161,6 +163,11 @@ void llama_smoe_context_free(llama_smoe * s, ggml_backend_t * backends, size_t n
     for (size_t i = 0; i < n; i++) {
         if (backends[i] == s->gpu) {
             s->gpu = nullptr;
+        }
+        if (backends[i] == s->tier_gpu) {
+            tier_flush(s);  // its copies, while its backend lives
+            s->tier_gpu = nullptr;
+            s->tier_on = false;
         }
         s->gpus.erase(std::remove(s->gpus.begin(), s->gpus.end(), backends[i]), s->gpus.end());
     }

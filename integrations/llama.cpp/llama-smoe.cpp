@@ -259,6 +259,7 @@ void llama_smoe_free(llama_smoe * s) {
                                  " probes found them faster; SMOE_LOOKAHEAD_ADAPT=0: every token").c_str()
                               : "every token: SMOE_LOOKAHEAD_ADAPT=0");
     }
+    tier_report(s);
     if (s->gpu_dev != nullptr) {
         fprintf(stderr, "smoe: op offload: %llu layer batches of %llu tokens computed on %s, %.2f MiB of experts copied there "
                         "(%.3f MiB a token), %.2f MiB of them ahead (while the weight before computed)\n",
@@ -515,10 +516,15 @@ static bool start_batch(layer_claims * l, const ggml_tensor * a) {
             }
         }
     }
+    // the device tier's experts leave the set: the GPU computes them from VRAM
+    if (!tier_lookups(l)) {
+        return false;
+    }
     l->left.assign(l->experts.begin(), l->experts.end());
     s->layer_batches++;
     // hand the set over: resident members cost nothing, the rest are read in this order
-    smoe_status r = smoe_prefetch_set(s->st, (uint32_t) l->il, l->experts.data(), (uint32_t) l->experts.size(), false, nullptr);
+    smoe_status r = l->experts.empty() ? SMOE_OK
+                                       : smoe_prefetch_set(s->st, (uint32_t) l->il, l->experts.data(), (uint32_t) l->experts.size(), false, nullptr);
     if (r != SMOE_OK && r != SMOE_ERR_RING_FULL) {
         s->fail(smoe_error("smoe_prefetch_set", r) + " (layer " + std::to_string(l->il) + ")");
         return false;
@@ -787,6 +793,7 @@ static void smoe_release_op(ggml_tensor * dst, const ggml_tensor * a, int ith, i
     if (ith == 0) {
         const auto * op = (const wave_op *) userdata;
         layer_claims * l = op->l;
+        tier_admit(l);  // the experts the device tier admits keep their claims for the copy
         l->s->release_all(*l);
         if (l->il == l->s->last_layer && op->wave == l->waves - 1) {
             smoe_prewarm_pause(l->s->st, false);  // idle between graphs: pre-warm may read
@@ -862,6 +869,7 @@ uint32_t llama_smoe_graph_nodes(const llama_smoe * s) {
         if (l.n_expert > 0) {
             nodes += (uint32_t) std::min<uint64_t>(MAX_WAVES, (uint64_t) l.n_expert + 1) * NODES_PER_WAVE;
             nodes += NODES_PER_GUESS * (s->lookahead + 1);  // the norm, a router per layer ahead, the top-k
+            nodes += s->tier != nullptr || std::getenv("SMOE_VRAM") != nullptr ? NODES_PER_WAVE : 0;  // the device wave
         }
     }
     return nodes;
@@ -893,7 +901,11 @@ bool llama_smoe_failed(const llama_smoe * s) {
 }
 
 void llama_smoe_ubatch_begin(llama_smoe * s) {
-    if (s == nullptr || !s->failed) {
+    if (s == nullptr) {
+        return;
+    }
+    tier_flush(s);  // the device tier's copies, between graphs
+    if (!s->failed) {
         return;
     }
     s->release_devices();  // once the GPU is done copying from their slots

@@ -153,6 +153,19 @@ ggml_tensor * llama_smoe_staged(llama_smoe * s, ggml_tensor * w);
 // The last layer with routed experts.
 int llama_smoe_last_layer(const llama_smoe * s);
 
+// The device tier (SMOE_VRAM, llama-smoe-tier.cpp): whether layer il's graph being built
+// gets a device wave, computed on the GPU from the experts the tier holds in VRAM: a tier
+// on this context's GPU, a decode-sized batch (at most half the layer's experts), and
+// `plain` experts (separate gate, up and down weights, no biases or scales).
+bool llama_smoe_tier_wave(llama_smoe * s, int il, int64_t n_tokens, int64_t n_expert_used, bool plain);
+// The device wave's ids, after `after` (the host waves' sum): each pair's device slot where
+// the tier held its expert when the layer's claim looked it up, else the tier's slot of
+// zeros (a pair the host waves compute adds nothing here).
+ggml_tensor * llama_smoe_tier_ids(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * after,
+                                  int il);
+// The device tier's weight for ring view w: [ne0, ne1, slots + 1] in VRAM.
+ggml_tensor * llama_smoe_tier_weight(llama_smoe * s, ggml_tensor * w);
+
 #if !defined(LLAMA_SMOE)
 // Built without smoe (cmake -DLLAMA_SMOE=OFF, the default; src/CMakeLists.txt
 // defines LLAMA_SMOE when it is on): llama-smoe.cpp and smoe.h are not part of
@@ -184,4 +197,9 @@ inline void llama_smoe_context_free(llama_smoe *, struct ggml_backend **, size_t
 inline bool llama_smoe_on_device(llama_smoe *, ggml_context *, int, ggml_tensor *, ggml_tensor *, ggml_tensor *) { return false; }
 inline ggml_tensor * llama_smoe_staged(llama_smoe *, ggml_tensor * w) { return w; }
 inline int llama_smoe_last_layer(const llama_smoe *) { return -1; }
+inline bool llama_smoe_tier_wave(llama_smoe *, int, int64_t, int64_t, bool) { return false; }
+inline ggml_tensor * llama_smoe_tier_ids(llama_smoe *, ggml_context *, ggml_tensor * selected_experts, ggml_tensor *, int) {
+    return selected_experts;
+}
+inline ggml_tensor * llama_smoe_tier_weight(llama_smoe *, ggml_tensor * w) { return w; }
 #endif

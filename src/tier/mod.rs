@@ -19,18 +19,23 @@
 //! 3. [`DeviceTier::step_done`] once the step's graph has finished.
 //!
 //! Admission: an expert earns a slot. Every use is counted; an empty slot
-//! takes any expert, and a full tier admits an expert only when its count
-//! beats that of the expert it would evict (the ready, unheld slot with
-//! the fewest uses, the least recently used of those), so an expert used
-//! once stays on the CPU: copying it to compute it once costs more than
-//! computing it where it is. Counts halve every `HALVE_AFTER_SLOTS` uses
-//! per slot, so that the tier follows a working set that moves.
+//! takes any expert, and a full tier admits an expert only when it has been
+//! used at least twice (since its count last halved) and more often than
+//! the expert it would evict (the ready, unheld slot with the fewest uses,
+//! the least recently used of those), so an expert used once stays on the
+//! CPU: copying it to compute it once costs more than computing it where it
+//! is. Counts halve every `HALVE_AFTER_SLOTS` uses per slot, so that the
+//! tier follows a working set that moves.
 
 use std::collections::HashMap;
 use std::fmt;
 
 /// Counts halve after this many uses per device slot.
 const HALVE_AFTER_SLOTS: u64 = 64;
+
+/// The uses an expert needs before it may evict another: one use never
+/// pays for a copy (a count halved to 0 must not let a one-off in).
+const MIN_USES_TO_EVICT: u64 = 2;
 
 /// What a device slot holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -195,7 +200,8 @@ impl DeviceTier {
 
     /// Whether `expert`, just computed from the ring, earns a device slot:
     /// a promotion to carry out, or None (already there or loading, no
-    /// slot free of the step, or its count does not beat the victim's).
+    /// slot free of the step, used once only, or its count does not beat
+    /// the victim's). O(slots) when the tier is full.
     pub fn admit(&mut self, expert: u32) -> Option<Promotion> {
         if self.at.contains_key(&expert) {
             return None;
@@ -203,9 +209,12 @@ impl DeviceTier {
         let slot = match self.slots.iter().position(|s| s.state == State::Empty) {
             Some(free) => free,
             None => {
+                let count = self.count_of(expert);
+                if count < MIN_USES_TO_EVICT {
+                    return None;
+                }
                 let victim = self.victim()?;
-                let held = self.slots[victim].expert;
-                if self.count_of(expert) <= self.count_of(held) {
+                if count <= self.count_of(self.slots[victim].expert) {
                     return None;
                 }
                 victim
@@ -241,7 +250,7 @@ impl DeviceTier {
     pub fn loaded(&mut self, slot: u32, bytes: u64) -> Result<(), TierError> {
         let s = self.loading(slot)?;
         s.state = State::Ready;
-        self.stats.bytes_copied += bytes;
+        self.stats.bytes_copied = self.stats.bytes_copied.saturating_add(bytes);
         Ok(())
     }
 

@@ -254,3 +254,21 @@ fn a_fake_device_never_shows_the_wrong_experts_bytes() {
         hits as f64 * 100.0 / s.lookups as f64
     );
 }
+
+#[test]
+fn an_expert_used_once_never_evicts_even_after_counts_halve() {
+    let mut t = DeviceTier::new(1);
+    step(&mut t, &[1]);
+    // 63 one-off uses: with expert 1's, 64 = the halving point of a 1-slot
+    // tier; every count halves, 1's (1) to 0
+    for e in 100..163 {
+        assert_eq!(t.lookup(e), None);
+        assert_eq!(t.admit(e), None, "{e}, used once, evicted 1");
+    }
+    assert_eq!(t.lookup(7), None);
+    assert_eq!(t.admit(7), None, "7, used once, evicted 1 whose count halved to 0");
+    assert_eq!(t.slot_of(1), Some((0, true)));
+    // used a second time, it may
+    assert_eq!(t.lookup(7), None);
+    assert_eq!(t.admit(7).map(|p| p.evicted), Some(Some(1)));
+}
