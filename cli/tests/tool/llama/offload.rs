@@ -58,6 +58,193 @@ fn copied_mib(line: &str) -> (f64, f64) {
     )
 }
 
+/// llama-completion on `gguf` through the RPC device at `endpoint`, `-ngl 99`,
+/// greedy, `n` tokens after `prompt`, 2 threads: its text and its stderr.
+///
+/// llama-completion writes its text through common/log.cpp's logger, whose
+/// queue and thread are leaked at exit on purpose (llama.cpp #22142): under
+/// load its last entries can be lost, stock's as well as smoe's. They are
+/// lost as a suffix, in order, and the text's closing "\n\n" comes just
+/// before the `common_perf_print:` lines: a run whose stderr lacks them is
+/// run again.
+#[allow(clippy::too_many_arguments)]
+fn completion(
+    bin_dir: &Path,
+    endpoint: &str,
+    gguf: &Path,
+    cache: &Path,
+    name: &str,
+    n: &str,
+    prompt: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (String, String) {
+    for _ in 0..4 {
+        let out = Command::new(bin_dir.join("llama-completion"))
+            .arg("-m")
+            .arg(gguf)
+            .args(["--rpc", endpoint, "-ngl", "99", "-n", n, "--temp", "0"])
+            .args(["--seed", "1", "-no-cnv", "-t", "2", "-p", prompt])
+            .args(args)
+            .env_remove("SMOE")
+            .env_remove("SMOE_VAULT")
+            .env_remove("SMOE_OP_OFFLOAD")
+            .env_remove("SMOE_RING_SLOTS")
+            .env_remove("SMOE_UBATCH")
+            .env_remove("SMOE_PIN")
+            .env_remove("SMOE_COPY_AHEAD")
+            .env_remove("SMOE_VRAM")
+            .env_remove("GGML_CUDA_REGISTER_HOST")
+            .env("SMOE_TEST_RPC_OFFLOAD", "1")
+            .env("SMOE_CACHE_DIR", cache)
+            .envs(env.iter().copied())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{name} failed:\n{err}");
+        if err.contains("common_perf_print:") {
+            return (String::from_utf8_lossy(&out.stdout).into_owned(), err);
+        }
+        eprintln!("{name}: llama-completion's log lost its last lines; running it again");
+    }
+    panic!("{name}: llama-completion's log lost its last lines 4 times in a row");
+}
+
+/// The figure before `what` in smoe's device tier line ("N hits", ...).
+fn tier_figure(line: &str, what: &str) -> u64 {
+    let head = &line[..line
+        .find(what)
+        .unwrap_or_else(|| panic!("no '{what}' in {line}"))];
+    head.trim_end()
+        .rsplit([' ', '(', ';'])
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("no figure before '{what}' in {line}"))
+}
+
+/// The device tier (issue 50, `SMOE_VRAM`), checked without a GPU through
+/// the RPC device: in decode each layer's experts the tier holds are
+/// computed there from its VRAM slots, the rest from the ring, and the text
+/// is stock `--cpu-moe`'s. A tier of a quarter of the experts fills, evicts
+/// by its rule and hits; a budget too small for one slot, or none, builds
+/// no tier, and the output is the same.
+#[test]
+fn a_device_tier_through_an_rpc_device_keeps_stock_text() {
+    let Some(s) = setup_in_place("qwen3moe-q8_0.gguf") else {
+        return;
+    };
+    let bin_dir = s.bin.parent().unwrap().to_path_buf();
+    for t in ["llama-completion", "ggml-rpc-server"] {
+        if !bin_dir.join(t).is_file() {
+            smoe_test_support::skip_or_fail(&format!(
+                "{} is not built: run scripts/llama.sh build",
+                bin_dir.join(t).display()
+            ));
+            return;
+        }
+    }
+    let server = RpcServer::start(&bin_dir);
+    let cache = s.tmp.path().join("cache");
+    let prompt = "the quick brown fox jumps over the lazy dog";
+    let complete = |name: &str, args: &[&str], env: &[(&str, &str)]| {
+        completion(
+            &bin_dir,
+            &server.endpoint,
+            &s.gguf,
+            &cache,
+            name,
+            "64",
+            prompt,
+            args,
+            env,
+        )
+    };
+    let (stock, _) = complete("stock", &["--cpu-moe"], &[]);
+    assert!(!stock.trim().is_empty());
+    // 2 layers x 16 experts of 6,528 bytes: 61,440 bytes hold 8 slots and the zeros
+    let (tiered, err) = complete("tier", &[], &[("SMOE", "1"), ("SMOE_VRAM", "60K")]);
+    assert_eq!(tiered, stock, "the device tier changed the text\n{err}");
+    assert!(
+        err.contains("smoe: device tier on RPC0: 8 slots of"),
+        "{err}"
+    );
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("smoe: device tier: "))
+        .unwrap_or_else(|| panic!("no device tier statistics\n{err}"));
+    let (lookups, hits) = (tier_figure(line, " lookups"), tier_figure(line, " hits"));
+    let (promotions, evictions) = (
+        tier_figure(line, " promotions"),
+        tier_figure(line, " evictions"),
+    );
+    // 63 decoded tokens, 2 layers, top-2: the decode's experts are looked up
+    assert!(lookups >= 63 * 2 * 2, "{line}");
+    assert!(hits > 0 && hits < lookups, "{line}");
+    assert!(
+        promotions >= 8 && evictions > 0,
+        "a full tier evicts by its rule: {line}"
+    );
+    assert_eq!(tier_figure(line, " failed"), 0, "{line}");
+    // the experts the GPU computed were neither claimed nor read from the ring
+    let (_, untiered) = complete("no tier", &[], &[("SMOE", "1")]);
+    let claims = |e: &str| number_after(e, "smoe: claims ");
+    assert_eq!(
+        claims(&err) + hits,
+        claims(&untiered),
+        "{} claims with the tier, {} without, {hits} device hits",
+        claims(&err),
+        claims(&untiered)
+    );
+    for (name, vram, says) in [
+        ("no budget", None, None),
+        ("zero", Some("0"), None),
+        (
+            "too small",
+            Some("10000"),
+            Some("smoe: no device tier: SMOE_VRAM=10000 bytes holds no expert"),
+        ),
+    ] {
+        let mut env = vec![("SMOE", "1")];
+        env.extend(vram.map(|v| ("SMOE_VRAM", v)));
+        let (text, err) = complete(name, &[], &env);
+        assert_eq!(text, stock, "{name}\n{err}");
+        assert!(!err.contains("smoe: device tier"), "{name}: {err}");
+        if let Some(says) = says {
+            assert!(err.contains(says), "{name}: {err}");
+        }
+    }
+    // a value that is not a size stops the load, naming it
+    let bad = Command::new(bin_dir.join("llama-completion"))
+        .arg("-m")
+        .arg(&s.gguf)
+        .args([
+            "--rpc",
+            &server.endpoint,
+            "-ngl",
+            "99",
+            "-n",
+            "4",
+            "-no-cnv",
+            "-p",
+            prompt,
+        ])
+        .env("SMOE", "1")
+        .env("SMOE_VRAM", "lots")
+        .env("SMOE_TEST_RPC_OFFLOAD", "1")
+        .env("SMOE_CACHE_DIR", &cache)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success(), "{err}");
+    assert!(
+        err.contains("SMOE_VRAM=lots is not a size in bytes"),
+        "{err}"
+    );
+}
+
 /// Op offload of a big batch's experts (issue 37), checked without a GPU:
 /// ggml's RPC backend, served on this machine, stands for one (the patch's
 /// test aid `SMOE_TEST_RPC_OFFLOAD=1` makes it ask for MUL_MAT_ID batches of
@@ -84,62 +271,18 @@ fn op_offload_through_an_rpc_device_keeps_stock_text() {
     }
     let server = RpcServer::start(&bin_dir);
     let cache = s.tmp.path().join("cache");
-    let complete_once = |name: &str, args: &[&str], env: &[(&str, &str)]| -> (String, String) {
-        let out = Command::new(bin_dir.join("llama-completion"))
-            .args([
-                "-m",
-                s.gguf.to_str().unwrap(),
-                "--rpc",
-                &server.endpoint,
-                "-ngl",
-                "99",
-            ])
-            .args([
-                "-n",
-                "16",
-                "--temp",
-                "0",
-                "--seed",
-                "1",
-                "-no-cnv",
-                "-t",
-                "2",
-                "-p",
-                LONG_PROMPT,
-            ])
-            .args(args)
-            .env_remove("SMOE")
-            .env_remove("SMOE_VAULT")
-            .env_remove("SMOE_OP_OFFLOAD")
-            .env_remove("SMOE_RING_SLOTS")
-            .env_remove("SMOE_UBATCH")
-            .env_remove("SMOE_PIN")
-            .env_remove("SMOE_COPY_AHEAD")
-            .env_remove("GGML_CUDA_REGISTER_HOST")
-            .env("SMOE_TEST_RPC_OFFLOAD", "1")
-            .env("SMOE_CACHE_DIR", &cache)
-            .envs(env.iter().copied())
-            .stdin(std::process::Stdio::null())
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "{name} failed:\n{err}");
-        (String::from_utf8_lossy(&out.stdout).into_owned(), err)
-    };
-    // llama-completion writes its text through common/log.cpp's logger, whose queue
-    // and thread are leaked at exit on purpose (llama.cpp #22142): under load its
-    // last entries can be lost, stock's as well as smoe's. They are lost as a
-    // suffix, in order, and the text's closing "\n\n" comes just before the
-    // `common_perf_print:` lines: a run whose stderr lacks them is run again.
     let complete = |name: &str, args: &[&str], env: &[(&str, &str)]| -> (String, String) {
-        for _ in 0..4 {
-            let (text, err) = complete_once(name, args, env);
-            if err.contains("common_perf_print:") {
-                return (text, err);
-            }
-            eprintln!("{name}: llama-completion's log lost its last lines; running it again");
-        }
-        panic!("{name}: llama-completion's log lost its last lines 4 times in a row");
+        completion(
+            &bin_dir,
+            &server.endpoint,
+            &s.gguf,
+            &cache,
+            name,
+            "16",
+            LONG_PROMPT,
+            args,
+            env,
+        )
     };
     let (stock, _) = complete("stock", &["--cpu-moe"], &[]);
     let (smoe, err) = complete("smoe", &[], &[("SMOE", "1")]);
