@@ -34,12 +34,22 @@
 # (examples-cuda's smoe-cuda, which scripts/cuda.sh builds) it measures the
 # pinned copy rate and says what share of the copies' time that was.
 #
+# `scripts/llama-cuda.sh tier` runs issue 50's table instead (docs/llama.md "Device
+# tier"): for the broad model and one routed like the Mixtral trace (--move 0.3;
+# docs/llama.md "Routing"), decode tokens/s of stock --cpu-moe, smoe without the
+# tier, smoe with a tier of TIER_SHARE percent of the experts (SMOE_VRAM), and stock
+# with every expert on the GPU (the limit), alternating, ROUNDS rounds, llama-bench
+# -p 16 -n TIER_N; the tier's hit rate; the text of smoe with the tier against stock
+# --cpu-moe. (Not yet: the same under a memory cap.)
+#
 # Environment: SMOE_LLAMA_DIR (default /var/cache/smoe-llama), SMOE_BIN (the
 # smoe tool; default target/release/smoe), BROAD_BIN (the model generator;
 # default: built with cargo), SMOE_LLAMA_CUDA_DIR (default target/llama-cuda), N_PREDICT
 # (default 32), LAYERS (24), EXPERTS (64), ROUNDS (2), CAP_MIB, N_CAPPED (8),
-# CAPPED_ROUNDS (1).
+# CAPPED_ROUNDS (1), TIER_SHARE (25), TIER_N (128).
 set -euo pipefail
+MODE="${1:-all}"
+case "$MODE" in all | tier) ;; *) echo "usage: scripts/llama-cuda.sh [all|tier]" >&2; exit 2 ;; esac
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DIR="${SMOE_LLAMA_DIR:-/var/cache/smoe-llama}"
@@ -67,17 +77,20 @@ mkdir -p "$WORK"
 SHORT="Hello world"
 LONG="The quick brown fox jumps over the lazy dog while the farmer counts his sheep in the early morning light, and the river runs past the old mill towards the sea."
 
-broad="$WORK/broad-${LAYERS}x${EXPERTS}.gguf"
-if [ ! -f "$broad" ]; then
+# make_model PATH MOVE: the broad model at PATH (--move MOVE), made once
+make_model() {
+  [ -f "$1" ] && return 0
   if [ -z "${BROAD_BIN:-}" ]; then
     (cd "$ROOT" && cargo build --release -p smoe-test-support --example broad_model) >&2 ||
       die "cannot build the model generator (set BROAD_BIN to a built one)"
     BROAD_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/broad_model"
   fi
-  say "making $broad (test-support/examples/broad_model.rs)"
-  "$BROAD_BIN" "$broad" --layers "$LAYERS" --experts "$EXPERTS" \
+  say "making $1 (test-support/examples/broad_model.rs, --move $2)"
+  "$BROAD_BIN" "$1" --layers "$LAYERS" --experts "$EXPERTS" --move "$2" \
     --vocab "$ROOT/tests/fixtures/models/qwen3moe-q8_0.gguf" >&2 || die "$BROAD_BIN failed"
-fi
+}
+broad="$WORK/broad-${LAYERS}x${EXPERTS}.gguf"
+make_model "$broad" 1
 
 # pp_tg LOG: prompt tokens/s and decode tokens/s of llama's perf print.
 pp_tg() {
@@ -103,6 +116,63 @@ complete() {
 same() { cmp -s "$1.txt" "$2.txt" && [ -s "$1.txt" ] && echo "identical ($(wc -c <"$1.txt") bytes)" || echo DIFFERENT; }
 
 status=0
+if [ "$MODE" = tier ]; then
+  SMOE_TOOL="${SMOE_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/smoe}"
+  [ -x "$SMOE_TOOL" ] || die "$SMOE_TOOL is not built (cargo build --release -p smoe-cli, or set SMOE_BIN)"
+  share="${TIER_SHARE:-25}"
+  tier_n="${TIER_N:-128}"
+  [[ "$share" =~ ^[1-9][0-9]?$ ]] || die "TIER_SHARE must be a percentage from 1 to 99, not '$share'"
+  mixtral_like="$WORK/broad-${LAYERS}x${EXPERTS}-move0.3.gguf"
+  make_model "$mixtral_like" 0.3
+  # tg LOG.csv: llama-bench's decode tokens/s
+  tg() {
+    awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) { gsub(/"/, "", $i); col[$i] = i } next }
+             { gsub(/"/, ""); if ($col["n_gen"] > 0) tg = $col["avg_ts"] } END { printf "%.2f", tg }' "$1"
+  }
+  # tier_hits LOG: the tier's hit rate from its statistics line
+  tier_hits() { sed -n 's/^smoe: device tier: .* lookups, [0-9]* hits (\([0-9.]*%\)).*/\1/p' "$1" | tail -n 1; }
+  trows=""
+  for model in "$broad" "$mixtral_like"; do
+    name="$(basename "$model" .gguf)"
+    inspect=$("$SMOE_TOOL" inspect "$model") || die "smoe inspect $model failed"
+    bytes=$(awk '/^expert bytes/ { print $3 }' <<<"$inspect")
+    entries=$(awk '/^experts / { print $2 + 0 }' <<<"$inspect")
+    vram=$(((entries * share / 100 + 1) * (bytes / entries) + 1048576))
+    common=(-m "$model" -ngl 99 -n "$N_PREDICT" --temp 0 --seed 1 -no-cnv -p "$LONG")
+    rm -rf "$WORK/cache"
+    complete "$WORK/$name.tier-stock" "$BIN/llama-completion" "${common[@]}" --cpu-moe || status=1
+    complete "$WORK/$name.tier-smoe" env SMOE=1 SMOE_VRAM="$vram" SMOE_CACHE_DIR="$WORK/cache" "$BIN/llama-completion" "${common[@]}" ||
+      status=1
+    t="$(same "$WORK/$name.tier-smoe" "$WORK/$name.tier-stock")"
+    [ "$t" = DIFFERENT ] && status=1
+    echo "text: $name, smoe with a tier of $share% (SMOE_VRAM=$vram) vs stock --cpu-moe: $t"
+    cat "$model" >/dev/null
+    for ((r = 1; r <= ROUNDS; r++)); do
+      run_tg() { # OUT OPTS ENV...
+        local out=$1 opts=$2
+        shift 2
+        # shellcheck disable=SC2086 # opts is a word list
+        env "$@" "$BIN/llama-bench" -m "$model" -ngl 99 $opts -p 16 -n "$tier_n" -r 1 -o csv >"$out.csv" 2>"$out.log" ||
+          { say "llama-bench failed: $(tail -n 2 "$out.log")"; echo 0; return; }
+        tg "$out.csv"
+      }
+      s_tg=$(run_tg "$WORK/$name.t-stock-$r" "-ncmoe 99")
+      rm -rf "$WORK/cache"
+      n_tg=$(run_tg "$WORK/$name.t-smoe-$r" "" SMOE=1 SMOE_CACHE_DIR="$WORK/cache")
+      rm -rf "$WORK/cache"
+      v_tg=$(run_tg "$WORK/$name.t-tier-$r" "" SMOE=1 SMOE_VRAM="$vram" SMOE_CACHE_DIR="$WORK/cache")
+      l_tg=$(run_tg "$WORK/$name.t-gpu-$r" "")
+      trows+="| $name, round $r | $s_tg | $n_tg | $v_tg | **$(ratio "$v_tg" "$n_tg")×** | $(tier_hits "$WORK/$name.t-tier-$r.log") | $l_tg | $(ratio "$v_tg" "$l_tg")× |"$'\n'
+    done
+  done
+  echo
+  echo "Decode tokens/s, -ngl 99, llama-bench -p 16 -n $tier_n, a tier of $share% of the experts; the limit: stock with every expert on the GPU"
+  echo
+  echo "| model, round | stock --cpu-moe | smoe | smoe + tier | tier ÷ no tier | tier hits | stock, all on GPU | tier ÷ limit |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+  printf '%s' "$trows"
+  exit $status
+fi
 # 1. text
 for model in "$ROOT/tests/fixtures/models/qwen3moe-q8_0.gguf" "$broad"; do
   name="$(basename "$model" .gguf)"

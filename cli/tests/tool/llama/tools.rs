@@ -62,6 +62,7 @@ fn option_off_builds_stock_llama_simple() {
         "llama-smoe.cpp.o",
         "llama-smoe-lookahead.cpp.o",
         "llama-smoe-offload.cpp.o",
+        "llama-smoe-tier.cpp.o",
     ] {
         let found = find_named(&build_off, object);
         assert!(found.is_empty(), "option off, yet compiled: {found:?}");
