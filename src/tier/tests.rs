@@ -266,7 +266,11 @@ fn an_expert_used_once_never_evicts_even_after_counts_halve() {
         assert_eq!(t.admit(e), None, "{e}, used once, evicted 1");
     }
     assert_eq!(t.lookup(7), None);
-    assert_eq!(t.admit(7), None, "7, used once, evicted 1 whose count halved to 0");
+    assert_eq!(
+        t.admit(7),
+        None,
+        "7, used once, evicted 1 whose count halved to 0"
+    );
     assert_eq!(t.slot_of(1), Some((0, true)));
     // used a second time, it may
     assert_eq!(t.lookup(7), None);
