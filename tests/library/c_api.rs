@@ -33,14 +33,26 @@ fn c_program_drives_the_whole_api() {
         top_k: 2,
     };
     let vault = spec.write(dir.path().join("vault"), &mut |_| {}).unwrap();
-    let source = manifest_dir().join("tests/c/api_test.c");
+    let args = [
+        vault.display().to_string(),
+        LAYERS.to_string(),
+        EXPERTS.to_string(),
+        DENSE_LAYER.to_string(),
+    ];
+    build_and_run(dir.path(), "api_test", &args);
+}
+
+/// Builds `tests/c/NAME.c` as C11 with the warnings as errors, linked
+/// against the `libsmoe.a` this `cargo test` built, with each C compiler,
+/// and runs it with `args`: it must print "ok".
+fn build_and_run(dir: &std::path::Path, name: &str, args: &[String]) {
+    let source = manifest_dir().join(format!("tests/c/{name}.c"));
     // A private copy: a concurrent `cargo build` may replace the original
     // between finding it and linking it.
-    let library = dir.path().join("libsmoe.a");
+    let library = dir.join(format!("{name}-libsmoe.a"));
     std::fs::copy(native::lib_dir().join("libsmoe.a"), &library).unwrap();
-
     for compiler in c_compilers() {
-        let program = dir.path().join(format!("api_test_{compiler}"));
+        let program = dir.join(format!("{name}_{compiler}"));
         run(Command::new(&compiler)
             .arg("-std=c11")
             .args(WARNINGS)
@@ -51,11 +63,7 @@ fn c_program_drives_the_whole_api() {
             .args(native::native_static_libs())
             .arg("-o")
             .arg(&program));
-        let output = run(Command::new(&program)
-            .arg(&vault)
-            .arg(LAYERS.to_string())
-            .arg(EXPERTS.to_string())
-            .arg(DENSE_LAYER.to_string()));
+        let output = run(Command::new(&program).args(args));
         assert_eq!(output.trim(), "ok", "{compiler}: {output}");
     }
 }
@@ -66,24 +74,7 @@ fn c_program_drives_the_whole_api() {
 #[test]
 fn c_program_drives_the_device_tier() {
     let dir = tempfile::tempdir().unwrap();
-    let source = manifest_dir().join("tests/c/tier_test.c");
-    let library = dir.path().join("libsmoe.a");
-    std::fs::copy(native::lib_dir().join("libsmoe.a"), &library).unwrap();
-    for compiler in c_compilers() {
-        let program = dir.path().join(format!("tier_test_{compiler}"));
-        run(Command::new(&compiler)
-            .arg("-std=c11")
-            .args(WARNINGS)
-            .arg("-I")
-            .arg(manifest_dir().join("include"))
-            .arg(&source)
-            .arg(&library)
-            .args(native::native_static_libs())
-            .arg("-o")
-            .arg(&program));
-        let output = run(&mut Command::new(&program));
-        assert_eq!(output.trim(), "ok", "{compiler}: {output}");
-    }
+    build_and_run(dir.path(), "tier_test", &[]);
 }
 
 /// A program built against an older header (`tests/c/smoe_v1.h`, smaller

@@ -58,6 +58,25 @@ fn copied_mib(line: &str) -> (f64, f64) {
     )
 }
 
+/// The qwen3moe fixture read in place, the build's folder, and an RPC server
+/// of that build; None (having said why) when llama-completion or the server
+/// is not built.
+fn rpc_setup() -> Option<(Setup, PathBuf, RpcServer)> {
+    let s = setup_in_place("qwen3moe-q8_0.gguf")?;
+    let bin_dir = s.bin.parent().unwrap().to_path_buf();
+    for t in ["llama-completion", "ggml-rpc-server"] {
+        if !bin_dir.join(t).is_file() {
+            smoe_test_support::skip_or_fail(&format!(
+                "{} is not built: run scripts/llama.sh build",
+                bin_dir.join(t).display()
+            ));
+            return None;
+        }
+    }
+    let server = RpcServer::start(&bin_dir);
+    Some((s, bin_dir, server))
+}
+
 /// llama-completion on `gguf` through the RPC device at `endpoint`, `-ngl 99`,
 /// greedy, `n` tokens after `prompt`, 2 threads: its text and its stderr.
 ///
@@ -132,20 +151,9 @@ fn tier_figure(line: &str, what: &str) -> u64 {
 /// no tier, and the output is the same.
 #[test]
 fn a_device_tier_through_an_rpc_device_keeps_stock_text() {
-    let Some(s) = setup_in_place("qwen3moe-q8_0.gguf") else {
+    let Some((s, bin_dir, server)) = rpc_setup() else {
         return;
     };
-    let bin_dir = s.bin.parent().unwrap().to_path_buf();
-    for t in ["llama-completion", "ggml-rpc-server"] {
-        if !bin_dir.join(t).is_file() {
-            smoe_test_support::skip_or_fail(&format!(
-                "{} is not built: run scripts/llama.sh build",
-                bin_dir.join(t).display()
-            ));
-            return;
-        }
-    }
-    let server = RpcServer::start(&bin_dir);
     let cache = s.tmp.path().join("cache");
     let prompt = "the quick brown fox jumps over the lazy dog";
     let complete = |name: &str, args: &[&str], env: &[(&str, &str)]| {
@@ -256,20 +264,9 @@ fn a_device_tier_through_an_rpc_device_keeps_stock_text() {
 /// ops, stay on the CPU, which the patched RPC device now insists on).
 #[test]
 fn op_offload_through_an_rpc_device_keeps_stock_text() {
-    let Some(s) = setup_in_place("qwen3moe-q8_0.gguf") else {
+    let Some((s, bin_dir, server)) = rpc_setup() else {
         return;
     };
-    let bin_dir = s.bin.parent().unwrap().to_path_buf();
-    for t in ["llama-completion", "ggml-rpc-server"] {
-        if !bin_dir.join(t).is_file() {
-            smoe_test_support::skip_or_fail(&format!(
-                "{} is not built: run scripts/llama.sh build",
-                bin_dir.join(t).display()
-            ));
-            return;
-        }
-    }
-    let server = RpcServer::start(&bin_dir);
     let cache = s.tmp.path().join("cache");
     let complete = |name: &str, args: &[&str], env: &[(&str, &str)]| -> (String, String) {
         completion(
