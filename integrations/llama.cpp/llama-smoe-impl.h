@@ -492,7 +492,38 @@ void tier_drop(llama_smoe * s);
 void tier_report(const llama_smoe * s);
 
 // "blk.N.ffn_{gate,up,down,gate_up}_exps.weight" -> (N, role); false for any other name.
-bool parse_expert_name(const char * name, int * layer, std::string * role);
+// (Here, below every source of the glue that reads a name: one home, and no source calling
+// back into another that calls it.)
+inline bool parse_expert_name(const char * name, int * layer, std::string * role) {
+    int n = 0;
+    char buf[16];
+    int used = 0;
+    if (sscanf(name, "blk.%d.ffn_%15[a-z_]%n", &n, buf, &used) != 2 || n < 0) {
+        return false;
+    }
+    std::string r(buf);
+    const std::string suffix = "_exps";
+    if (r.size() <= suffix.size() || r.compare(r.size() - suffix.size(), suffix.size(), suffix) != 0 ||
+        strcmp(name + used, ".weight") != 0) {
+        return false;
+    }
+    r.resize(r.size() - suffix.size());
+    if (r != "gate" && r != "up" && r != "down" && r != "gate_up") {
+        return false;
+    }
+    *layer = n;
+    *role = r;
+    return true;
+}
+
+// parse_expert_name of a tensor the glue holds (every one passed it to get there): a
+// failure is a bug, thrown as an error naming the tensor.
+inline void expert_name(const char * name, int * layer, std::string * role) {
+    if (!parse_expert_name(name, layer, role)) {
+        throw std::runtime_error(std::string("smoe: ") + name + " is not an expert weight (blk.N.ffn_ROLE_exps.weight)");
+    }
+}
+
 
 // Lookahead (llama-smoe-lookahead.cpp): queues the experts `guess` names for the layers
 // after l as speculation.

@@ -47,7 +47,7 @@ static void make_staged_or_throw(llama_smoe * s) {
     for (ggml_tensor * t = ggml_get_first_tensor(s->ctx); t != nullptr; t = ggml_get_next_tensor(s->ctx, t)) {
         int il;
         std::string role;
-        parse_expert_name(t->name, &il, &role);
+        expert_name(t->name, &il, &role);
         views.push_back(t);
         most = std::max(most, (size_t) t->nb[1] * (size_t) t->ne[1] * s->layers[il].n_expert);
     }
@@ -71,7 +71,7 @@ static void make_staged_or_throw(llama_smoe * s) {
     for (ggml_tensor * t : views) {
         int il;
         std::string role;
-        parse_expert_name(t->name, &il, &role);
+        expert_name(t->name, &il, &role);
         staged_weight sw;
         sw.il = il;
         sw.offset = (uint64_t) ((const uint8_t *) t->data - s->base);

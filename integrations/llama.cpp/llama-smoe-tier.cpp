@@ -66,7 +66,7 @@ void tier_make(llama_smoe * s, ggml_backend_t gpu) {
     for (ggml_tensor * t = ggml_get_first_tensor(s->ctx); t != nullptr; t = ggml_get_next_tensor(s->ctx, t)) {
         int il;
         std::string role;
-        parse_expert_name(t->name, &il, &role);
+        expert_name(t->name, &il, &role);
         if (role == "gate_up") {
             fprintf(stderr, "smoe: no device tier: the model's gate and up weights are one tensor (%s)\n", t->name);
             return;
@@ -117,7 +117,7 @@ void tier_make(llama_smoe * s, ggml_backend_t gpu) {
         for (const ggml_tensor * v : s->tier_views[il]) {
             int layer;
             std::string role;
-            parse_expert_name(v->name, &layer, &role);
+            expert_name(v->name, &layer, &role);
             s->tier_pool_of[v] = roles[role].pool;
         }
     }

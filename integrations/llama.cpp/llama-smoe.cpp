@@ -276,28 +276,6 @@ static std::string missing_layer(const llama_smoe * s, int layer, const char * t
 }
 
 // "blk.N.ffn_{gate,up,down,gate_up}_exps.weight" -> (N, role)
-bool parse_expert_name(const char * name, int * layer, std::string * role) {
-    int n = 0;
-    char buf[16];
-    int used = 0;
-    if (sscanf(name, "blk.%d.ffn_%15[a-z_]%n", &n, buf, &used) != 2 || n < 0) {
-        return false;
-    }
-    std::string r(buf);
-    const std::string suffix = "_exps";
-    if (r.size() <= suffix.size() || r.compare(r.size() - suffix.size(), suffix.size(), suffix) != 0 ||
-        strcmp(name + used, ".weight") != 0) {
-        return false;
-    }
-    r.resize(r.size() - suffix.size());
-    if (r != "gate" && r != "up" && r != "down" && r != "gate_up") {
-        return false;
-    }
-    *layer = n;
-    *role = r;
-    return true;
-}
-
 ggml_context * llama_smoe_tensor_ctx(llama_smoe * s, const char * name, bool skipped) {
     int layer;
     std::string role;
@@ -342,7 +320,7 @@ void llama_smoe_bind(llama_smoe * s) {
     for (ggml_tensor * t : tensors) {
         int il;
         std::string role;
-        parse_expert_name(t->name, &il, &role);
+        expert_name(t->name, &il, &role);
         const std::string key = std::to_string(il);
         if (!s->layouts.contains(key)) {
             throw std::runtime_error(missing_layer(s, il, t->name));
