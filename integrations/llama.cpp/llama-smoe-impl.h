@@ -98,8 +98,9 @@ struct layer_claims {
     std::vector<int> guess_for;      // the layers the guess tensor's rows are for, in order
     bool dev_next = false;           // the graph being built computes this layer on the GPU
     bool dev_held = false;           // `held` are claims of a batch computed on the GPU
-    // device tier (llama-smoe-tier.cpp): the graph has a device wave for this layer, and for
-    // the batch in progress each expert's device slot (-1: computed from the ring)
+    // device tier (llama-smoe-tier.cpp): the graph being built has a device wave for this
+    // layer (its ops carry that into the run: wave_op::tier), and for the batch in progress
+    // each expert's device slot (-1: computed from the ring)
     bool tier_graph = false;
     std::vector<int32_t> tier_slot_of;
 };
@@ -110,6 +111,7 @@ struct wave_op {
     layer_claims * l;
     int wave;
     bool dev = false;
+    bool tier = false;  // a graph with the device tier's wave: look up, admit (llama-smoe-tier.cpp)
 };
 
 // An expert weight as the GPU's matmuls see it: the model's own layout ([ne0, ne1,
@@ -253,8 +255,9 @@ struct llama_smoe {
     uint32_t tier_slots = 0;          // K: device slots; the pool holds K + 1 (the last is zeros)
     uint64_t tier_expert_bytes = 0;   // one expert's bytes over its roles
     ggml_backend_dev_t tier_dev = nullptr;
-    ggml_backend_t tier_gpu = nullptr;  // the backend of the context that made the tier
-    bool tier_on = false;             // the newest context computes on tier_gpu
+    ggml_backend_t tier_gpu = nullptr;  // the backend of the context that made the tier, which alone
+                                        // uses it (nullptr once that context is freed: no tier since)
+    bool tier_on = false;             // the newest context is that one
     ggml_context * tier_ctx = nullptr;
     ggml_backend_buffer_t tier_buf = nullptr;
     std::unordered_map<const ggml_tensor *, ggml_tensor *> tier_pool_of;  // ring view -> pool
@@ -267,6 +270,7 @@ struct llama_smoe {
     };
     std::vector<tier_copy> tier_pending;
     std::vector<std::unique_ptr<wave_op>> tier_ops;  // per layer: its device wave's ids op
+    std::vector<std::vector<std::unique_ptr<wave_op>>> tier_wave_ops;  // per layer, per wave: wave_ops' tier twins
     uint64_t tier_copy_ns = 0;        // time the copies took, between graphs
 
     bool stopped() const { return failed || rebuild_pending; }
@@ -482,10 +486,13 @@ struct llama_smoe {
 // tier, from SMOE_VRAM (a message and no tier when it cannot be made); tier_lookups: a
 // decode batch's experts the tier holds, taken out of the layer's set (start_batch);
 // tier_admit: the experts a layer computed from the ring that earn a device slot, their
-// claims kept for the copy (the release op); tier_flush: the copies, between graphs;
+// claims kept for the copy (the release op of a tier graph), at most an eighth of the ring's
+// slots at a time; tier_flush: the copies, between graphs (and before a graph is built
+// again); tier_budget: SMOE_VRAM in bytes, checked (0: no tier);
 // tier_drop: everything, the claims released; tier_report: the statistics line.
+uint64_t tier_budget();
 void tier_make(llama_smoe * s, ggml_backend_t gpu);
-bool tier_lookups(layer_claims * l);
+bool tier_lookups(layer_claims * l, bool tier);
 void tier_admit(layer_claims * l);
 void tier_flush(llama_smoe * s);
 void tier_drop(llama_smoe * s);

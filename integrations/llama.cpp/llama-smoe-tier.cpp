@@ -16,7 +16,7 @@
 #include "llama-smoe-impl.h"
 
 // SMOE_VRAM: bytes, with an optional K, M or G (powers of 1024); 0 or unset: no tier.
-static uint64_t vram_budget() {
+uint64_t tier_budget() {
     const char * v = std::getenv("SMOE_VRAM");
     if (v == nullptr || *v == '\0') {
         return 0;
@@ -44,13 +44,13 @@ static uint64_t vram_budget() {
 void tier_make(llama_smoe * s, ggml_backend_t gpu) {
     ggml_backend_dev_t dev = ggml_backend_get_device(gpu);
     if (s->tier != nullptr) {
-        s->tier_on = dev == s->tier_dev;  // (one GPU holds the tier: another context's computes without it)
-        if (s->tier_on) {
-            s->tier_gpu = gpu;
-        }
+        // the context that made the tier alone uses it (its backend's stream is the one the
+        // copies wait for): another context computes without it
+        s->tier_on = s->tier_gpu != nullptr && gpu == s->tier_gpu;
         return;
     }
-    const uint64_t budget = vram_budget();
+    (void) dev;
+    const uint64_t budget = tier_budget();
     if (budget == 0) {
         return;
     }
@@ -137,19 +137,20 @@ void tier_make(llama_smoe * s, ggml_backend_t gpu) {
     }
     s->tier_ops.clear();
     for (auto & l : s->layers) {
-        s->tier_ops.push_back(std::make_unique<wave_op>(wave_op{&l, 0}));
+        s->tier_ops.push_back(std::make_unique<wave_op>(wave_op{&l, 0, false, true}));
     }
+    s->tier_wave_ops.resize(s->layers.size());
     fprintf(stderr, "smoe: device tier on %s: %u slots of %.2f MiB (%.1f MiB of SMOE_VRAM=%llu), %.1f%% of the experts; "
                     "decode computes the experts it holds there\n",
             ggml_backend_dev_name(dev), (unsigned) slots, expert_bytes / 1048576.0, (double) (slots + 1) * expert_bytes / 1048576.0,
             (unsigned long long) budget, 100.0 * (double) slots / (double) std::max<uint64_t>(1, s->entries));
 }
 
-bool tier_lookups(layer_claims * l) {
+bool tier_lookups(layer_claims * l, bool tier) {
     llama_smoe * s = l->s;
     std::fill(l->tier_slot_of.begin(), l->tier_slot_of.end(), -1);
-    if (!l->tier_graph || s->tier == nullptr) {
-        return true;
+    if (!tier || s->tier == nullptr || s->tier_gpu == nullptr) {
+        return true;  // (a graph with a device wave whose context is gone: its wave adds zeros)
     }
     size_t kept = 0;
     for (size_t i = 0; i < l->experts.size(); i++) {
@@ -172,12 +173,19 @@ bool tier_lookups(layer_claims * l) {
 
 void tier_admit(layer_claims * l) {
     llama_smoe * s = l->s;
-    if (!l->tier_graph || s->tier == nullptr || s->stopped()) {
+    if (s->tier == nullptr || s->tier_gpu == nullptr || s->stopped()) {
         return;
     }
+    // the claims kept for copies hold ring slots until the next ubatch: at most an eighth of
+    // the ring, so that the layers after this one keep their room (the tier fills over tokens)
+    const size_t most = std::max<size_t>(1, s->slots / 8);
     size_t kept = 0;
     for (size_t i = 0; i < l->held.size(); i++) {
         const smoe_slot & claim = l->held[i];
+        if (s->tier_pending.size() >= most) {
+            l->held[kept++] = claim;
+            continue;
+        }
         smoe_tier_promotion p = {-1, -1, -1};
         const smoe_status r = smoe_tier_admit(s->tier, (uint32_t) l->il, claim.expert, &p);
         if (r == SMOE_OK && p.slot >= 0) {
@@ -196,14 +204,19 @@ void tier_flush(llama_smoe * s) {
     if (s->tier == nullptr) {
         return;
     }
-    if (!s->tier_pending.empty() || s->tier_on) {
-        // the last graph is done with its device slots (and with the ring slots the copies read)
-        if (s->tier_gpu != nullptr) {
-            ggml_backend_synchronize(s->tier_gpu);
-        }
+    if (!s->tier_pending.empty() && s->tier_gpu != nullptr) {
+        // the last graph is done with its device slots (a victim may be one an earlier graph
+        // read: holds end at step_done, whether or not the GPU is past that graph) and with
+        // the ring slots the copies read
+        ggml_backend_synchronize(s->tier_gpu);
     }
     const auto t0 = std::chrono::steady_clock::now();
     for (const auto & c : s->tier_pending) {
+        if (s->tier_gpu == nullptr) {
+            smoe_tier_failed(s->tier, c.device_slot);  // its context is gone: no copy
+            smoe_release(s->st, &c.claim);
+            continue;
+        }
         uint64_t bytes = 0;
         const uint8_t * slot = s->base + (uint64_t) c.claim.slot_index * s->slot_bytes;
         for (const ggml_tensor * v : s->tier_views[c.il]) {
@@ -297,6 +310,14 @@ bool llama_smoe_tier_wave(llama_smoe * s, int il, int64_t n_tokens, int64_t n_ex
     layer_claims & l = s->layers[il];
     l.tier_graph = s->tier != nullptr && s->tier_on && plain && l.n_expert > 0 &&
                    2 * (uint64_t) std::max<int64_t>(1, n_tokens * n_expert_used) <= l.n_expert && !s->tier_views[il].empty();
+    // the graph's claim and release ops: twins that carry the tier into the run (llama.cpp
+    // reuses a graph, and another context's graph may be built in between)
+    if (l.tier_graph) {
+        auto & ops = s->tier_wave_ops[il];
+        while (ops.size() < (size_t) l.waves) {
+            ops.push_back(std::make_unique<wave_op>(wave_op{&l, (int) ops.size(), false, true}));
+        }
+    }
     return l.tier_graph;
 }
 

@@ -126,6 +126,7 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, uint32_t n_expert, const char
     // (SMOE_OP_OFFLOAD without a GPU): checked here, so that any bad value stops the load
     (void) env_u32("SMOE_UBATCH", 0, UINT32_MAX);
     (void) env_u32("SMOE_OP_OFFLOAD", 1, 1);
+    (void) tier_budget();  // SMOE_VRAM, used when a GPU context is made
     if (std::getenv("SMOE_SPECULATE") != nullptr && *std::getenv("SMOE_SPECULATE") != '\0') {
         throw std::runtime_error("smoe: SMOE_SPECULATE is gone (its guess, the same expert ids one layer on, "
                                  "held for no real model); SMOE_LAYER_AHEAD=N sets how many layers prefill reads ahead");
@@ -470,7 +471,7 @@ void llama_smoe_bind(llama_smoe * s) {
 // The first wave's setup of a batch: the working set (distinct experts in order of first
 // use, marked with a new generation so nothing is cleared or allocated), handed to smoe,
 // and layer-ahead reads of the next layer for big batches.
-static bool start_batch(layer_claims * l, const ggml_tensor * a) {
+static bool start_batch(layer_claims * l, const ggml_tensor * a, bool tier) {
     llama_smoe * s = l->s;
     const int64_t k = a->ne[0];
     const int64_t n_tokens = a->ne[1];
@@ -495,7 +496,7 @@ static bool start_batch(layer_claims * l, const ggml_tensor * a) {
         }
     }
     // the device tier's experts leave the set: the GPU computes them from VRAM
-    if (!tier_lookups(l)) {
+    if (!tier_lookups(l, tier)) {
         return false;
     }
     l->left.assign(l->experts.begin(), l->experts.end());
@@ -630,7 +631,7 @@ static void claim_wave(ggml_tensor * dst, const ggml_tensor * a, const ggml_tens
                 return;
             }
         }
-        if (!start_batch(l, a)) {
+        if (!start_batch(l, a, op->tier)) {
             return;
         }
         if (l->il == s->first_layer) {
@@ -771,7 +772,9 @@ static void smoe_release_op(ggml_tensor * dst, const ggml_tensor * a, int ith, i
     if (ith == 0) {
         const auto * op = (const wave_op *) userdata;
         layer_claims * l = op->l;
-        tier_admit(l);  // the experts the device tier admits keep their claims for the copy
+        if (op->tier) {
+            tier_admit(l);  // the experts the device tier admits keep their claims for the copy
+        }
         l->s->release_all(*l);
         if (l->il == l->s->last_layer && op->wave == l->waves - 1) {
             smoe_prewarm_pause(l->s->st, false);  // idle between graphs: pre-warm may read
@@ -857,7 +860,9 @@ ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor *
                                int wave, int waves) {
     GGML_ASSERT(il >= 0 && il < (int) s->layers.size() && wave >= 0 && wave < waves && waves == s->layers[il].waves);
     layer_claims & l = s->layers[il];
-    void * op = l.dev_next ? (void *) s->dev_ops[il].get() : (void *) s->wave_ops[il][wave].get();
+    void * op = l.dev_next     ? (void *) s->dev_ops[il].get()
+              : l.tier_graph ? (void *) s->tier_wave_ops[il][wave].get()
+                             : (void *) s->wave_ops[il][wave].get();
     l.dev_next = false;
     if (second == nullptr) {
         return ggml_map_custom1(ctx, selected_experts, smoe_claim_op, 1, op);
@@ -871,7 +876,9 @@ ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor *
 
 ggml_tensor * llama_smoe_release(llama_smoe * s, ggml_context * ctx, ggml_tensor * experts, int il, int wave) {
     GGML_ASSERT(il >= 0 && il < (int) s->layers.size() && wave >= 0 && wave < s->layers[il].waves);
-    return ggml_map_custom1_inplace(ctx, experts, smoe_release_op, 1, s->wave_ops[il][wave].get());
+    layer_claims & l = s->layers[il];
+    wave_op * op = l.tier_graph ? s->tier_wave_ops[il][wave].get() : s->wave_ops[il][wave].get();
+    return ggml_map_custom1_inplace(ctx, experts, smoe_release_op, 1, op);
 }
 
 bool llama_smoe_failed(const llama_smoe * s) {
@@ -907,6 +914,7 @@ bool llama_smoe_rebuild(llama_smoe * s, bool can_recompute) {
     for (auto & l : s->layers) {
         s->release_all(l);
     }
+    tier_flush(s);  // the claims kept for the tier's copies, whose ring slots the graph built again needs
     s->rebuild_pending = false;
     if (!can_recompute) {
         s->fail("smoe: the elastic ring shrank under this batch's waves, and a model with recurrent state cannot "

@@ -223,6 +223,21 @@ fn a_device_tier_through_an_rpc_device_keeps_stock_text() {
             assert!(err.contains(says), "{name}: {err}");
         }
     }
+    // a ring of 3 slots, less than a token's 4 experts, and a tier that could take every
+    // expert: the claims kept for the tier's copies (an eighth of the ring at most) leave
+    // the later layers room, and the text holds (two layers are too few to show the ring
+    // running out without that bound: the later layer's waves take the one slot left in turn)
+    let (small, err) = complete(
+        "small ring",
+        &[],
+        &[("SMOE", "1"), ("SMOE_VRAM", "1M"), ("SMOE_RING_SLOTS", "3")],
+    );
+    assert_eq!(small, stock, "a small ring with a tier\n{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("smoe: device tier: "))
+        .unwrap_or_else(|| panic!("no device tier statistics\n{err}"));
+    assert!(tier_figure(line, " hits") > 0, "{line}");
     // a value that is not a size stops the load, naming it
     let bad = Command::new(bin_dir.join("llama-completion"))
         .arg("-m")
