@@ -195,6 +195,25 @@ fn run_predicting(
     Run { out, logits }
 }
 
+/// The output of a llama.cpp tool that writes its text through common/log.cpp's
+/// logger (llama-completion, llama-speculative): its queue and thread are leaked
+/// at exit on purpose (llama.cpp #22142), so under load its last entries, or
+/// all of them, can be lost, stock's as well as smoe's. They are lost as a
+/// suffix, in order, and the text ends before the `common_perf_print:` lines:
+/// a run whose stderr lacks them is run again (4 times at most).
+fn logged_output(name: &str, run: impl Fn() -> Output) -> Output {
+    for _ in 0..4 {
+        let out = run();
+        if !out.status.success()
+            || String::from_utf8_lossy(&out.stderr).contains("common_perf_print:")
+        {
+            return out;
+        }
+        eprintln!("{name}: the tool's log lost its last lines; running it again");
+    }
+    panic!("{name}: the tool's log lost its last lines 4 times in a row");
+}
+
 /// The `smoe: claims …` statistics line a run printed at its end.
 fn smoe_line(stderr: &str) -> &str {
     stderr

@@ -78,14 +78,8 @@ fn rpc_setup() -> Option<(Setup, PathBuf, RpcServer)> {
 }
 
 /// llama-completion on `gguf` through the RPC device at `endpoint`, `-ngl 99`,
-/// greedy, `n` tokens after `prompt`, 2 threads: its text and its stderr.
-///
-/// llama-completion writes its text through common/log.cpp's logger, whose
-/// queue and thread are leaked at exit on purpose (llama.cpp #22142): under
-/// load its last entries can be lost, stock's as well as smoe's. They are
-/// lost as a suffix, in order, and the text's closing "\n\n" comes just
-/// before the `common_perf_print:` lines: a run whose stderr lacks them is
-/// run again.
+/// greedy, `n` tokens after `prompt`, 2 threads: its text and its stderr
+/// ([`logged_output`]: run again when its log lost its tail).
 #[allow(clippy::too_many_arguments)]
 fn completion(
     bin_dir: &Path,
@@ -98,8 +92,8 @@ fn completion(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> (String, String) {
-    for _ in 0..4 {
-        let out = Command::new(bin_dir.join("llama-completion"))
+    let out = logged_output(name, || {
+        Command::new(bin_dir.join("llama-completion"))
             .arg("-m")
             .arg(gguf)
             .args(["--rpc", endpoint, "-ngl", "99", "-n", n, "--temp", "0"])
@@ -119,15 +113,11 @@ fn completion(
             .envs(env.iter().copied())
             .stdin(std::process::Stdio::null())
             .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "{name} failed:\n{err}");
-        if err.contains("common_perf_print:") {
-            return (String::from_utf8_lossy(&out.stdout).into_owned(), err);
-        }
-        eprintln!("{name}: llama-completion's log lost its last lines; running it again");
-    }
-    panic!("{name}: llama-completion's log lost its last lines 4 times in a row");
+            .unwrap()
+    });
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{name} failed:\n{err}");
+    (String::from_utf8_lossy(&out.stdout).into_owned(), err)
 }
 
 /// The figure before `what` in smoe's device tier line ("N hits", ...).

@@ -199,7 +199,7 @@ fn a_dense_draft_model_loads_as_stock() {
         return;
     };
     let draft = fixtures().join("derived/qwen3-q8_0-dense.gguf");
-    let run = |env: &[(&str, &str)]| {
+    let run_speculative = |env: &[(&str, &str)]| {
         let mut cmd = Command::new(tool(&s.bin, "llama-speculative"));
         cmd.arg("-m")
             .arg(&s.gguf)
@@ -214,6 +214,7 @@ fn a_dense_draft_model_loads_as_stock() {
         }
         cmd.output().unwrap()
     };
+    let run = |env: &[(&str, &str)]| logged_output("llama-speculative", || run_speculative(env));
     let stock = run(&[]);
     assert!(
         stock.status.success(),
