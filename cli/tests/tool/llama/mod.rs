@@ -174,6 +174,7 @@ fn run_predicting(
         "SMOE_TEST_FAIL_CLAIMS",
         "SMOE_POPULATE",
         "SMOE_TRACE",
+        "SMOE_VRAM",
     ] {
         cmd.env_remove(var);
     }
