@@ -255,8 +255,8 @@ struct llama_smoe {
     uint32_t tier_slots = 0;          // K: device slots; the pool holds K + 1 (the last is zeros)
     uint64_t tier_expert_bytes = 0;   // one expert's bytes over its roles
     ggml_backend_dev_t tier_dev = nullptr;
-    ggml_backend_t tier_gpu = nullptr;  // the backend of the context that made the tier, which alone
-                                        // uses it (nullptr once that context is freed: no tier since)
+    ggml_backend_t tier_gpu = nullptr;  // the backend of the context that uses the tier, one at a time
+                                        // (nullptr once it is freed, until the next context on the device)
     bool tier_on = false;             // the newest context is that one
     ggml_context * tier_ctx = nullptr;
     ggml_backend_buffer_t tier_buf = nullptr;

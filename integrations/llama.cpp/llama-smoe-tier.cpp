@@ -44,12 +44,15 @@ uint64_t tier_budget() {
 void tier_make(llama_smoe * s, ggml_backend_t gpu) {
     ggml_backend_dev_t dev = ggml_backend_get_device(gpu);
     if (s->tier != nullptr) {
-        // the context that made the tier alone uses it (its backend's stream is the one the
-        // copies wait for): another context computes without it
+        // one context at a time uses the tier (its backend's stream is the one the copies
+        // wait for): the one that made it, or, once that one is freed (its copies flushed
+        // then), the next context on the same device (llama-bench makes one a test)
+        if (s->tier_gpu == nullptr && dev == s->tier_dev) {
+            s->tier_gpu = gpu;
+        }
         s->tier_on = s->tier_gpu != nullptr && gpu == s->tier_gpu;
         return;
     }
-    (void) dev;
     const uint64_t budget = tier_budget();
     if (budget == 0) {
         return;
