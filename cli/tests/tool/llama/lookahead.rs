@@ -10,7 +10,7 @@ use super::*;
 fn decode_line(stderr: &str) -> (u64, u64, u64, u64, u64) {
     let line = stderr
         .lines()
-        .find(|l| l.starts_with("smoe: decode: "))
+        .find_map(|l| smoe_tail(l, "smoe: decode: "))
         .unwrap_or_else(|| panic!("no `smoe: decode:` line in:\n{stderr}"));
     let before = |after: &str| -> u64 {
         let head = &line[..line
@@ -157,7 +157,7 @@ fn lookahead_adapts_by_probes() {
     assert!(same_logits(&smoe, &stock), "{err}");
     let line = err
         .lines()
-        .find(|l| l.starts_with("smoe: decode: "))
+        .find_map(|l| smoe_tail(l, "smoe: decode: "))
         .unwrap_or_else(|| panic!("{err}"));
     let (tokens, _, _, guesses, _) = decode_line(&err);
     assert!(tokens >= 39, "{line}");

@@ -215,11 +215,18 @@ fn logged_output(name: &str, run: impl Fn() -> Output) -> Output {
     panic!("{name}: the tool's log lost its last lines 4 times in a row");
 }
 
+/// `line` from `prefix` on, where the line holds it: the glue writes its
+/// lines straight to stderr, and a tool's logger thread (llama.cpp's
+/// common/log.cpp) may have written a timestamp prefix of its own just before.
+fn smoe_tail<'a>(line: &'a str, prefix: &str) -> Option<&'a str> {
+    line.find(prefix).map(|i| &line[i..])
+}
+
 /// The `smoe: claims …` statistics line a run printed at its end.
 fn smoe_line(stderr: &str) -> &str {
     stderr
         .lines()
-        .find(|l| l.starts_with("smoe: claims "))
+        .find_map(|l| smoe_tail(l, "smoe: claims "))
         .unwrap_or_else(|| panic!("no `smoe: claims` line in:\n{stderr}"))
 }
 

@@ -170,7 +170,7 @@ fn a_device_tier_through_an_rpc_device_keeps_stock_text() {
     );
     let line = err
         .lines()
-        .find(|l| l.starts_with("smoe: device tier: "))
+        .find_map(|l| smoe_tail(l, "smoe: device tier: "))
         .unwrap_or_else(|| panic!("no device tier statistics\n{err}"));
     let (lookups, hits) = (tier_figure(line, " lookups"), tier_figure(line, " hits"));
     let (promotions, evictions) = (
@@ -225,7 +225,7 @@ fn a_device_tier_through_an_rpc_device_keeps_stock_text() {
     assert_eq!(small, stock, "a small ring with a tier\n{err}");
     let line = err
         .lines()
-        .find(|l| l.starts_with("smoe: device tier: "))
+        .find_map(|l| smoe_tail(l, "smoe: device tier: "))
         .unwrap_or_else(|| panic!("no device tier statistics\n{err}"));
     assert!(tier_figure(line, " hits") > 0, "{line}");
     // a value that is not a size stops the load, naming it, GPU or not (llama-simple: its
@@ -284,7 +284,7 @@ fn op_offload_through_an_rpc_device_keeps_stock_text() {
     assert!(err.contains("smoe: op offload on RPC"), "{err}");
     let line = err
         .lines()
-        .find(|l| l.starts_with("smoe: op offload: "))
+        .find_map(|l| smoe_tail(l, "smoe: op offload: "))
         .unwrap_or_else(|| panic!("no op offload statistics\n{err}"));
     let batches: u64 = line["smoe: op offload: ".len()..]
         .split_whitespace()
@@ -312,7 +312,7 @@ fn op_offload_through_an_rpc_device_keeps_stock_text() {
     assert_eq!(smoe_in_order, stock, "{err}");
     let line = err
         .lines()
-        .find(|l| l.starts_with("smoe: op offload: "))
+        .find_map(|l| smoe_tail(l, "smoe: op offload: "))
         .unwrap_or_else(|| panic!("no op offload statistics\n{err}"));
     assert_eq!(copied_mib(line), (copied, 0.0), "{line}");
 
@@ -332,7 +332,8 @@ fn op_offload_through_an_rpc_device_keeps_stock_text() {
     assert_eq!(smoe_small, stock_small, "{err}");
     assert!(
         err.lines()
-            .any(|l| l.starts_with("smoe: op offload: ") && !l.starts_with("smoe: op offload: 0 ")),
+            .filter_map(|l| smoe_tail(l, "smoe: op offload: "))
+            .any(|l| !l.starts_with("smoe: op offload: 0 ")),
         "{err}"
     );
 
