@@ -40,7 +40,8 @@
 # tier, smoe with a tier of TIER_SHARE percent of the experts (SMOE_VRAM), and stock
 # with every expert on the GPU (the limit), alternating, ROUNDS rounds, llama-bench
 # -p 16 -n TIER_N; the tier's hit rate; the text of smoe with the tier against stock
-# --cpu-moe. (Not yet: the same under a memory cap.)
+# --cpu-moe; then, as root with cgroup v2, smoe without and with the tier in a memory
+# cgroup of the model's size / 2.5 (CAP_MIB), page cache dropped before each run.
 #
 # Environment: SMOE_LLAMA_DIR (default /var/cache/smoe-llama), SMOE_BIN (the
 # smoe tool; default target/release/smoe), BROAD_BIN (the model generator;
@@ -115,6 +116,20 @@ complete() {
 }
 same() { cmp -s "$1.txt" "$2.txt" && [ -s "$1.txt" ] && echo "identical ($(wc -c <"$1.txt") bytes)" || echo DIFFERENT; }
 
+# Whether a memory cgroup can be made here: root, cgroup v2 with its memory
+# controller, and the hierarchy writable (a container may mount it
+# read-only). Probed first, so that the rounds above still print their table.
+can_cap() {
+  [ "$(id -u)" -eq 0 ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null || return 1
+  grep -qw memory /sys/fs/cgroup/cgroup.subtree_control ||
+    echo +memory >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || return 1
+  local probe="/sys/fs/cgroup/smoe-llama-cuda.$$.probe"
+  mkdir "$probe" 2>/dev/null || return 1
+  local ok=0
+  [ -w "$probe/memory.max" ] || ok=1
+  rmdir "$probe" 2>/dev/null || true
+  return $ok
+}
 status=0
 if [ "$MODE" = tier ]; then
   SMOE_TOOL="${SMOE_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/smoe}"
@@ -132,6 +147,13 @@ if [ "$MODE" = tier ]; then
   # tier_hits LOG: the tier's hit rate from its statistics line
   tier_hits() { sed -n 's/^smoe: device tier: .* lookups, [0-9]* hits (\([0-9.]*%\)).*/\1/p' "$1" | tail -n 1; }
   trows=""
+  crows=""
+  capped=0
+  if can_cap; then
+    capped=1
+  else
+    say "skipping the capped runs: they need root and a writable cgroup v2 hierarchy with its memory controller"
+  fi
   for model in "$broad" "$mixtral_like"; do
     name="$(basename "$model" .gguf)"
     inspect=$("$SMOE_TOOL" inspect "$model") || die "smoe inspect $model failed"
@@ -163,6 +185,27 @@ if [ "$MODE" = tier ]; then
       v_tg=$(run_tg "$WORK/$name.t-tier-$r" "" SMOE=1 SMOE_VRAM="$vram" SMOE_CACHE_DIR="$WORK/cache")
       l_tg=$(run_tg "$WORK/$name.t-gpu-$r" "")
       trows+="| $name, round $r | $s_tg | $n_tg | $v_tg | **$(ratio "$v_tg" "$n_tg")×** | $(tier_hits "$WORK/$name.t-tier-$r.log") | $l_tg | $(ratio "$v_tg" "$l_tg")× |"$'\n'
+      if [ "$capped" = 1 ]; then
+        # the same two smoe runs in a memory cgroup of the model's size / 2.5, page cache dropped
+        model_mib=$(($(stat -c %s "$model") >> 20))
+        cap="${CAP_MIB:-$((model_mib * 10 / 25))}"
+        capped_tg() { # OUT ENV...
+          local out=$1 cg="/sys/fs/cgroup/smoe-llama-cuda.$$.tier"
+          shift
+          mkdir "$cg"
+          echo $((cap << 20)) >"$cg/memory.max"
+          echo 0 >"$cg/memory.swap.max" 2>/dev/null || true
+          sync
+          echo 3 >/proc/sys/vm/drop_caches
+          rm -rf "$WORK/cache"
+          run_tg "$out" "" bash -c 'echo $$ >"$1/cgroup.procs"; shift; exec env "$@"' _ "$cg" "$@"
+          say "$(basename "$out") under $cap MiB: peak $(($(cat "$cg/memory.peak" 2>/dev/null || echo 0) >> 20)) MiB"
+          rmdir "$cg" 2>/dev/null || true
+        }
+        cn_tg=$(capped_tg "$WORK/$name.c-smoe-$r" SMOE=1 SMOE_CACHE_DIR="$WORK/cache")
+        cv_tg=$(capped_tg "$WORK/$name.c-tier-$r" SMOE=1 SMOE_VRAM="$vram" SMOE_CACHE_DIR="$WORK/cache")
+        crows+="| $name, round $r | $cap MiB | $cn_tg | $cv_tg | **$(ratio "$cv_tg" "$cn_tg")×** | $(tier_hits "$WORK/$name.c-tier-$r.log") |"$'\n'
+      fi
     done
   done
   echo
@@ -171,6 +214,14 @@ if [ "$MODE" = tier ]; then
   echo "| model, round | stock --cpu-moe | smoe | smoe + tier | tier ÷ no tier | tier hits | stock, all on GPU | tier ÷ limit |"
   echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
   printf '%s' "$trows"
+  if [ "$capped" = 1 ]; then
+    echo
+    echo "The same under a memory cap (a cgroup of the model's size / 2.5, page cache dropped before each run): decode tokens/s"
+    echo
+    echo "| model, round | cap | smoe | smoe + tier | tier ÷ no tier | tier hits |"
+    echo "| --- | --- | --- | --- | --- | --- |"
+    printf '%s' "$crows"
+  fi
   exit $status
 fi
 # 1. text
@@ -239,20 +290,6 @@ for ((r = 1; r <= ROUNDS; r++)); do
 done
 
 # 3. capped
-# Whether a memory cgroup can be made here: root, cgroup v2 with its memory
-# controller, and the hierarchy writable (a container may mount it
-# read-only). Probed first, so that the rounds above still print their table.
-can_cap() {
-  [ "$(id -u)" -eq 0 ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null || return 1
-  grep -qw memory /sys/fs/cgroup/cgroup.subtree_control ||
-    echo +memory >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || return 1
-  local probe="/sys/fs/cgroup/smoe-llama-cuda.$$.probe"
-  mkdir "$probe" 2>/dev/null || return 1
-  local ok=0
-  [ -w "$probe/memory.max" ] || ok=1
-  rmdir "$probe" 2>/dev/null || true
-  return $ok
-}
 if can_cap; then
   model_mib=$(($(stat -c %s "$broad") >> 20))
   cap="${CAP_MIB:-$((model_mib * 10 / 25))}"

@@ -100,7 +100,8 @@ struct layer_claims {
     bool dev_held = false;           // `held` are claims of a batch computed on the GPU
     // device tier (llama-smoe-tier.cpp): the graph being built has a device wave for this
     // layer (its ops carry that into the run: wave_op::tier), and for the batch in progress
-    // each expert's device slot (-1: computed from the ring)
+    // each expert's device slot (-1: not in the batch; -2: computed from the ring), set by
+    // the device wave's ids op, which runs before the layer's first claim
     bool tier_graph = false;
     std::vector<int32_t> tier_slot_of;
 };
@@ -484,7 +485,8 @@ struct llama_smoe {
 
 // The device tier (llama-smoe-tier.cpp). tier_make: the pool on `gpu` and the library's
 // tier, from SMOE_VRAM (a message and no tier when it cannot be made); tier_lookups: a
-// decode batch's experts the tier holds, taken out of the layer's set (start_batch);
+// decode batch's experts looked up (the device wave's ids op), each one's device slot in
+// tier_slot_of; tier_keep_host: the layer's set less the experts the tier holds (start_batch);
 // tier_admit: the experts a layer computed from the ring that earn a device slot, their
 // claims kept for the copy (the release op of a tier graph), at most an eighth of the ring's
 // slots at a time; tier_flush: the copies, between graphs (and before a graph is built
@@ -492,7 +494,8 @@ struct llama_smoe {
 // tier_drop: everything, the claims released; tier_report: the statistics line.
 uint64_t tier_budget();
 void tier_make(llama_smoe * s, ggml_backend_t gpu);
-bool tier_lookups(layer_claims * l, bool tier);
+bool tier_lookups(layer_claims * l, const ggml_tensor * ids);
+void tier_keep_host(layer_claims * l);
 void tier_admit(layer_claims * l);
 void tier_flush(llama_smoe * s);
 void tier_drop(llama_smoe * s);

@@ -3,12 +3,12 @@
 // before. The rule (which expert takes which slot, when a slot may be overwritten) is the
 // library's smoe_tier; this file holds the pool, the graph's device wave and the copies.
 //
-// A decoded token, layer by layer: the layer's first claim op looks each of the batch's
-// experts up (tier_lookups): one the tier holds leaves the layer's set (no claim, no read) and
-// is computed by the device wave (its matmuls over the pool, on the GPU); the others are
-// claimed and computed from the ring in the host waves, and a pair of the other kind is a
-// slot of zeros in the device wave, and no slot (-1) in the host waves: each pair's result
-// is added once. When the host waves release their claims, the experts the tier admits keep
+// A decoded token, layer by layer: the device wave's ids op, the layer's first host op, looks
+// each of the batch's experts up (tier_lookups): one the tier holds is computed by the device
+// wave (its matmuls over the pool, on the GPU, while the CPU computes the host waves) and
+// leaves the layer's set (no claim, no read); the others are claimed and computed from the
+// ring in the host waves, and a pair of the other kind is a slot of zeros in the device
+// wave, and no slot (-1) in the host waves: each pair's result is added once. When the host waves release their claims, the experts the tier admits keep
 // theirs (tier_admit); when the next ubatch begins, once the GPU is done with the last graph,
 // their bytes are copied from their ring slots into their device slots and the claims
 // released (tier_flush). A budget of 0 (SMOE_VRAM unset) builds no tier: today's path.
@@ -149,29 +149,41 @@ void tier_make(llama_smoe * s, ggml_backend_t gpu) {
             (unsigned long long) budget, 100.0 * (double) slots / (double) std::max<uint64_t>(1, s->entries));
 }
 
-bool tier_lookups(layer_claims * l, bool tier) {
+bool tier_lookups(layer_claims * l, const ggml_tensor * ids) {
     llama_smoe * s = l->s;
     std::fill(l->tier_slot_of.begin(), l->tier_slot_of.end(), -1);
-    if (!tier || s->tier == nullptr || s->tier_gpu == nullptr) {
+    if (s->tier == nullptr || s->tier_gpu == nullptr || s->stopped()) {
         return true;  // (a graph with a device wave whose context is gone: its wave adds zeros)
     }
+    // each of the batch's experts once (a lookup counts a use); ids out of range are left to
+    // the first claim, which refuses them
+    for (int64_t t = 0; t < ids->ne[1]; t++) {
+        for (int64_t i = 0; i < ids->ne[0]; i++) {
+            const int32_t e = *(const int32_t *) ((const char *) ids->data + i * ids->nb[0] + t * ids->nb[1]);
+            if (e < 0 || (uint32_t) e >= l->n_expert || l->tier_slot_of[e] != -1) {
+                continue;
+            }
+            int32_t slot = -1;
+            const smoe_status r = smoe_tier_lookup(s->tier, (uint32_t) l->il, (uint32_t) e, &slot);
+            if (r != SMOE_OK) {
+                s->fail(smoe_error("smoe_tier_lookup", r) + " (layer " + std::to_string(l->il) + ")");
+                return false;
+            }
+            l->tier_slot_of[e] = slot >= 0 ? slot : -2;  // held: computed on the GPU
+        }
+    }
+    return true;
+}
+
+void tier_keep_host(layer_claims * l) {
     size_t kept = 0;
     for (size_t i = 0; i < l->experts.size(); i++) {
         const uint32_t e = l->experts[i];
-        int32_t slot = -1;
-        const smoe_status r = smoe_tier_lookup(s->tier, (uint32_t) l->il, e, &slot);
-        if (r != SMOE_OK) {
-            s->fail(smoe_error("smoe_tier_lookup", r) + " (layer " + std::to_string(l->il) + ")");
-            return false;
-        }
-        if (slot >= 0) {
-            l->tier_slot_of[e] = slot;  // computed on the GPU: out of the layer's set
-        } else {
+        if (l->tier_slot_of[e] < 0) {
             l->experts[kept++] = e;
         }
     }
     l->experts.resize(kept);
-    return true;
 }
 
 void tier_admit(layer_claims * l) {
@@ -281,31 +293,43 @@ void tier_report(const llama_smoe * s) {
             (unsigned long long) st.evictions, st.bytes_copied / 1048576.0, s->tier_copy_ns / 1e9);
 }
 
-// The device wave's ids (one thread): a pair's device slot when the tier held its expert at
-// the layer's lookup, else the slot of zeros.
-static void smoe_tier_ids_op(ggml_tensor * dst, const ggml_tensor * a, const ggml_tensor * after, int ith, int nth, void * userdata) {
-    (void) after;
+// The device wave's ids (one thread): the batch's experts looked up, then each pair's device
+// slot where the tier holds its expert, else the slot of zeros.
+static void smoe_tier_ids_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int nth, void * userdata) {
     (void) nth;
     if (ith != 0) {
         return;
     }
     const auto * op = (const wave_op *) userdata;
-    const layer_claims * l = op->l;
+    layer_claims * l = op->l;
     const llama_smoe * s = l->s;
     const int64_t k = a->ne[0];
     const int64_t n_tokens = a->ne[1];
     int32_t * out = (int32_t *) dst->data;
     const int32_t zeros = (int32_t) s->tier_slots;
+    const bool looked = tier_lookups(l, a);
     for (int64_t t = 0; t < n_tokens; t++) {
         for (int64_t i = 0; i < k; i++) {
             const int32_t e = *(const int32_t *) ((const char *) a->data + i * a->nb[0] + t * a->nb[1]);
             int32_t slot = zeros;
-            if (!s->stopped() && e >= 0 && (uint32_t) e < l->n_expert && l->tier_slot_of[e] >= 0) {
+            if (looked && !s->stopped() && e >= 0 && (uint32_t) e < l->n_expert && l->tier_slot_of[e] >= 0) {
                 slot = l->tier_slot_of[e];
             }
             out[t * k + i] = slot;
         }
     }
+}
+
+static void smoe_tier_ids_in_op(ggml_tensor * dst, const ggml_tensor * a, const ggml_tensor * in, int ith, int nth, void * userdata) {
+    (void) in;  // (taken from the GPU here, for the host waves after this op)
+    smoe_tier_ids_op(dst, a, ith, nth, userdata);
+}
+
+static void smoe_tier_ids_in_guess_op(ggml_tensor * dst, const ggml_tensor * a, const ggml_tensor * in, const ggml_tensor * guess,
+                                      int ith, int nth, void * userdata) {
+    (void) in;
+    (void) guess;
+    smoe_tier_ids_op(dst, a, ith, nth, userdata);
 }
 
 bool llama_smoe_tier_wave(llama_smoe * s, int il, int64_t n_tokens, int64_t n_expert_used, bool plain) {
@@ -324,9 +348,12 @@ bool llama_smoe_tier_wave(llama_smoe * s, int il, int64_t n_tokens, int64_t n_ex
     return l.tier_graph;
 }
 
-ggml_tensor * llama_smoe_tier_ids(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * after, int il) {
-    GGML_ASSERT(il >= 0 && il < (int) s->layers.size() && s->layers[il].tier_graph && after != nullptr);
-    return ggml_map_custom2(ctx, selected_experts, after, smoe_tier_ids_op, 1, s->tier_ops[il].get());
+ggml_tensor * llama_smoe_tier_ids(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * in,
+                                  ggml_tensor * guess, int il) {
+    GGML_ASSERT(il >= 0 && il < (int) s->layers.size() && s->layers[il].tier_graph && in != nullptr);
+    void * op = s->tier_ops[il].get();
+    return guess != nullptr ? ggml_map_custom3(ctx, selected_experts, in, guess, smoe_tier_ids_in_guess_op, 1, op)
+                            : ggml_map_custom2(ctx, selected_experts, in, smoe_tier_ids_in_op, 1, op);
 }
 
 ggml_tensor * llama_smoe_tier_weight(llama_smoe * s, ggml_tensor * w) {

@@ -495,9 +495,10 @@ static bool start_batch(layer_claims * l, const ggml_tensor * a, bool tier) {
             }
         }
     }
-    // the device tier's experts leave the set: the GPU computes them from VRAM
-    if (!tier_lookups(l, tier)) {
-        return false;
+    // the device tier's experts leave the set: the GPU computes them from VRAM (the device
+    // wave's ids op looked them up before this first claim)
+    if (tier) {
+        tier_keep_host(l);
     }
     l->left.assign(l->experts.begin(), l->experts.end());
     s->layer_batches++;
@@ -748,8 +749,8 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
     }
 }
 
-// A wave op with two sources: the ids and the previous waves' sum it must follow (a later
-// wave), or the ids and the lookahead's guess (a first wave).
+// A wave op with two sources: the ids and what it must follow: the previous waves' sum (a
+// later wave), or the device wave's ids op (a tier graph's first wave without a guess).
 static void smoe_claim_after_op(ggml_tensor * dst, const ggml_tensor * a, const ggml_tensor * after, int ith, int nth, void * userdata) {
     (void) after;
     (void) nth;
@@ -759,6 +760,17 @@ static void smoe_claim_after_op(ggml_tensor * dst, const ggml_tensor * a, const 
 }
 
 static void smoe_claim_guess_op(ggml_tensor * dst, const ggml_tensor * a, const ggml_tensor * guess, int ith, int nth, void * userdata) {
+    (void) nth;
+    if (ith == 0) {
+        claim_wave(dst, a, guess, userdata);
+    }
+}
+
+// A tier graph's first wave with a guess: the ids, the guess, and the device wave's ids op it
+// must follow (its lookups take the tier's experts out of the layer's set).
+static void smoe_claim_guess_tier_op(ggml_tensor * dst, const ggml_tensor * a, const ggml_tensor * guess, const ggml_tensor * tier_ids,
+                                     int ith, int nth, void * userdata) {
+    (void) tier_ids;
     (void) nth;
     if (ith == 0) {
         claim_wave(dst, a, guess, userdata);
@@ -856,14 +868,19 @@ uint32_t llama_smoe_graph_nodes(const llama_smoe * s) {
     return nodes;
 }
 
-ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * second, int il,
-                               int wave, int waves) {
+ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * second,
+                               ggml_tensor * tier_ids, int il, int wave, int waves) {
     GGML_ASSERT(il >= 0 && il < (int) s->layers.size() && wave >= 0 && wave < waves && waves == s->layers[il].waves);
+    GGML_ASSERT((tier_ids != nullptr) == (wave == 0 && s->layers[il].tier_graph));
     layer_claims & l = s->layers[il];
     void * op = l.dev_next     ? (void *) s->dev_ops[il].get()
               : l.tier_graph ? (void *) s->tier_wave_ops[il][wave].get()
                              : (void *) s->wave_ops[il][wave].get();
     l.dev_next = false;
+    if (tier_ids != nullptr) {
+        return second != nullptr ? ggml_map_custom3(ctx, selected_experts, second, tier_ids, smoe_claim_guess_tier_op, 1, op)
+                                 : ggml_map_custom2(ctx, selected_experts, tier_ids, smoe_claim_after_op, 1, op);
+    }
     if (second == nullptr) {
         return ggml_map_custom1(ctx, selected_experts, smoe_claim_op, 1, op);
     }

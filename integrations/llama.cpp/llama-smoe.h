@@ -96,13 +96,15 @@ ggml_tensor * llama_smoe_predict(llama_smoe * s, ggml_context * ctx, ggml_tensor
 // Graph ops, run by one thread. claim: wave `wave` of `waves` of layer il; `second` is, for
 // the first wave, llama_smoe_predict's guess (queued as speculation once the layer's resident
 // experts are claimed; nullptr: none), and for a later wave the previous waves' sum (so it
-// runs once they are computed and released): the first wave hands the batch's working set
+// runs once they are computed and released); `tier_ids`, for the first wave of a layer with
+// a device wave, is llama_smoe_tier_ids (the claim follows its lookups and leaves the
+// experts the tier holds to the GPU), else nullptr: the first wave hands the batch's working set
 // (`selected_experts`, [n_expert_used, n_tokens], I32) to smoe; each wave claims
 // what it can hold (resident experts first) and returns their slot indices (same
 // shape), -1 for pairs of the other waves, for ggml_mul_mat_id. release: returns
 // `experts` unchanged (in place) and releases the wave's claims once it is computed.
-ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * after, int il,
-                               int wave, int waves);
+ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * second,
+                               ggml_tensor * tier_ids, int il, int wave, int waves);
 ggml_tensor * llama_smoe_release(llama_smoe * s, ggml_context * ctx, ggml_tensor * experts, int il, int wave);
 
 // True once a claim failed, or asked for the graph to be built again: graph
@@ -158,11 +160,14 @@ int llama_smoe_last_layer(const llama_smoe * s);
 // on this context's GPU, a decode-sized batch (at most half the layer's experts), and
 // `plain` experts (separate gate, up and down weights, no biases or scales).
 bool llama_smoe_tier_wave(llama_smoe * s, int il, int64_t n_tokens, int64_t n_expert_used, bool plain);
-// The device wave's ids, after `after` (the host waves' sum): each pair's device slot where
-// the tier held its expert when the layer's claim looked it up, else the tier's slot of
-// zeros (a pair the host waves compute adds nothing here).
-ggml_tensor * llama_smoe_tier_ids(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * after,
-                                  int il);
+// The device wave's ids: the op looks the batch's experts up in the tier, and gives each
+// pair its device slot where the tier holds its expert, else the tier's slot of zeros (a
+// pair the host waves compute adds nothing here). It is the layer's first host op, and
+// takes the host waves' inputs from the GPU (`in`, the FFN input, and the lookahead's
+// `guess` or nullptr), so that the host waves, which follow it, wait for nothing on the GPU
+// and compute while the GPU computes the device wave.
+ggml_tensor * llama_smoe_tier_ids(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * in,
+                                  ggml_tensor * guess, int il);
 // The device tier's weight for ring view w: [ne0, ne1, slots + 1] in VRAM.
 ggml_tensor * llama_smoe_tier_weight(llama_smoe * s, ggml_tensor * w);
 
@@ -183,7 +188,8 @@ inline int llama_smoe_waves(llama_smoe *, int, int64_t, int64_t) { return 1; }
 inline uint32_t llama_smoe_graph_nodes(const llama_smoe *) { return 0; }
 inline uint32_t llama_smoe_ubatch(llama_smoe *, uint32_t, uint32_t n_ubatch, bool, bool * raised) { *raised = false; return n_ubatch; }
 inline bool llama_smoe_ubatch_fits(llama_smoe *, uint32_t, uint32_t, size_t, size_t) { return true; }
-inline ggml_tensor * llama_smoe_claim(llama_smoe *, ggml_context *, ggml_tensor * selected_experts, ggml_tensor *, int, int, int) {
+inline ggml_tensor * llama_smoe_claim(llama_smoe *, ggml_context *, ggml_tensor * selected_experts, ggml_tensor *, ggml_tensor *, int,
+                                      int, int) {
     return selected_experts;
 }
 inline ggml_tensor * llama_smoe_release(llama_smoe *, ggml_context *, ggml_tensor * experts, int, int) { return experts; }
@@ -198,7 +204,8 @@ inline bool llama_smoe_on_device(llama_smoe *, ggml_context *, int, ggml_tensor 
 inline ggml_tensor * llama_smoe_staged(llama_smoe *, ggml_tensor * w) { return w; }
 inline int llama_smoe_last_layer(const llama_smoe *) { return -1; }
 inline bool llama_smoe_tier_wave(llama_smoe *, int, int64_t, int64_t, bool) { return false; }
-inline ggml_tensor * llama_smoe_tier_ids(llama_smoe *, ggml_context *, ggml_tensor * selected_experts, ggml_tensor *, int) {
+inline ggml_tensor * llama_smoe_tier_ids(llama_smoe *, ggml_context *, ggml_tensor * selected_experts, ggml_tensor *, ggml_tensor *,
+                                         int) {
     return selected_experts;
 }
 inline ggml_tensor * llama_smoe_tier_weight(llama_smoe *, ggml_tensor * w) { return w; }

@@ -117,7 +117,10 @@ fn completion(
     });
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{name} failed:\n{err}");
-    (String::from_utf8_lossy(&out.stdout).into_owned(), err)
+    // the text, less the newlines printed after it: the tool's logger thread, leaked at exit
+    // (llama.cpp #22142), can lose that last write to stdout while stderr is whole
+    let text = String::from_utf8_lossy(&out.stdout);
+    (text.trim_end_matches('\n').to_owned(), err)
 }
 
 /// The figure before `what` in smoe's device tier line ("N hits", ...).

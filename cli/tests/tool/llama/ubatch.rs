@@ -240,9 +240,11 @@ fn a_dense_draft_model_loads_as_stock() {
         "the MoE model streamed through 8 slots: {err}"
     );
     assert!(!stock.stdout.is_empty());
+    // the text, less the newlines the tool prints after it: its logger thread, leaked at
+    // exit (llama.cpp #22142), can lose that last write to stdout while stderr is whole
     assert_eq!(
-        String::from_utf8_lossy(&streamed.stdout),
-        String::from_utf8_lossy(&stock.stdout),
+        String::from_utf8_lossy(&streamed.stdout).trim_end_matches('\n'),
+        String::from_utf8_lossy(&stock.stdout).trim_end_matches('\n'),
         "{err}"
     );
 }
