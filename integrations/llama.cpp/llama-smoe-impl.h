@@ -490,9 +490,9 @@ struct llama_smoe {
 // tier_admit: the experts a layer computed from the ring that earn a device slot, their
 // claims kept for the copy (the release op of a tier graph), at most an eighth of the ring's
 // slots at a time; tier_flush: the copies, between graphs (and before a graph is built
-// again); tier_budget: SMOE_VRAM in bytes, checked (0: no tier);
+// again); tier_budget: SMOE_VRAM in bytes (a share of dev's free memory), checked (0: no tier);
 // tier_drop: everything, the claims released; tier_report: the statistics line.
-uint64_t tier_budget();
+uint64_t tier_budget(ggml_backend_dev_t dev);
 void tier_make(llama_smoe * s, ggml_backend_t gpu);
 bool tier_lookups(layer_claims * l, const ggml_tensor * ids);
 void tier_keep_host(layer_claims * l);

@@ -15,8 +15,11 @@
 #include "llama-smoe.h"
 #include "llama-smoe-impl.h"
 
-// SMOE_VRAM: bytes, with an optional K, M or G (powers of 1024); 0 or unset: no tier.
-uint64_t tier_budget() {
+// SMOE_VRAM: bytes, with an optional K, M or G (powers of 1024), or N% of the device's free
+// memory when the context is made (the model's GPU weights and the KV cache placed, the
+// compute buffers not yet: below 100 leaves them room); 0 or unset: no tier. Without a
+// device (dev: nullptr, the check at load) a share counts as 0 bytes.
+uint64_t tier_budget(ggml_backend_dev_t dev) {
     const char * v = std::getenv("SMOE_VRAM");
     if (v == nullptr || *v == '\0') {
         return 0;
@@ -24,6 +27,19 @@ uint64_t tier_budget() {
     char * end = nullptr;
     errno = 0;
     const unsigned long long x = std::strtoull(v, &end, 10);
+    const bool digits = std::isdigit((unsigned char) v[0]) && errno == 0;
+    if (digits && end[0] == '%' && end[1] == '\0') {
+        if (x < 1 || x > 100) {
+            throw std::runtime_error(std::string("smoe: SMOE_VRAM=") + v + " is not a share from 1% to 100% of the GPU's free memory");
+        }
+        if (dev == nullptr) {
+            return 0;
+        }
+        size_t free = 0;
+        size_t total = 0;
+        ggml_backend_dev_memory(dev, &free, &total);
+        return (uint64_t) free / 100 * x;
+    }
     uint64_t unit = 1;
     if (*end == 'K' || *end == 'k') {
         unit = 1ull << 10;
@@ -35,8 +51,9 @@ uint64_t tier_budget() {
     if (unit != 1) {
         end++;
     }
-    if (!std::isdigit((unsigned char) v[0]) || *end != '\0' || errno != 0 || x > (UINT64_MAX >> 30)) {
-        throw std::runtime_error(std::string("smoe: SMOE_VRAM=") + v + " is not a size in bytes (a number, optionally K, M or G)");
+    if (!digits || *end != '\0' || x > (UINT64_MAX >> 30)) {
+        throw std::runtime_error(std::string("smoe: SMOE_VRAM=") + v +
+                                 " is not a size in bytes (a number, optionally K, M or G) nor a share of the GPU's free memory (N%)");
     }
     return (uint64_t) x * unit;
 }
@@ -53,7 +70,7 @@ void tier_make(llama_smoe * s, ggml_backend_t gpu) {
         s->tier_on = s->tier_gpu != nullptr && gpu == s->tier_gpu;
         return;
     }
-    const uint64_t budget = tier_budget();
+    const uint64_t budget = tier_budget(dev);
     if (budget == 0) {
         return;
     }
@@ -93,8 +110,8 @@ void tier_make(llama_smoe * s, ggml_backend_t gpu) {
     const uint64_t fit = budget / expert_bytes;  // slots, the one of zeros among them
     const uint64_t slots = std::min<uint64_t>(fit > 0 ? fit - 1 : 0, s->entries);
     if (slots == 0) {
-        fprintf(stderr, "smoe: no device tier: SMOE_VRAM=%llu bytes holds no expert beside the slot of zeros (%llu bytes each)\n",
-                (unsigned long long) budget, (unsigned long long) expert_bytes);
+        fprintf(stderr, "smoe: no device tier: SMOE_VRAM=%s (%llu bytes) holds no expert beside the slot of zeros (%llu bytes each)\n",
+                std::getenv("SMOE_VRAM"), (unsigned long long) budget, (unsigned long long) expert_bytes);
         return;
     }
     ggml_init_params params = {ggml_tensor_overhead() * (roles.size() + 1), nullptr, true};
@@ -143,10 +160,10 @@ void tier_make(llama_smoe * s, ggml_backend_t gpu) {
         s->tier_ops.push_back(std::make_unique<wave_op>(wave_op{&l, 0, false, true}));
     }
     s->tier_wave_ops.resize(s->layers.size());
-    fprintf(stderr, "smoe: device tier on %s: %u slots of %.2f MiB (%.1f MiB of SMOE_VRAM=%llu), %.1f%% of the experts; "
+    fprintf(stderr, "smoe: device tier on %s: %u slots of %.2f MiB (%.1f MiB of SMOE_VRAM=%s, %llu bytes), %.1f%% of the experts; "
                     "decode computes the experts it holds there\n",
             ggml_backend_dev_name(dev), (unsigned) slots, expert_bytes / 1048576.0, (double) (slots + 1) * expert_bytes / 1048576.0,
-            (unsigned long long) budget, 100.0 * (double) slots / (double) std::max<uint64_t>(1, s->entries));
+            std::getenv("SMOE_VRAM"), (unsigned long long) budget, 100.0 * (double) slots / (double) std::max<uint64_t>(1, s->entries));
 }
 
 bool tier_lookups(layer_claims * l, const ggml_tensor * ids) {

@@ -126,7 +126,7 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, uint32_t n_expert, const char
     // (SMOE_OP_OFFLOAD without a GPU): checked here, so that any bad value stops the load
     (void) env_u32("SMOE_UBATCH", 0, UINT32_MAX);
     (void) env_u32("SMOE_OP_OFFLOAD", 1, 1);
-    (void) tier_budget();  // SMOE_VRAM, used when a GPU context is made
+    (void) tier_budget(nullptr);  // SMOE_VRAM, used when a GPU context is made
     if (std::getenv("SMOE_SPECULATE") != nullptr && *std::getenv("SMOE_SPECULATE") != '\0') {
         throw std::runtime_error("smoe: SMOE_SPECULATE is gone (its guess, the same expert ids one layer on, "
                                  "held for no real model); SMOE_LAYER_AHEAD=N sets how many layers prefill reads ahead");

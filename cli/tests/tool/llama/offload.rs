@@ -204,7 +204,7 @@ fn a_device_tier_through_an_rpc_device_keeps_stock_text() {
         (
             "too small",
             Some("10000"),
-            Some("smoe: no device tier: SMOE_VRAM=10000 bytes holds no expert"),
+            Some("smoe: no device tier: SMOE_VRAM=10000 (10000 bytes) holds no expert"),
         ),
     ] {
         let mut env = vec![("SMOE", "1")];
@@ -216,6 +216,14 @@ fn a_device_tier_through_an_rpc_device_keeps_stock_text() {
             assert!(err.contains(says), "{name}: {err}");
         }
     }
+    // a share of the device's free memory (the RPC server's: this machine's, room for every
+    // expert): a tier of all 32 experts, said with the share, the text stock's
+    let (shared, err) = complete("share", &[], &[("SMOE", "1"), ("SMOE_VRAM", "50%")]);
+    assert_eq!(shared, stock, "a tier from a share\n{err}");
+    assert!(
+        err.contains("smoe: device tier on RPC0: 32 slots of") && err.contains("of SMOE_VRAM=50%, "),
+        "{err}"
+    );
     // a ring of 3 slots, less than a token's 4 experts, and a tier that could take every
     // expert: the claims kept for the tier's copies (an eighth of the ring at most) leave
     // the later layers room, and the text holds (two layers are too few to show the ring
@@ -247,6 +255,21 @@ fn a_device_tier_through_an_rpc_device_keeps_stock_text() {
         "{}",
         bad.stderr()
     );
+    for share in ["0%", "101%", "5%%"] {
+        let bad = run(
+            &s.bin,
+            &s.gguf,
+            s.tmp.path(),
+            "bad share",
+            &[("SMOE", "1"), ("SMOE_VRAM", share)],
+        );
+        assert!(!bad.out.status.success(), "{share}: {}", bad.stderr());
+        assert!(
+            bad.stderr().contains(&format!("SMOE_VRAM={share} is not")),
+            "{share}: {}",
+            bad.stderr()
+        );
+    }
 }
 
 /// Op offload of a big batch's experts (issue 37), checked without a GPU:
