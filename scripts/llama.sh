@@ -18,6 +18,10 @@
 #                               it must be stock llama.cpp
 #   scripts/llama.sh path       prints the first one's path (exit 1 if it is
 #                               not built)
+#   scripts/llama.sh current    exit 0 if the first one is built from this
+#                               checkout's patch and glue, else says why and
+#                               exits 1 (the tests ask, so that they never
+#                               run a build of other sources)
 #   scripts/llama.sh build --cuda
 #                               the first with GGML_CUDA=ON for the local
 #                               GPU's architecture only (CUDA_ARCH, default:
@@ -72,7 +76,7 @@ die() {
 BIN="$DIR/build/bin/llama-simple"
 
 usage() {
-  echo "usage: scripts/llama.sh build [--cuda]|build-off|path" >&2
+  echo "usage: scripts/llama.sh build [--cuda]|build-off|path|current" >&2
   exit 2
 }
 
@@ -234,11 +238,29 @@ install_smoe() {
     die "scripts/install.sh $DIR/smoe failed"
 }
 
+# The sources a build is made from, as the build's stamp holds them: the patch's
+# and each glue file's sha256.
+source_stamp() { (cd "$INTEGRATION" && sha256sum "$(basename "$PATCH")" "${GLUE[@]}"); }
+SOURCE_STAMP=smoe-source
+
 build() {
   prepare_tree
   install_smoe
-  configure_and_build "$DIR/build" "llama-simple llama-cli llama-server llama-bench llama-completion llama-speculative ggml-rpc-server" \
-    -DLLAMA_SMOE=ON -Dsmoe_DIR="$DIR/smoe/lib/cmake/smoe" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DGGML_RPC=ON
+  local bin
+  bin="$(configure_and_build "$DIR/build" "llama-simple llama-cli llama-server llama-bench llama-completion llama-speculative ggml-rpc-server" \
+    -DLLAMA_SMOE=ON -Dsmoe_DIR="$DIR/smoe/lib/cmake/smoe" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DGGML_RPC=ON)"
+  source_stamp >"$DIR/build/$SOURCE_STAMP"
+  echo "$bin"
+}
+
+current() {
+  [ -x "$BIN" ] || die "$BIN is not built: run scripts/llama.sh build"
+  [ -f "$DIR/build/$SOURCE_STAMP" ] ||
+    die "$DIR/build has no $SOURCE_STAMP (built before builds were stamped): run scripts/llama.sh build"
+  local differ
+  differ="$(source_stamp | { diff "$DIR/build/$SOURCE_STAMP" - || true; } | sed -n 's/^> [0-9a-f]*  //p' | tr '\n' ' ')"
+  [ -z "$differ" ] ||
+    die "$DIR/build was built from another ${differ% } than this checkout's: run scripts/llama.sh build"
 }
 
 # The CUDA build: one architecture, no FlashAttention kernels (the longest
@@ -275,5 +297,6 @@ case "${1:-} ${2:-}" in
     [ -x "$BIN" ] || die "$BIN is not built: run scripts/llama.sh build"
     echo "$BIN"
     ;;
+  "current ") current ;;
   *) usage ;;
 esac

@@ -15,9 +15,9 @@
 #include "llama-smoe.h"
 #include "llama-smoe-impl.h"
 
-// SMOE_VRAM: bytes, with an optional K, M or G (powers of 1024), or N% of the device's free
-// memory when the context is made (the model's GPU weights and the KV cache placed, the
-// compute buffers not yet: below 100 leaves them room); 0 or unset: no tier. Without a
+// SMOE_VRAM: bytes, with an optional K, M or G (powers of 1024), or N% (1 to 90) of the
+// device's free memory when the context is made (the model's GPU weights and the KV cache
+// placed, the compute buffers not yet: the rest leaves them room); 0 or unset: no tier. Without a
 // device (dev: nullptr, the check at load) a share counts as 0 bytes.
 uint64_t tier_budget(ggml_backend_dev_t dev) {
     const char * v = std::getenv("SMOE_VRAM");
@@ -29,8 +29,10 @@ uint64_t tier_budget(ggml_backend_dev_t dev) {
     const unsigned long long x = std::strtoull(v, &end, 10);
     const bool digits = std::isdigit((unsigned char) v[0]) && errno == 0;
     if (digits && end[0] == '%' && end[1] == '\0') {
-        if (x < 1 || x > 100) {
-            throw std::runtime_error(std::string("smoe: SMOE_VRAM=") + v + " is not a share from 1% to 100% of the GPU's free memory");
+        if (x < 1 || x > 90) {
+            throw std::runtime_error(std::string("smoe: SMOE_VRAM=") + v +
+                                     " is not a share from 1% to 90% of the GPU's free memory (the rest is for llama.cpp's "
+                                     "compute buffers and the CUDA runtime's, made after the tier)");
         }
         if (dev == nullptr) {
             return 0;

@@ -58,17 +58,29 @@ fn llama_dir() -> PathBuf {
 }
 
 /// The patched llama-simple, or None (after saying why, or failing under
-/// CI) when it is not built.
+/// CI) when it is not built, or built from another patch or glue than this
+/// checkout's (`scripts/llama.sh current` says: a test never runs a stale
+/// build).
 fn llama_simple() -> Option<PathBuf> {
     let bin = llama_dir().join("build/bin/llama-simple");
-    if bin.is_file() {
-        return Some(bin);
+    if !bin.is_file() {
+        smoe_test_support::skip_or_fail(&format!(
+            "{} is not built: run scripts/llama.sh build (SMOE_LLAMA_DIR picks the cache)",
+            bin.display()
+        ));
+        return None;
     }
-    smoe_test_support::skip_or_fail(&format!(
-        "{} is not built: run scripts/llama.sh build (SMOE_LLAMA_DIR picks the cache)",
-        bin.display()
-    ));
-    None
+    let current = Command::new("bash")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/llama.sh"))
+        .arg("current")
+        .env("SMOE_LLAMA_DIR", llama_dir())
+        .output()
+        .unwrap();
+    if !current.status.success() {
+        smoe_test_support::skip_or_fail(String::from_utf8_lossy(&current.stderr).trim());
+        return None;
+    }
+    Some(bin)
 }
 
 /// `smoe pack GGUF DIR/vault`, which must succeed.
