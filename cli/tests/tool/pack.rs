@@ -250,7 +250,10 @@ fn force_refuses(src: &Path, out_dir: &Path, root: &Path, needle: &str) {
 fn force_never_replaces_user_files() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let model = fixtures().join("qwen3moe-q8_0.gguf");
+    // copies of the fixtures: a hard link to a committed fixture would move its ctime, which
+    // a test reading it in place at the same time takes for a rewrite (and fails its reads)
+    let model = root.join("qwen3moe-q8_0.gguf");
+    std::fs::copy(fixtures().join("qwen3moe-q8_0.gguf"), &model).unwrap();
 
     // The case: a vault, the model and notes in one directory.
     let v = root.join("v");
@@ -281,7 +284,12 @@ fn force_never_replaces_user_files() {
     std::fs::remove_file(v.join("scout.link")).unwrap();
 
     // Another part of a split GGUF, another shard of a safetensors model.
-    let split = fixtures().join("qwen3moe-q8_0-split");
+    let split = root.join("split");
+    std::fs::create_dir(&split).unwrap();
+    for e in std::fs::read_dir(fixtures().join("qwen3moe-q8_0-split")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), split.join(e.file_name())).unwrap();
+    }
     let part = |i: u32| split.join(format!("qwen3moe-q8_0-split-{i:05}-of-00004.gguf"));
     std::fs::hard_link(part(2), v.join("scout.gguf.part2")).unwrap();
     force_refuses(
