@@ -221,7 +221,8 @@ fn a_device_tier_through_an_rpc_device_keeps_stock_text() {
     let (shared, err) = complete("share", &[], &[("SMOE", "1"), ("SMOE_VRAM", "50%")]);
     assert_eq!(shared, stock, "a tier from a share\n{err}");
     assert!(
-        err.contains("smoe: device tier on RPC0: 32 slots of") && err.contains("of SMOE_VRAM=50%, "),
+        err.contains("smoe: device tier on RPC0: 32 slots of")
+            && err.contains("of SMOE_VRAM=50%, "),
         "{err}"
     );
     // a ring of 3 slots, less than a token's 4 experts, and a tier that could take every
