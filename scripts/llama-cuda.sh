@@ -130,6 +130,19 @@ can_cap() {
   rmdir "$probe" 2>/dev/null || true
   return $ok
 }
+# new_cgroup NAME MIB: a memory cgroup of MIB MiB (no swap), made after the page cache
+# is dropped and smoe's cache emptied; prints its path. Run a command in it with
+# `bash -c 'echo $$ >"$1/cgroup.procs"; shift; exec "$@"' _ PATH COMMAND...`.
+new_cgroup() {
+  local cg="/sys/fs/cgroup/smoe-llama-cuda.$$.$1"
+  mkdir "$cg"
+  echo $(($2 << 20)) >"$cg/memory.max"
+  echo 0 >"$cg/memory.swap.max" 2>/dev/null || true
+  sync
+  echo 3 >/proc/sys/vm/drop_caches
+  rm -rf "$WORK/cache"
+  echo "$cg"
+}
 status=0
 if [ "$MODE" = tier ]; then
   SMOE_TOOL="${SMOE_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/smoe}"
@@ -190,14 +203,9 @@ if [ "$MODE" = tier ]; then
         model_mib=$(($(stat -c %s "$model") >> 20))
         cap="${CAP_MIB:-$((model_mib * 10 / 25))}"
         capped_tg() { # OUT ENV...
-          local out=$1 cg="/sys/fs/cgroup/smoe-llama-cuda.$$.tier"
+          local out=$1 cg
           shift
-          mkdir "$cg"
-          echo $((cap << 20)) >"$cg/memory.max"
-          echo 0 >"$cg/memory.swap.max" 2>/dev/null || true
-          sync
-          echo 3 >/proc/sys/vm/drop_caches
-          rm -rf "$WORK/cache"
+          cg=$(new_cgroup tier "$cap")
           run_tg "$out" "" bash -c 'echo $$ >"$1/cgroup.procs"; shift; exec env "$@"' _ "$cg" "$@"
           say "$(basename "$out") under $cap MiB: peak $(($(cat "$cg/memory.peak" 2>/dev/null || echo 0) >> 20)) MiB"
           rmdir "$cg" 2>/dev/null || true
@@ -299,13 +307,7 @@ if can_cap; then
   complete "$WORK/capped-stock-ub" "$BIN/llama-completion" "${common[@]}" --cpu-moe -ub 2048 || status=1
   for ((r = 1; r <= CAPPED_ROUNDS; r++)); do
     for run in stock smoe; do
-      cg="/sys/fs/cgroup/smoe-llama-cuda.$$.$run.$r"
-      mkdir "$cg"
-      echo $((cap << 20)) >"$cg/memory.max"
-      echo 0 >"$cg/memory.swap.max" 2>/dev/null || true
-      sync
-      echo 3 >/proc/sys/vm/drop_caches
-      rm -rf "$WORK/cache"
+      cg=$(new_cgroup "$run.$r" "$cap")
       if [ "$run" = stock ]; then
         args=("$BIN/llama-completion" "${common[@]}" --cpu-moe)
       else
