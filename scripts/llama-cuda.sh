@@ -47,7 +47,8 @@
 # smoe tool; default target/release/smoe), BROAD_BIN (the model generator;
 # default: built with cargo), SMOE_LLAMA_CUDA_DIR (default target/llama-cuda), N_PREDICT
 # (default 32), LAYERS (24), EXPERTS (64), ROUNDS (2), CAP_MIB, N_CAPPED (8),
-# CAPPED_ROUNDS (1), TIER_SHARE (25), TIER_N (128).
+# CAPPED_ROUNDS (1), TIER_SHARE (25), TIER_N (128), TIER_MODELS (the tier's models: "broad
+# mixtral", the default, or either), TIER_CAPPED (0: no capped tier runs).
 set -euo pipefail
 MODE="${1:-all}"
 case "$MODE" in all | tier) ;; *) echo "usage: scripts/llama-cuda.sh [all|tier]" >&2; exit 2 ;; esac
@@ -91,7 +92,7 @@ make_model() {
     --vocab "$ROOT/tests/fixtures/models/qwen3moe-q8_0.gguf" >&2 || die "$BROAD_BIN failed"
 }
 broad="$WORK/broad-${LAYERS}x${EXPERTS}.gguf"
-make_model "$broad" 1
+[ "$MODE" = tier ] || make_model "$broad" 1
 
 # pp_tg LOG: prompt tokens/s and decode tokens/s of llama's perf print.
 pp_tg() {
@@ -151,23 +152,32 @@ if [ "$MODE" = tier ]; then
   tier_n="${TIER_N:-128}"
   [[ "$share" =~ ^[1-9][0-9]?$ ]] || die "TIER_SHARE must be a percentage from 1 to 99, not '$share'"
   mixtral_like="$WORK/broad-${LAYERS}x${EXPERTS}-move0.3.gguf"
-  make_model "$mixtral_like" 0.3
   # tg LOG.csv: llama-bench's decode tokens/s
   tg() {
     awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) { gsub(/"/, "", $i); col[$i] = i } next }
              { gsub(/"/, ""); if ($col["n_gen"] > 0) tg = $col["avg_ts"] } END { printf "%.2f", tg }' "$1"
   }
   # tier_hits LOG: the tier's hit rate from its statistics line
-  tier_hits() { sed -n 's/^smoe: device tier: .* lookups, [0-9]* hits (\([0-9.]*%\)).*/\1/p' "$1" | tail -n 1; }
+  tier_hits() { sed -n 's/^smoe: device tier: .* lookups, [0-9]* hits (\([0-9.]*%\)[;)].*/\1/p' "$1" | tail -n 1; }
   trows=""
   crows=""
   capped=0
-  if can_cap; then
+  if [ "${TIER_CAPPED:-1}" = 0 ]; then
+    say "skipping the capped runs (TIER_CAPPED=0)"
+  elif can_cap; then
     capped=1
   else
     say "skipping the capped runs: they need root and a writable cgroup v2 hierarchy with its memory controller"
   fi
-  for model in "$broad" "$mixtral_like"; do
+  models=()
+  for m in ${TIER_MODELS:-broad mixtral}; do
+    case "$m" in
+      broad) make_model "$broad" 1 && models+=("$broad") ;;
+      mixtral) make_model "$mixtral_like" 0.3 && models+=("$mixtral_like") ;;
+      *) die "TIER_MODELS names broad and mixtral, not '$m'" ;;
+    esac
+  done
+  for model in "${models[@]}"; do
     name="$(basename "$model" .gguf)"
     inspect=$("$SMOE_TOOL" inspect "$model") || die "smoe inspect $model failed"
     bytes=$(awk '/^expert bytes/ { print $3 }' <<<"$inspect")

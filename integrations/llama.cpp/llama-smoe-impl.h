@@ -101,7 +101,7 @@ struct layer_claims {
     // device tier (llama-smoe-tier.cpp): the graph being built has a device wave for this
     // layer (its ops carry that into the run: wave_op::tier), and for the batch in progress
     // each expert's device slot (-1: not in the batch; -2: computed from the ring), set by
-    // the device wave's ids op, which runs before the layer's first claim
+    // the layer's first claim from the map's host copy (tier_lookups)
     bool tier_graph = false;
     std::vector<int32_t> tier_slot_of;
 };
@@ -268,11 +268,40 @@ struct llama_smoe {
         uint32_t device_slot;
         int il;
         smoe_slot claim;              // the ring slot copied from, held until the copy
+        int32_t evicted_layer, evicted_expert;  // what the slot held (-1: nothing)
+        uint64_t bytes = 0;           // copied (once issued)
     };
-    std::vector<tier_copy> tier_pending;
-    std::vector<std::unique_ptr<wave_op>> tier_ops;  // per layer: its device wave's ids op
+    std::vector<tier_copy> tier_pending;   // admitted by the graph in progress or the last one
+    std::vector<tier_copy> tier_inflight;  // copies issued, on tier_copier's stream
+    ggml_backend_t tier_copier = nullptr;  // the device's second backend: the copies' stream
+    // the map: each layer's experts' device slots (K, the slot of zeros: not held), in VRAM
+    // for the device wave's ids, and its host copy for the host's share; both change between
+    // graphs only (tier_flush), so a graph reads one map
+    ggml_tensor * tier_map = nullptr;
+    std::vector<int32_t> tier_snap;
+    uint32_t tier_width = 0;          // the map's row: the widest layer's experts
+    uint64_t tier_device_uses = 0;    // uses the device wave computed (the map said held)
     std::vector<std::vector<std::unique_ptr<wave_op>>> tier_wave_ops;  // per layer, per wave: wave_ops' tier twins
     uint64_t tier_copy_ns = 0;        // time the copies took, between graphs
+    // SMOE_PROFILE=1: where a one-token ubatch's time goes, layer by layer, on the host's
+    // clock: from a layer's last host op to the next layer's first (the GPU's part: the
+    // layer's rest, the next one's attention, router and device wave, the copies across),
+    // and the host waves (claims, matmuls, release)
+    bool profile = false;
+    uint64_t pf_layers = 0, pf_gpu_ns = 0, pf_host_ns = 0, pf_gaps = 0;
+    bool pf_open = false;  // a layer's host waves began and have not ended
+    std::chrono::steady_clock::time_point pf_host_t0, pf_release_t1;
+    int pf_last_il = -1;   // the layer whose host waves ended last (-1: none in this ubatch)
+    // a one-token ubatch's layer il begins its host part (its first host op) at t
+    void pf_begin(int il, std::chrono::steady_clock::time_point t) {
+        if (il <= pf_last_il) {
+            pf_last_il = -1;  // a new ubatch
+        }
+        if (pf_last_il >= 0 && il == pf_last_il + 1) {
+            pf_gpu_ns += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(t - pf_release_t1).count();
+            pf_gaps++;
+        }
+    }
 
     bool stopped() const { return failed || rebuild_pending; }
 
@@ -485,19 +514,21 @@ struct llama_smoe {
 
 // The device tier (llama-smoe-tier.cpp). tier_make: the pool on `gpu` and the library's
 // tier, from SMOE_VRAM (a message and no tier when it cannot be made); tier_lookups: a
-// decode batch's experts looked up (the device wave's ids op), each one's device slot in
-// tier_slot_of; tier_keep_host: the layer's set less the experts the tier holds (start_batch);
+// decode batch's experts looked up (counted for admission; the first claim), each one's
+// device slot from the map's host copy in tier_slot_of; tier_keep_host: the layer's set less the experts the tier holds (start_batch);
 // tier_admit: the experts a layer computed from the ring that earn a device slot, their
 // claims kept for the copy (the release op of a tier graph), at most an eighth of the ring's
-// slots at a time; tier_flush: the copies, between graphs (and before a graph is built
-// again); tier_budget: SMOE_VRAM in bytes (a share of dev's free memory), checked (0: no tier);
+// slots at a time; tier_flush: between graphs, the copies issued one flush ago completed
+// (their experts join the map) and the last graph's admissions copied on the copier's
+// stream, which the next graph does not wait for (`all`: a graph built again, a context
+// freed: those completed too); tier_budget: SMOE_VRAM in bytes (a share of dev's free memory), checked (0: no tier);
 // tier_drop: everything, the claims released; tier_report: the statistics line.
 uint64_t tier_budget(ggml_backend_dev_t dev);
 void tier_make(llama_smoe * s, ggml_backend_t gpu);
-bool tier_lookups(layer_claims * l, const ggml_tensor * ids);
+bool tier_lookups(layer_claims * l);
 void tier_keep_host(layer_claims * l);
 void tier_admit(layer_claims * l);
-void tier_flush(llama_smoe * s);
+void tier_flush(llama_smoe * s, bool all);
 void tier_drop(llama_smoe * s);
 void tier_report(const llama_smoe * s);
 

@@ -165,7 +165,7 @@ void llama_smoe_context_free(llama_smoe * s, ggml_backend_t * backends, size_t n
             s->gpu = nullptr;
         }
         if (backends[i] == s->tier_gpu) {
-            tier_flush(s);  // its copies, while its backend lives
+            tier_flush(s, true);  // its copies, while its backend lives
             s->tier_gpu = nullptr;
             s->tier_on = false;
         }

@@ -3,15 +3,19 @@
 // before. The rule (which expert takes which slot, when a slot may be overwritten) is the
 // library's smoe_tier; this file holds the pool, the graph's device wave and the copies.
 //
-// A decoded token, layer by layer: the device wave's ids op, the layer's first host op, looks
-// each of the batch's experts up (tier_lookups): one the tier holds is computed by the device
-// wave (its matmuls over the pool, on the GPU, while the CPU computes the host waves) and
-// leaves the layer's set (no claim, no read); the others are claimed and computed from the
-// ring in the host waves, and a pair of the other kind is a slot of zeros in the device
-// wave, and no slot (-1) in the host waves: each pair's result is added once. When the host waves release their claims, the experts the tier admits keep
-// theirs (tier_admit); when the next ubatch begins, once the GPU is done with the last graph,
-// their bytes are copied from their ring slots into their device slots and the claims
-// released (tier_flush). A budget of 0 (SMOE_VRAM unset) builds no tier: today's path.
+// A decoded token, layer by layer: the device wave's ids are the layer's row of the tier's
+// map (expert -> device slot, the slot of zeros for an expert the tier does not hold), a
+// tensor in VRAM that the GPU reads with the router's ids (get_rows), so that the device wave
+// is computed in the GPU's split with the router, and the layer goes to the CPU and back
+// once, as without the tier. The layer's first claim (on the CPU) reads the map's host copy:
+// an expert it holds leaves the layer's set (no claim, no read), and each of the batch's
+// experts is looked up in the rule (counted, for admission). A pair the host computes is the
+// slot of zeros in the device wave and a pair the GPU computes is no slot (-1) in the host
+// waves: each pair's result is added once. When the host waves release their claims, the
+// experts the rule admits keep theirs (tier_admit); when the next ubatch begins, once the GPU
+// is done with the last graph, their bytes are copied from their ring slots into their device
+// slots, the claims released, and the map (both copies) changed: a graph reads one map from
+// its first layer to its last. A budget of 0 (SMOE_VRAM unset) builds no tier: today's path.
 #include "llama-smoe.h"
 #include "llama-smoe-impl.h"
 
@@ -116,7 +120,7 @@ void tier_make(llama_smoe * s, ggml_backend_t gpu) {
                 std::getenv("SMOE_VRAM"), (unsigned long long) budget, (unsigned long long) expert_bytes);
         return;
     }
-    ggml_init_params params = {ggml_tensor_overhead() * (roles.size() + 1), nullptr, true};
+    ggml_init_params params = {ggml_tensor_overhead() * (roles.size() + 2), nullptr, true};
     s->tier_ctx = ggml_init(params);
     if (s->tier_ctx == nullptr) {
         throw std::runtime_error("smoe: cannot make the device tier's context");
@@ -125,6 +129,11 @@ void tier_make(llama_smoe * s, ggml_backend_t gpu) {
         r.pool = ggml_new_tensor_3d(s->tier_ctx, r.type, r.ne0, r.ne1, (int64_t) slots + 1);
         ggml_format_name(r.pool, "smoe tier %s", role.c_str());
     }
+    // the map: [experts of the widest layer, layers], each expert's device slot, or the
+    // slot of zeros (K) for one the tier does not hold
+    const uint32_t width = std::max<uint32_t>(1, s->max_experts);
+    s->tier_map = ggml_new_tensor_2d(s->tier_ctx, GGML_TYPE_I32, width, (int64_t) s->layers.size());
+    ggml_set_name(s->tier_map, "smoe tier map");
     s->tier_buf = ggml_backend_alloc_ctx_tensors_from_buft(s->tier_ctx, ggml_backend_dev_buffer_type(dev));
     if (s->tier_buf == nullptr) {
         fprintf(stderr, "smoe: no device tier: %s could not allocate %.1f MiB (SMOE_VRAM)\n", ggml_backend_dev_name(dev),
@@ -150,16 +159,18 @@ void tier_make(llama_smoe * s, ggml_backend_t gpu) {
         return;
     }
     s->tier_slots = (uint32_t) slots;
+    s->tier_width = width;
+    s->tier_snap.assign((size_t) width * s->layers.size(), (int32_t) slots);
+    ggml_backend_tensor_set(s->tier_map, s->tier_snap.data(), 0, s->tier_snap.size() * sizeof(int32_t));
     s->tier_expert_bytes = expert_bytes;
+    // the copies' own backend on the device: its own stream (CUDA), so that they overlap the
+    // next graph; without one, each copy waits for the device
+    s->tier_copier = ggml_backend_dev_init(dev, nullptr);
     s->tier_dev = dev;
     s->tier_gpu = gpu;
     s->tier_on = true;
     for (auto & l : s->layers) {
         l.tier_slot_of.assign(l.n_expert, -1);
-    }
-    s->tier_ops.clear();
-    for (auto & l : s->layers) {
-        s->tier_ops.push_back(std::make_unique<wave_op>(wave_op{&l, 0, false, true}));
     }
     s->tier_wave_ops.resize(s->layers.size());
     fprintf(stderr, "smoe: device tier on %s: %u slots of %.2f MiB (%.1f MiB of SMOE_VRAM=%s, %llu bytes), %.1f%% of the experts; "
@@ -168,28 +179,32 @@ void tier_make(llama_smoe * s, ggml_backend_t gpu) {
             std::getenv("SMOE_VRAM"), (unsigned long long) budget, 100.0 * (double) slots / (double) std::max<uint64_t>(1, s->entries));
 }
 
-bool tier_lookups(layer_claims * l, const ggml_tensor * ids) {
+bool tier_lookups(layer_claims * l) {
     llama_smoe * s = l->s;
     std::fill(l->tier_slot_of.begin(), l->tier_slot_of.end(), -1);
-    if (s->tier == nullptr || s->tier_gpu == nullptr || s->stopped()) {
-        return true;  // (a graph with a device wave whose context is gone: its wave adds zeros)
+    if (s->stopped()) {
+        return false;
     }
-    // each of the batch's experts once (a lookup counts a use); ids out of range are left to
-    // the first claim, which refuses them
-    for (int64_t t = 0; t < ids->ne[1]; t++) {
-        for (int64_t i = 0; i < ids->ne[0]; i++) {
-            const int32_t e = *(const int32_t *) ((const char *) ids->data + i * ids->nb[0] + t * ids->nb[1]);
-            if (e < 0 || (uint32_t) e >= l->n_expert || l->tier_slot_of[e] != -1) {
-                continue;
-            }
+    if (s->tier == nullptr || s->tier_snap.empty()) {
+        return true;
+    }
+    const int32_t * snap = s->tier_snap.data() + (size_t) l->il * s->tier_width;
+    for (const uint32_t e : l->experts) {
+        // the map the GPU reads decides where the pair is computed; a lookup counts the use
+        // for admission (the two differ only for an expert whose slot the rule gave to another
+        // in this ubatch: its bytes stay until the copy, after the graph). Once the context
+        // that uses the tier is gone, nothing more is counted or admitted.
+        if (s->tier_gpu != nullptr) {
             int32_t slot = -1;
-            const smoe_status r = smoe_tier_lookup(s->tier, (uint32_t) l->il, (uint32_t) e, &slot);
+            const smoe_status r = smoe_tier_lookup(s->tier, (uint32_t) l->il, e, &slot);
             if (r != SMOE_OK) {
                 s->fail(smoe_error("smoe_tier_lookup", r) + " (layer " + std::to_string(l->il) + ")");
                 return false;
             }
-            l->tier_slot_of[e] = slot >= 0 ? slot : -2;  // held: computed on the GPU
         }
+        const bool device = e < s->tier_width && snap[e] != (int32_t) s->tier_slots;
+        l->tier_slot_of[e] = device ? snap[e] : -2;
+        s->tier_device_uses += device ? 1 : 0;
     }
     return true;
 }
@@ -210,20 +225,21 @@ void tier_admit(layer_claims * l) {
     if (s->tier == nullptr || s->tier_gpu == nullptr || s->stopped()) {
         return;
     }
-    // the claims kept for copies hold ring slots until the next ubatch: at most an eighth of
-    // the ring, so that the layers after this one keep their room (the tier fills over tokens)
+    // the claims kept for copies hold ring slots until their copy is done (one ubatch after
+    // the next begins): at most an eighth of the ring, so that the layers after this one keep
+    // their room (the tier fills over tokens)
     const size_t most = std::max<size_t>(1, s->slots / 8);
     size_t kept = 0;
     for (size_t i = 0; i < l->held.size(); i++) {
         const smoe_slot & claim = l->held[i];
-        if (s->tier_pending.size() >= most) {
+        if (s->tier_pending.size() + s->tier_inflight.size() >= most) {
             l->held[kept++] = claim;
             continue;
         }
         smoe_tier_promotion p = {-1, -1, -1};
         const smoe_status r = smoe_tier_admit(s->tier, (uint32_t) l->il, claim.expert, &p);
         if (r == SMOE_OK && p.slot >= 0) {
-            s->tier_pending.push_back({(uint32_t) p.slot, l->il, claim});  // the claim kept for the copy
+            s->tier_pending.push_back({(uint32_t) p.slot, l->il, claim, p.evicted_layer, p.evicted_expert});  // the claim kept for the copy
         } else {
             if (r != SMOE_OK) {
                 fprintf(stderr, "%s\n", smoe_error("smoe_tier_admit", r).c_str());
@@ -234,53 +250,108 @@ void tier_admit(layer_claims * l) {
     l->held.resize(kept);
 }
 
-void tier_flush(llama_smoe * s) {
-    if (s->tier == nullptr) {
-        return;
+// The copies issued at the last flush are done (waited for when `wait`, else only if done):
+// their experts ready, in the map's host copy, their claims released. True if any was.
+static bool tier_complete(llama_smoe * s) {
+    if (s->tier_inflight.empty()) {
+        return false;
     }
-    if (!s->tier_pending.empty() && s->tier_gpu != nullptr) {
-        // the last graph is done with its device slots (a victim may be one an earlier graph
-        // read: holds end at step_done, whether or not the GPU is past that graph) and with
-        // the ring slots the copies read
-        ggml_backend_synchronize(s->tier_gpu);
+    if (s->tier_copier != nullptr) {
+        ggml_backend_synchronize(s->tier_copier);
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    for (const auto & c : s->tier_pending) {
-        if (s->tier_gpu == nullptr) {
-            smoe_tier_failed(s->tier, c.device_slot);  // its context is gone: no copy
-            smoe_release(s->st, &c.claim);
-            continue;
-        }
-        uint64_t bytes = 0;
-        const uint8_t * slot = s->base + (uint64_t) c.claim.slot_index * s->slot_bytes;
-        for (const ggml_tensor * v : s->tier_views[c.il]) {
-            ggml_tensor * pool = s->tier_pool_of.at(v);
-            const uint64_t offset = (uint64_t) ((const uint8_t *) v->data - s->base);
-            const size_t n = pool->nb[2];
-            ggml_backend_tensor_set(pool, slot + offset, (size_t) c.device_slot * pool->nb[2], n);
-            bytes += n;
-        }
-        smoe_status r = smoe_tier_loaded(s->tier, c.device_slot, bytes);
+    for (const auto & c : s->tier_inflight) {
+        smoe_status r = smoe_tier_loaded(s->tier, c.device_slot, c.bytes);
         if (r != SMOE_OK) {
             fprintf(stderr, "%s\n", smoe_error("smoe_tier_loaded", r).c_str());
+        } else {
+            s->tier_snap[(size_t) c.il * s->tier_width + c.claim.expert] = (int32_t) c.device_slot;
         }
         r = smoe_release(s->st, &c.claim);
         if (r != SMOE_OK) {
             fprintf(stderr, "%s\n", smoe_error("smoe_release", r).c_str());
         }
     }
+    s->tier_inflight.clear();
+    return true;
+}
+
+void tier_flush(llama_smoe * s, bool all) {
+    if (s->tier == nullptr) {
+        return;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    // 1. the copies issued one ubatch ago (on the copier's stream, while the last graph
+    // computed: done by now, as a rule): their experts join the map
+    bool changed = tier_complete(s);
+    // 2. the last graph's admissions: the graph is done with the slots they evict (it read
+    // the map that held them) and the map (both synchronized here, which costs nothing once
+    // the caller has its logits); the evicted experts leave the map now, before the next
+    // graph, and their slots are overwritten on the copier's stream while that graph computes
+    if (!s->tier_pending.empty() && s->tier_gpu != nullptr) {
+        ggml_backend_synchronize(s->tier_gpu);
+    }
+    const int32_t zeros = (int32_t) s->tier_slots;
+    for (auto & c : s->tier_pending) {
+        if (c.evicted_layer >= 0 && (size_t) c.evicted_layer < s->layers.size() && c.evicted_expert >= 0 &&
+            (uint32_t) c.evicted_expert < s->tier_width) {
+            s->tier_snap[(size_t) c.evicted_layer * s->tier_width + (uint32_t) c.evicted_expert] = zeros;
+            changed = true;
+        }
+        if (s->tier_gpu == nullptr) {
+            smoe_tier_failed(s->tier, c.device_slot);  // its context is gone: no copy
+            smoe_release(s->st, &c.claim);
+            continue;
+        }
+        // from the ring slot (pinned and registered where the GPU allows: the copy is the
+        // device's DMA, and the call returns at once), into the device slot no graph reads
+        const uint8_t * slot = s->base + (uint64_t) c.claim.slot_index * s->slot_bytes;
+        c.bytes = 0;
+        for (const ggml_tensor * v : s->tier_views[c.il]) {
+            ggml_tensor * pool = s->tier_pool_of.at(v);
+            const uint64_t offset = (uint64_t) ((const uint8_t *) v->data - s->base);
+            const size_t n = pool->nb[2];
+            if (s->tier_copier != nullptr) {
+                ggml_backend_tensor_set_async(s->tier_copier, pool, slot + offset, (size_t) c.device_slot * pool->nb[2], n);
+            } else {
+                ggml_backend_tensor_set(pool, slot + offset, (size_t) c.device_slot * pool->nb[2], n);
+            }
+            c.bytes += n;
+        }
+        s->tier_inflight.push_back(c);  // its claim held until the copy is done
+    }
     s->tier_pending.clear();
+    // 3. a graph built again, a context freed, the tier dropped: nothing left in flight
+    if (all) {
+        changed = tier_complete(s) || changed;
+    }
+    if (changed && s->tier_map != nullptr) {
+        // the map the next graph reads
+        ggml_backend_tensor_set(s->tier_map, s->tier_snap.data(), 0, s->tier_snap.size() * sizeof(int32_t));
+    }
     s->tier_copy_ns += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
     smoe_tier_step_done(s->tier);
 }
 
 void tier_drop(llama_smoe * s) {
+    if (s->tier_copier != nullptr) {
+        ggml_backend_synchronize(s->tier_copier);  // nothing reads the ring slots after this
+    }
+    for (const auto & c : s->tier_inflight) {
+        smoe_release(s->st, &c.claim);
+    }
+    s->tier_inflight.clear();
     for (const auto & c : s->tier_pending) {
         smoe_tier_failed(s->tier, c.device_slot);  // never copied
         smoe_release(s->st, &c.claim);
     }
     s->tier_pending.clear();
     s->tier_pool_of.clear();
+    s->tier_map = nullptr;
+    s->tier_snap.clear();
+    if (s->tier_copier != nullptr) {
+        ggml_backend_free(s->tier_copier);
+        s->tier_copier = nullptr;
+    }
     if (s->tier_buf != nullptr) {
         ggml_backend_buffer_free(s->tier_buf);
         s->tier_buf = nullptr;
@@ -304,51 +375,13 @@ void tier_report(const llama_smoe * s) {
         return;
     }
     fprintf(stderr,
-            "smoe: device tier: %u slots on %s; %llu lookups, %llu hits (%.1f%%), %llu promotions (%llu never used, %llu failed), "
-            "%llu evictions, %.2f MiB copied in %.3f s between graphs\n",
+            "smoe: device tier: %u slots on %s; %llu lookups, %llu hits (%.1f%%; %llu computed on the device), %llu promotions (%llu "
+            "never used, %llu failed), %llu evictions, %.2f MiB copied %s (%.3f s between graphs)\n",
             s->tier_slots, s->tier_dev ? ggml_backend_dev_name(s->tier_dev) : "?", (unsigned long long) st.lookups,
             (unsigned long long) st.hits, st.lookups ? 100.0 * (double) st.hits / (double) st.lookups : 0.0,
-            (unsigned long long) st.promotions, (unsigned long long) st.never_used, (unsigned long long) st.failed,
-            (unsigned long long) st.evictions, st.bytes_copied / 1048576.0, s->tier_copy_ns / 1e9);
-}
-
-// The device wave's ids (one thread): the batch's experts looked up, then each pair's device
-// slot where the tier holds its expert, else the slot of zeros.
-static void smoe_tier_ids_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int nth, void * userdata) {
-    (void) nth;
-    if (ith != 0) {
-        return;
-    }
-    const auto * op = (const wave_op *) userdata;
-    layer_claims * l = op->l;
-    const llama_smoe * s = l->s;
-    const int64_t k = a->ne[0];
-    const int64_t n_tokens = a->ne[1];
-    int32_t * out = (int32_t *) dst->data;
-    const int32_t zeros = (int32_t) s->tier_slots;
-    const bool looked = tier_lookups(l, a);
-    for (int64_t t = 0; t < n_tokens; t++) {
-        for (int64_t i = 0; i < k; i++) {
-            const int32_t e = *(const int32_t *) ((const char *) a->data + i * a->nb[0] + t * a->nb[1]);
-            int32_t slot = zeros;
-            if (looked && !s->stopped() && e >= 0 && (uint32_t) e < l->n_expert && l->tier_slot_of[e] >= 0) {
-                slot = l->tier_slot_of[e];
-            }
-            out[t * k + i] = slot;
-        }
-    }
-}
-
-static void smoe_tier_ids_in_op(ggml_tensor * dst, const ggml_tensor * a, const ggml_tensor * in, int ith, int nth, void * userdata) {
-    (void) in;  // (taken from the GPU here, for the host waves after this op)
-    smoe_tier_ids_op(dst, a, ith, nth, userdata);
-}
-
-static void smoe_tier_ids_in_guess_op(ggml_tensor * dst, const ggml_tensor * a, const ggml_tensor * in, const ggml_tensor * guess,
-                                      int ith, int nth, void * userdata) {
-    (void) in;
-    (void) guess;
-    smoe_tier_ids_op(dst, a, ith, nth, userdata);
+            (unsigned long long) s->tier_device_uses, (unsigned long long) st.promotions, (unsigned long long) st.never_used, (unsigned long long) st.failed,
+            (unsigned long long) st.evictions, st.bytes_copied / 1048576.0,
+            s->tier_copier != nullptr ? "on a stream of their own" : "by the decode steps (no stream of their own)", s->tier_copy_ns / 1e9);
 }
 
 bool llama_smoe_tier_wave(llama_smoe * s, int il, int64_t n_tokens, int64_t n_expert_used, bool plain) {
@@ -369,10 +402,17 @@ bool llama_smoe_tier_wave(llama_smoe * s, int il, int64_t n_tokens, int64_t n_ex
 
 ggml_tensor * llama_smoe_tier_ids(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * in,
                                   ggml_tensor * guess, int il) {
-    GGML_ASSERT(il >= 0 && il < (int) s->layers.size() && s->layers[il].tier_graph && in != nullptr);
-    void * op = s->tier_ops[il].get();
-    return guess != nullptr ? ggml_map_custom3(ctx, selected_experts, in, guess, smoe_tier_ids_in_guess_op, 1, op)
-                            : ggml_map_custom2(ctx, selected_experts, in, smoe_tier_ids_in_op, 1, op);
+    (void) in;
+    (void) guess;
+    GGML_ASSERT(il >= 0 && il < (int) s->layers.size() && s->layers[il].tier_graph && s->tier_map != nullptr);
+    const int64_t k = selected_experts->ne[0];
+    const int64_t n_tokens = selected_experts->ne[1];
+    // the layer's row of the map, as n_expert rows of one id, gathered by the router's ids (a
+    // view into its argsort: made contiguous first)
+    ggml_tensor * row = ggml_view_2d(ctx, s->tier_map, 1, s->layers[il].n_expert, sizeof(int32_t),
+                                     (size_t) il * s->tier_map->nb[1]);
+    ggml_tensor * ids = ggml_reshape_1d(ctx, ggml_cont(ctx, selected_experts), k * n_tokens);
+    return ggml_reshape_2d(ctx, ggml_get_rows(ctx, row, ids), k, n_tokens);
 }
 
 ggml_tensor * llama_smoe_tier_weight(llama_smoe * s, ggml_tensor * w) {

@@ -122,6 +122,7 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, uint32_t n_expert, const char
     const bool copy_ahead = env_u32("SMOE_COPY_AHEAD", 1, 1) == 1;
     const uint32_t squeeze = env_u32("SMOE_TEST_SQUEEZE", 0, UINT32_MAX);
     const uint32_t fail_claims = env_u32("SMOE_TEST_FAIL_CLAIMS", 0, UINT32_MAX);
+    const bool profile = env_u32("SMOE_PROFILE", 0, 1) == 1;
     // read again when a context is made, where a bad value would be never seen
     // (SMOE_OP_OFFLOAD without a GPU): checked here, so that any bad value stops the load
     (void) env_u32("SMOE_UBATCH", 0, UINT32_MAX);
@@ -142,6 +143,7 @@ llama_smoe * llama_smoe_from_env(uint32_t n_layer, uint32_t n_expert, const char
     s->copy_ahead = copy_ahead;
     s->squeeze = squeeze;
     s->fail_claims = fail_claims;
+    s->profile = profile;
     if (cfg.policy == SMOE_POLICY_ADAPTIVE) {
         s->layer_ahead = std::min<uint32_t>(s->layer_ahead, 1);
     }
@@ -259,6 +261,14 @@ void llama_smoe_free(llama_smoe * s) {
             : s->adapt        ? (std::to_string(s->probes_won) + " of " + std::to_string(s->probes) +
                                  " probes found them faster; SMOE_LOOKAHEAD_ADAPT=0: every token").c_str()
                               : "every token: SMOE_LOOKAHEAD_ADAPT=0");
+    }
+    if (s->profile && s->pf_layers > 0) {
+        fprintf(stderr,
+                "smoe: profile (SMOE_PROFILE=1), a layer of a one-token ubatch on average, host clock: %.1f us from a layer's "
+                "last host op to the next layer's first (the GPU's part and the copies across, %llu gaps), %.1f us from its "
+                "first host op to its last (claims, matmuls, release; %llu layers)\n",
+                s->pf_gaps ? s->pf_gpu_ns / 1e3 / (double) s->pf_gaps : 0.0, (unsigned long long) s->pf_gaps,
+                s->pf_host_ns / 1e3 / (double) s->pf_layers, (unsigned long long) s->pf_layers);
     }
     tier_report(s);
     if (s->gpu_dev != nullptr) {
@@ -496,8 +506,11 @@ static bool start_batch(layer_claims * l, const ggml_tensor * a, bool tier) {
         }
     }
     // the device tier's experts leave the set: the GPU computes them from VRAM (the device
-    // wave's ids op looked them up before this first claim)
+    // wave's ids, from the same map, were gathered on the GPU before this first claim)
     if (tier) {
+        if (!tier_lookups(l)) {
+            return false;
+        }
         tier_keep_host(l);
     }
     l->left.assign(l->experts.begin(), l->experts.end());
@@ -598,6 +611,12 @@ static void claim_wave(ggml_tensor * dst, const ggml_tensor * a, const ggml_tens
     layer_claims * l = op->l;
     const int wave = op->wave;
     llama_smoe * s = l->s;
+    if (s->profile && wave == 0 && a->ne[1] == 1) {
+        const auto t = std::chrono::steady_clock::now();
+        s->pf_begin(l->il, t);
+        s->pf_host_t0 = t;
+        s->pf_open = true;
+    }
     s->release_devices();  // the claims of layers the GPU has computed since
     s->release_all(*l);    // left over by a graph that was aborted
     const int64_t k = a->ne[0];
@@ -750,7 +769,7 @@ static void smoe_claim_op(ggml_tensor * dst, const ggml_tensor * a, int ith, int
 }
 
 // A wave op with two sources: the ids and what it must follow: the previous waves' sum (a
-// later wave), or the device wave's ids op (a tier graph's first wave without a guess).
+// later wave).
 static void smoe_claim_after_op(ggml_tensor * dst, const ggml_tensor * a, const ggml_tensor * after, int ith, int nth, void * userdata) {
     (void) after;
     (void) nth;
@@ -760,17 +779,6 @@ static void smoe_claim_after_op(ggml_tensor * dst, const ggml_tensor * a, const 
 }
 
 static void smoe_claim_guess_op(ggml_tensor * dst, const ggml_tensor * a, const ggml_tensor * guess, int ith, int nth, void * userdata) {
-    (void) nth;
-    if (ith == 0) {
-        claim_wave(dst, a, guess, userdata);
-    }
-}
-
-// A tier graph's first wave with a guess: the ids, the guess, and the device wave's ids op it
-// must follow (its lookups take the tier's experts out of the layer's set).
-static void smoe_claim_guess_tier_op(ggml_tensor * dst, const ggml_tensor * a, const ggml_tensor * guess, const ggml_tensor * tier_ids,
-                                     int ith, int nth, void * userdata) {
-    (void) tier_ids;
     (void) nth;
     if (ith == 0) {
         claim_wave(dst, a, guess, userdata);
@@ -788,6 +796,14 @@ static void smoe_release_op(ggml_tensor * dst, const ggml_tensor * a, int ith, i
             tier_admit(l);  // the experts the device tier admits keep their claims for the copy
         }
         l->s->release_all(*l);
+        llama_smoe * s = l->s;
+        if (s->pf_open && op->wave == l->waves - 1) {
+            s->pf_release_t1 = std::chrono::steady_clock::now();
+            s->pf_host_ns += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(s->pf_release_t1 - s->pf_host_t0).count();
+            s->pf_last_il = l->il;
+            s->pf_layers++;
+            s->pf_open = false;
+        }
         if (l->il == l->s->last_layer && op->wave == l->waves - 1) {
             smoe_prewarm_pause(l->s->st, false);  // idle between graphs: pre-warm may read
             l->s->rebuilds_in_row = 0;            // a graph completed
@@ -872,15 +888,12 @@ ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor *
                                ggml_tensor * tier_ids, int il, int wave, int waves) {
     GGML_ASSERT(il >= 0 && il < (int) s->layers.size() && wave >= 0 && wave < waves && waves == s->layers[il].waves);
     GGML_ASSERT((tier_ids != nullptr) == (wave == 0 && s->layers[il].tier_graph));
+    (void) tier_ids;  // (the device wave's ids are the GPU's: the claim reads the map's host copy)
     layer_claims & l = s->layers[il];
     void * op = l.dev_next     ? (void *) s->dev_ops[il].get()
               : l.tier_graph ? (void *) s->tier_wave_ops[il][wave].get()
                              : (void *) s->wave_ops[il][wave].get();
     l.dev_next = false;
-    if (tier_ids != nullptr) {
-        return second != nullptr ? ggml_map_custom3(ctx, selected_experts, second, tier_ids, smoe_claim_guess_tier_op, 1, op)
-                                 : ggml_map_custom2(ctx, selected_experts, tier_ids, smoe_claim_after_op, 1, op);
-    }
     if (second == nullptr) {
         return ggml_map_custom1(ctx, selected_experts, smoe_claim_op, 1, op);
     }
@@ -906,7 +919,7 @@ void llama_smoe_ubatch_begin(llama_smoe * s) {
     if (s == nullptr) {
         return;
     }
-    tier_flush(s);  // the device tier's copies, between graphs
+    tier_flush(s, false);  // the device tier's copies, between graphs
     if (!s->failed) {
         return;
     }
@@ -931,7 +944,7 @@ bool llama_smoe_rebuild(llama_smoe * s, bool can_recompute) {
     for (auto & l : s->layers) {
         s->release_all(l);
     }
-    tier_flush(s);  // the claims kept for the tier's copies, whose ring slots the graph built again needs
+    tier_flush(s, true);  // the claims kept for the tier's copies, whose ring slots the graph built again needs
     s->rebuild_pending = false;
     if (!can_recompute) {
         s->fail("smoe: the elastic ring shrank under this batch's waves, and a model with recurrent state cannot "

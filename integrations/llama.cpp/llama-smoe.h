@@ -97,8 +97,8 @@ ggml_tensor * llama_smoe_predict(llama_smoe * s, ggml_context * ctx, ggml_tensor
 // the first wave, llama_smoe_predict's guess (queued as speculation once the layer's resident
 // experts are claimed; nullptr: none), and for a later wave the previous waves' sum (so it
 // runs once they are computed and released); `tier_ids`, for the first wave of a layer with
-// a device wave, is llama_smoe_tier_ids (the claim follows its lookups and leaves the
-// experts the tier holds to the GPU), else nullptr: the first wave hands the batch's working set
+// a device wave, is llama_smoe_tier_ids (the claim does not wait for it: it reads the
+// same map's host copy and leaves the experts the tier holds to the GPU), else nullptr: the first wave hands the batch's working set
 // (`selected_experts`, [n_expert_used, n_tokens], I32) to smoe; each wave claims
 // what it can hold (resident experts first) and returns their slot indices (same
 // shape), -1 for pairs of the other waves, for ggml_mul_mat_id. release: returns
@@ -160,12 +160,10 @@ int llama_smoe_last_layer(const llama_smoe * s);
 // on this context's GPU, a decode-sized batch (at most half the layer's experts), and
 // `plain` experts (separate gate, up and down weights, no biases or scales).
 bool llama_smoe_tier_wave(llama_smoe * s, int il, int64_t n_tokens, int64_t n_expert_used, bool plain);
-// The device wave's ids: the op looks the batch's experts up in the tier, and gives each
-// pair its device slot where the tier holds its expert, else the tier's slot of zeros (a
-// pair the host waves compute adds nothing here). It is the layer's first host op, and
-// takes the host waves' inputs from the GPU (`in`, the FFN input, and the lookahead's
-// `guess` or nullptr), so that the host waves, which follow it, wait for nothing on the GPU
-// and compute while the GPU computes the device wave.
+// The device wave's ids, computed on the GPU: each pair's device slot from the layer's row
+// of the tier's map, the slot of zeros for an expert the tier does not hold (a pair the
+// host waves compute adds nothing there). `in` and `guess` are not used (an earlier design
+// took them to the host here).
 ggml_tensor * llama_smoe_tier_ids(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * in,
                                   ggml_tensor * guess, int il);
 // The device tier's weight for ring view w: [ne0, ne1, slots + 1] in VRAM.

@@ -188,13 +188,17 @@ fn a_device_tier_through_an_rpc_device_keeps_stock_text() {
         "a full tier evicts by its rule: {line}"
     );
     assert_eq!(tier_figure(line, " failed"), 0, "{line}");
-    // the experts the GPU computed were neither claimed nor read from the ring
+    // the experts the GPU computed were neither claimed nor read from the ring; it computes
+    // those of the map it reads, which holds a hit's expert, and an expert whose slot the
+    // rule gave to another in the same token (its bytes stay until the copy)
+    let device = tier_figure(line, " computed on the device");
+    assert!(device >= hits, "{line}");
     let (_, untiered) = complete("no tier", &[], &[("SMOE", "1")]);
     let claims = |e: &str| number_after(e, "smoe: claims ");
     assert_eq!(
-        claims(&err) + hits,
+        claims(&err) + device,
         claims(&untiered),
-        "{} claims with the tier, {} without, {hits} device hits",
+        "{} claims with the tier, {} without, {device} computed on the device",
         claims(&err),
         claims(&untiered)
     );
