@@ -400,10 +400,7 @@ bool llama_smoe_tier_wave(llama_smoe * s, int il, int64_t n_tokens, int64_t n_ex
     return l.tier_graph;
 }
 
-ggml_tensor * llama_smoe_tier_ids(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * in,
-                                  ggml_tensor * guess, int il) {
-    (void) in;
-    (void) guess;
+ggml_tensor * llama_smoe_tier_ids(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, int il) {
     GGML_ASSERT(il >= 0 && il < (int) s->layers.size() && s->layers[il].tier_graph && s->tier_map != nullptr);
     const int64_t k = selected_experts->ne[0];
     const int64_t n_tokens = selected_experts->ne[1];

@@ -884,11 +884,9 @@ uint32_t llama_smoe_graph_nodes(const llama_smoe * s) {
     return nodes;
 }
 
-ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * second,
-                               ggml_tensor * tier_ids, int il, int wave, int waves) {
+ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * second, int il,
+                               int wave, int waves) {
     GGML_ASSERT(il >= 0 && il < (int) s->layers.size() && wave >= 0 && wave < waves && waves == s->layers[il].waves);
-    GGML_ASSERT((tier_ids != nullptr) == (wave == 0 && s->layers[il].tier_graph));
-    (void) tier_ids;  // (the device wave's ids are the GPU's: the claim reads the map's host copy)
     layer_claims & l = s->layers[il];
     void * op = l.dev_next     ? (void *) s->dev_ops[il].get()
               : l.tier_graph ? (void *) s->tier_wave_ops[il][wave].get()

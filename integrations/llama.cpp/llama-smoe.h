@@ -96,15 +96,14 @@ ggml_tensor * llama_smoe_predict(llama_smoe * s, ggml_context * ctx, ggml_tensor
 // Graph ops, run by one thread. claim: wave `wave` of `waves` of layer il; `second` is, for
 // the first wave, llama_smoe_predict's guess (queued as speculation once the layer's resident
 // experts are claimed; nullptr: none), and for a later wave the previous waves' sum (so it
-// runs once they are computed and released); `tier_ids`, for the first wave of a layer with
-// a device wave, is llama_smoe_tier_ids (the claim does not wait for it: it reads the
-// same map's host copy and leaves the experts the tier holds to the GPU), else nullptr: the first wave hands the batch's working set
-// (`selected_experts`, [n_expert_used, n_tokens], I32) to smoe; each wave claims
+// runs once they are computed and released). The first wave hands the batch's working set
+// (`selected_experts`, [n_expert_used, n_tokens], I32) to smoe, less the experts a layer's
+// device wave computes (the device tier's map, read on the host); each wave claims
 // what it can hold (resident experts first) and returns their slot indices (same
 // shape), -1 for pairs of the other waves, for ggml_mul_mat_id. release: returns
 // `experts` unchanged (in place) and releases the wave's claims once it is computed.
-ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * second,
-                               ggml_tensor * tier_ids, int il, int wave, int waves);
+ggml_tensor * llama_smoe_claim(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * second, int il,
+                               int wave, int waves);
 ggml_tensor * llama_smoe_release(llama_smoe * s, ggml_context * ctx, ggml_tensor * experts, int il, int wave);
 
 // True once a claim failed, or asked for the graph to be built again: graph
@@ -162,10 +161,9 @@ int llama_smoe_last_layer(const llama_smoe * s);
 bool llama_smoe_tier_wave(llama_smoe * s, int il, int64_t n_tokens, int64_t n_expert_used, bool plain);
 // The device wave's ids, computed on the GPU: each pair's device slot from the layer's row
 // of the tier's map, the slot of zeros for an expert the tier does not hold (a pair the
-// host waves compute adds nothing there). `in` and `guess` are not used (an earlier design
-// took them to the host here).
-ggml_tensor * llama_smoe_tier_ids(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, ggml_tensor * in,
-                                  ggml_tensor * guess, int il);
+// host waves compute adds nothing there), so that the device wave computes in the GPU's
+// split with the router.
+ggml_tensor * llama_smoe_tier_ids(llama_smoe * s, ggml_context * ctx, ggml_tensor * selected_experts, int il);
 // The device tier's weight for ring view w: [ne0, ne1, slots + 1] in VRAM.
 ggml_tensor * llama_smoe_tier_weight(llama_smoe * s, ggml_tensor * w);
 
@@ -186,8 +184,7 @@ inline int llama_smoe_waves(llama_smoe *, int, int64_t, int64_t) { return 1; }
 inline uint32_t llama_smoe_graph_nodes(const llama_smoe *) { return 0; }
 inline uint32_t llama_smoe_ubatch(llama_smoe *, uint32_t, uint32_t n_ubatch, bool, bool * raised) { *raised = false; return n_ubatch; }
 inline bool llama_smoe_ubatch_fits(llama_smoe *, uint32_t, uint32_t, size_t, size_t) { return true; }
-inline ggml_tensor * llama_smoe_claim(llama_smoe *, ggml_context *, ggml_tensor * selected_experts, ggml_tensor *, ggml_tensor *, int,
-                                      int, int) {
+inline ggml_tensor * llama_smoe_claim(llama_smoe *, ggml_context *, ggml_tensor * selected_experts, ggml_tensor *, int, int, int) {
     return selected_experts;
 }
 inline ggml_tensor * llama_smoe_release(llama_smoe *, ggml_context *, ggml_tensor * experts, int, int) { return experts; }
@@ -202,8 +199,7 @@ inline bool llama_smoe_on_device(llama_smoe *, ggml_context *, int, ggml_tensor 
 inline ggml_tensor * llama_smoe_staged(llama_smoe *, ggml_tensor * w) { return w; }
 inline int llama_smoe_last_layer(const llama_smoe *) { return -1; }
 inline bool llama_smoe_tier_wave(llama_smoe *, int, int64_t, int64_t, bool) { return false; }
-inline ggml_tensor * llama_smoe_tier_ids(llama_smoe *, ggml_context *, ggml_tensor * selected_experts, ggml_tensor *, ggml_tensor *,
-                                         int) {
+inline ggml_tensor * llama_smoe_tier_ids(llama_smoe *, ggml_context *, ggml_tensor * selected_experts, int) {
     return selected_experts;
 }
 inline ggml_tensor * llama_smoe_tier_weight(llama_smoe *, ggml_tensor * w) { return w; }
