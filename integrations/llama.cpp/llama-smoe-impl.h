@@ -251,7 +251,8 @@ struct llama_smoe {
     // kept in VRAM slots, computed there in decode. The rule (which expert, which slot, when
     // a slot may be overwritten) is the library's (smoe_tier); the pool and the copies are
     // here. An expert computed from the ring that the tier admits keeps its ring claim until
-    // the next ubatch begins, when its bytes are copied into its device slot.
+    // its copy into its device slot, issued when the next ubatch begins, is done (one ubatch
+    // later).
     smoe_tier * tier = nullptr;
     uint32_t tier_slots = 0;          // K: device slots; the pool holds K + 1 (the last is zeros)
     uint64_t tier_expert_bytes = 0;   // one expert's bytes over its roles

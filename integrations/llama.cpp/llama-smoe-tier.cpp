@@ -13,9 +13,12 @@
 // slot of zeros in the device wave and a pair the GPU computes is no slot (-1) in the host
 // waves: each pair's result is added once. When the host waves release their claims, the
 // experts the rule admits keep theirs (tier_admit); when the next ubatch begins, once the GPU
-// is done with the last graph, their bytes are copied from their ring slots into their device
-// slots, the claims released, and the map (both copies) changed: a graph reads one map from
-// its first layer to its last. A budget of 0 (SMOE_VRAM unset) builds no tier: today's path.
+// is done with the last graph, the experts they evict leave the map, and their bytes are
+// copied from their ring slots into their device slots on a stream of their own while the
+// next graph computes; when the ubatch after begins, they join the map and their claims are
+// released (tier_flush). The map (both copies) changes only between graphs: a graph reads one
+// map from its first layer to its last. A budget of 0 (SMOE_VRAM unset) builds no tier:
+// today's path.
 #include "llama-smoe.h"
 #include "llama-smoe-impl.h"
 
@@ -250,8 +253,8 @@ void tier_admit(layer_claims * l) {
     l->held.resize(kept);
 }
 
-// The copies issued at the last flush are done (waited for when `wait`, else only if done):
-// their experts ready, in the map's host copy, their claims released. True if any was.
+// The copies issued at the last flush, waited for (done by now, as a rule): their experts
+// ready, in the map's host copy, their claims released. True if there were any.
 static bool tier_complete(llama_smoe * s) {
     if (s->tier_inflight.empty()) {
         return false;
@@ -280,16 +283,19 @@ void tier_flush(llama_smoe * s, bool all) {
         return;
     }
     const auto t0 = std::chrono::steady_clock::now();
-    // 1. the copies issued one ubatch ago (on the copier's stream, while the last graph
-    // computed: done by now, as a rule): their experts join the map
-    bool changed = tier_complete(s);
-    // 2. the last graph's admissions: the graph is done with the slots they evict (it read
-    // the map that held them) and the map (both synchronized here, which costs nothing once
-    // the caller has its logits); the evicted experts leave the map now, before the next
-    // graph, and their slots are overwritten on the copier's stream while that graph computes
-    if (!s->tier_pending.empty() && s->tier_gpu != nullptr) {
+    // 0. the last graph done on the tier's GPU, before the map or a slot it read changes: with
+    // one GPU the graph's host splits have waited for it already, but a layer on another GPU
+    // reads the map and the pool here and hands its result over asynchronously (costs
+    // nothing once the caller has its logits)
+    if ((!s->tier_inflight.empty() || !s->tier_pending.empty()) && s->tier_gpu != nullptr) {
         ggml_backend_synchronize(s->tier_gpu);
     }
+    // 1. the copies issued one ubatch ago (on the copier's stream, while the last graph
+    // computed): their experts join the map
+    bool changed = tier_complete(s);
+    // 2. the last graph's admissions: the experts they evict leave the map now, before the
+    // next graph, and their slots are overwritten on the copier's stream while that graph
+    // computes (it reads the new map, which holds neither the evicted nor the loading)
     const int32_t zeros = (int32_t) s->tier_slots;
     for (auto & c : s->tier_pending) {
         if (c.evicted_layer >= 0 && (size_t) c.evicted_layer < s->layers.size() && c.evicted_expert >= 0 &&

@@ -270,6 +270,7 @@ void llama_smoe_free(llama_smoe * s) {
                 s->pf_gaps ? s->pf_gpu_ns / 1e3 / (double) s->pf_gaps : 0.0, (unsigned long long) s->pf_gaps,
                 s->pf_host_ns / 1e3 / (double) s->pf_layers, (unsigned long long) s->pf_layers);
     }
+    tier_flush(s, true);  // copies in flight counted (and their claims released) before the line
     tier_report(s);
     if (s->gpu_dev != nullptr) {
         fprintf(stderr, "smoe: op offload: %llu layer batches of %llu tokens computed on %s, %.2f MiB of experts copied there "
