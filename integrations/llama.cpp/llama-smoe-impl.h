@@ -99,11 +99,8 @@ struct layer_claims {
     bool dev_next = false;           // the graph being built computes this layer on the GPU
     bool dev_held = false;           // `held` are claims of a batch computed on the GPU
     // device tier (llama-smoe-tier.cpp): the graph being built has a device wave for this
-    // layer (its ops carry that into the run: wave_op::tier), and for the batch in progress
-    // each expert's device slot (-1: not in the batch; -2: computed from the ring), set by
-    // the layer's first claim from the map's host copy (tier_lookups)
+    // layer (its ops carry that into the run: wave_op::tier)
     bool tier_graph = false;
-    std::vector<int32_t> tier_slot_of;
 };
 
 // What a wave op works on: its layer and which wave it is, and whether the batch's
@@ -293,8 +290,9 @@ struct llama_smoe {
     bool pf_open = false;  // a layer's host waves began and have not ended
     std::chrono::steady_clock::time_point pf_host_t0, pf_release_t1;
     int pf_last_il = -1;   // the layer whose host waves ended last (-1: none in this ubatch)
-    // a one-token ubatch's layer il begins its host part (its first host op) at t
-    void pf_begin(int il, std::chrono::steady_clock::time_point t) {
+    // a one-token ubatch's layer il begins its host part (its first host op), and ends it
+    void pf_begin(int il) {
+        const auto t = std::chrono::steady_clock::now();
         if (il <= pf_last_il) {
             pf_last_il = -1;  // a new ubatch
         }
@@ -302,6 +300,15 @@ struct llama_smoe {
             pf_gpu_ns += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(t - pf_release_t1).count();
             pf_gaps++;
         }
+        pf_host_t0 = t;
+        pf_open = true;
+    }
+    void pf_end(int il) {
+        pf_release_t1 = std::chrono::steady_clock::now();
+        pf_host_ns += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(pf_release_t1 - pf_host_t0).count();
+        pf_last_il = il;
+        pf_layers++;
+        pf_open = false;
     }
 
     bool stopped() const { return failed || rebuild_pending; }
@@ -515,8 +522,9 @@ struct llama_smoe {
 
 // The device tier (llama-smoe-tier.cpp). tier_make: the pool on `gpu` and the library's
 // tier, from SMOE_VRAM (a message and no tier when it cannot be made); tier_lookups: a
-// decode batch's experts looked up (counted for admission; the first claim), each one's
-// device slot from the map's host copy in tier_slot_of; tier_keep_host: the layer's set less the experts the tier holds (start_batch);
+// decode batch's experts looked up (counted for admission; the first claim, start_batch),
+// and the layer's set left with those the map's host copy does not hold (false: a lookup
+// failed, the graph stops);
 // tier_admit: the experts a layer computed from the ring that earn a device slot, their
 // claims kept for the copy (the release op of a tier graph), at most an eighth of the ring's
 // slots at a time; tier_flush: between graphs, the copies issued one flush ago completed
@@ -527,7 +535,6 @@ struct llama_smoe {
 uint64_t tier_budget(ggml_backend_dev_t dev);
 void tier_make(llama_smoe * s, ggml_backend_t gpu);
 bool tier_lookups(layer_claims * l);
-void tier_keep_host(layer_claims * l);
 void tier_admit(layer_claims * l);
 void tier_flush(llama_smoe * s, bool all);
 void tier_drop(llama_smoe * s);

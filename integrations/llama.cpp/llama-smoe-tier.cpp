@@ -172,9 +172,6 @@ void tier_make(llama_smoe * s, ggml_backend_t gpu) {
     s->tier_dev = dev;
     s->tier_gpu = gpu;
     s->tier_on = true;
-    for (auto & l : s->layers) {
-        l.tier_slot_of.assign(l.n_expert, -1);
-    }
     s->tier_wave_ops.resize(s->layers.size());
     fprintf(stderr, "smoe: device tier on %s: %u slots of %.2f MiB (%.1f MiB of SMOE_VRAM=%s, %llu bytes), %.1f%% of the experts; "
                     "decode computes the experts it holds there\n",
@@ -184,15 +181,13 @@ void tier_make(llama_smoe * s, ggml_backend_t gpu) {
 
 bool tier_lookups(layer_claims * l) {
     llama_smoe * s = l->s;
-    std::fill(l->tier_slot_of.begin(), l->tier_slot_of.end(), -1);
-    if (s->stopped()) {
-        return false;
-    }
     if (s->tier == nullptr || s->tier_snap.empty()) {
         return true;
     }
     const int32_t * snap = s->tier_snap.data() + (size_t) l->il * s->tier_width;
-    for (const uint32_t e : l->experts) {
+    size_t kept = 0;
+    for (size_t i = 0; i < l->experts.size(); i++) {
+        const uint32_t e = l->experts[i];
         // the map the GPU reads decides where the pair is computed; a lookup counts the use
         // for admission (the two differ only for an expert whose slot the rule gave to another
         // in this ubatch: its bytes stay until the copy, after the graph). Once the context
@@ -205,22 +200,14 @@ bool tier_lookups(layer_claims * l) {
                 return false;
             }
         }
-        const bool device = e < s->tier_width && snap[e] != (int32_t) s->tier_slots;
-        l->tier_slot_of[e] = device ? snap[e] : -2;
-        s->tier_device_uses += device ? 1 : 0;
-    }
-    return true;
-}
-
-void tier_keep_host(layer_claims * l) {
-    size_t kept = 0;
-    for (size_t i = 0; i < l->experts.size(); i++) {
-        const uint32_t e = l->experts[i];
-        if (l->tier_slot_of[e] < 0) {
-            l->experts[kept++] = e;
+        if (e < s->tier_width && snap[e] != (int32_t) s->tier_slots) {
+            s->tier_device_uses++;  // the device wave computes it
+        } else {
+            l->experts[kept++] = e;  // the host waves do
         }
     }
     l->experts.resize(kept);
+    return true;
 }
 
 void tier_admit(layer_claims * l) {

@@ -512,7 +512,6 @@ static bool start_batch(layer_claims * l, const ggml_tensor * a, bool tier) {
         if (!tier_lookups(l)) {
             return false;
         }
-        tier_keep_host(l);
     }
     l->left.assign(l->experts.begin(), l->experts.end());
     s->layer_batches++;
@@ -613,10 +612,7 @@ static void claim_wave(ggml_tensor * dst, const ggml_tensor * a, const ggml_tens
     const int wave = op->wave;
     llama_smoe * s = l->s;
     if (s->profile && wave == 0 && a->ne[1] == 1) {
-        const auto t = std::chrono::steady_clock::now();
-        s->pf_begin(l->il, t);
-        s->pf_host_t0 = t;
-        s->pf_open = true;
+        s->pf_begin(l->il);
     }
     s->release_devices();  // the claims of layers the GPU has computed since
     s->release_all(*l);    // left over by a graph that was aborted
@@ -797,13 +793,8 @@ static void smoe_release_op(ggml_tensor * dst, const ggml_tensor * a, int ith, i
             tier_admit(l);  // the experts the device tier admits keep their claims for the copy
         }
         l->s->release_all(*l);
-        llama_smoe * s = l->s;
-        if (s->pf_open && op->wave == l->waves - 1) {
-            s->pf_release_t1 = std::chrono::steady_clock::now();
-            s->pf_host_ns += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(s->pf_release_t1 - s->pf_host_t0).count();
-            s->pf_last_il = l->il;
-            s->pf_layers++;
-            s->pf_open = false;
+        if (l->s->pf_open && op->wave == l->waves - 1) {
+            l->s->pf_end(l->il);
         }
         if (l->il == l->s->last_layer && op->wave == l->waves - 1) {
             smoe_prewarm_pause(l->s->st, false);  // idle between graphs: pre-warm may read
